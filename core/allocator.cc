@@ -1,0 +1,131 @@
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <deque>
+
+#include "core/error.h"
+
+#if DPE_WITH_CUDA
+#include "core/cuda/cuda_allocator.h"
+#endif
+
+namespace dpe {
+
+namespace {
+
+constexpr size_t kAlignment = 64;      // cache line; also what AVX-512 loads like
+constexpr size_t kRoundBytes = 512;    // small sizes share blocks of the same rounded size
+constexpr size_t kLargeRound = 1 << 20;  // above 16 MiB, round to whole MiB to keep the cache reusable
+
+class CpuBackendAllocator final : public BackendAllocator {
+ public:
+  void* allocate(size_t nbytes) override { return std::aligned_alloc(kAlignment, nbytes); }
+  void deallocate(void* ptr) override { std::free(ptr); }
+};
+
+std::unique_ptr<BackendAllocator> make_backend(const Device& d) {
+  if (d.is_cpu()) return std::make_unique<CpuBackendAllocator>();
+#if DPE_WITH_CUDA
+  return cuda::make_cuda_backend_allocator(d.index);
+#else
+  DPE_INTERNAL_ASSERT(false, "no CUDA backend in this build for ", d);
+#endif
+}
+
+}  // namespace
+
+CachingAllocator::CachingAllocator(Device device, std::unique_ptr<BackendAllocator> backend)
+    : device_(device), backend_(std::move(backend)) {}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard lock(mutex_);
+  release_cache_locked();
+}
+
+size_t CachingAllocator::round_size(size_t nbytes) {
+  if (nbytes > 16 * kLargeRound) return (nbytes + kLargeRound - 1) / kLargeRound * kLargeRound;
+  return (nbytes + kRoundBytes - 1) / kRoundBytes * kRoundBytes;
+}
+
+void* CachingAllocator::allocate(size_t nbytes) {
+  if (nbytes == 0) return nullptr;
+  size_t size = round_size(nbytes);
+  std::lock_guard lock(mutex_);
+  void* ptr = nullptr;
+  if (auto it = cache_.find(size); it != cache_.end() && !it->second.empty()) {
+    ptr = it->second.back();
+    it->second.pop_back();
+  } else {
+    ptr = backend_->allocate(size);
+    if (ptr == nullptr) {  // out of memory: give the cache back and try once more
+      release_cache_locked();
+      ptr = backend_->allocate(size);
+    }
+    if (ptr == nullptr) {
+      int64_t free_bytes = backend_->free_bytes();
+      DPE_CHECK(false, "out of memory on ", device_, ": tried to allocate ", size, " bytes with ",
+                stats_.allocated_bytes, " bytes already allocated",
+                free_bytes >= 0 ? detail::str_cat(" and ", free_bytes, " bytes free on the device") : "");
+    }
+    stats_.reserved_bytes += size;
+    ++stats_.num_backend_allocations;
+  }
+  ++stats_.num_allocations;
+  stats_.allocated_bytes += size;
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  return ptr;
+}
+
+void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
+  if (ptr == nullptr) return;
+  size_t size = round_size(nbytes);
+  std::lock_guard lock(mutex_);
+  stats_.allocated_bytes -= size;
+  DPE_INTERNAL_ASSERT(stats_.allocated_bytes >= 0, "allocator accounting went negative on ", device_);
+  cache_[size].push_back(ptr);
+}
+
+MemoryStats CachingAllocator::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard lock(mutex_);
+  release_cache_locked();
+}
+
+void CachingAllocator::release_cache_locked() {
+  for (auto& [size, blocks] : cache_) {
+    for (void* ptr : blocks) {
+      backend_->deallocate(ptr);
+      stats_.reserved_bytes -= size;
+    }
+  }
+  cache_.clear();
+}
+
+CachingAllocator& allocator_for(const Device& d) {
+  check_device_exists(d);
+  // Allocators are never destroyed: a tensor in static storage may be freed after main() returns,
+  // and the CUDA runtime may already be gone by then. A deque keeps references valid as devices are added.
+  static auto* mutex = new std::mutex;
+  static auto* per_kind = new std::deque<std::unique_ptr<CachingAllocator>>[2];
+  std::lock_guard lock(*mutex);
+  auto& allocators = per_kind[static_cast<int>(d.kind)];
+  while (static_cast<int>(allocators.size()) <= d.index) allocators.emplace_back();
+  auto& slot = allocators[d.index];
+  if (!slot) slot = std::make_unique<CachingAllocator>(d, make_backend(d));
+  return *slot;
+}
+
+MemoryStats memory_stats(const Device& d) { return allocator_for(d).stats(); }
+void reset_peak_memory_stats(const Device& d) { allocator_for(d).reset_peak(); }
+void empty_cache(const Device& d) { allocator_for(d).empty_cache(); }
+
+}  // namespace dpe

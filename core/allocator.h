@@ -1,0 +1,83 @@
+// Per-device caching allocators with memory statistics.
+//
+// Each device (every logical CPU device and every logical CUDA device) has its own allocator, so
+// the engine can report the current and peak bytes per device (DP's master holds more than the other
+// replicas: the report makes that visible).
+//
+// Caching: freed blocks are kept per exact (rounded) size and handed out again; training steps allocate
+// the same sizes every step, so after the first step nothing reaches malloc/cudaMalloc. On CUDA a block
+// is reused in the order of its device's single compute stream, which is safe because every kernel on a
+// device runs on that stream and cross-device copies fence both streams (core/copy.cc).
+//
+// Thread-safety: all functions may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/device.h"
+
+namespace dpe {
+
+struct MemoryStats {
+  int64_t allocated_bytes = 0;       // bytes in live tensors (rounded block sizes)
+  int64_t peak_allocated_bytes = 0;  // max of allocated_bytes since start or reset_peak_memory_stats
+  int64_t reserved_bytes = 0;        // allocated + cached (what the device really holds)
+  int64_t num_allocations = 0;       // allocate() calls
+  int64_t num_backend_allocations = 0;  // of which reached malloc / cudaMalloc (cache misses)
+};
+
+// Raw memory of one device. Implementations: CPU (aligned malloc), CUDA (cudaMalloc on the logical
+// device's physical GPU). allocate() returns nullptr when out of memory; the caching layer then frees
+// its cache, retries once, and reports a clear error naming the device.
+class BackendAllocator {
+ public:
+  virtual ~BackendAllocator() = default;
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void deallocate(void* ptr) = 0;
+  // Bytes the device could still hand out, for the out-of-memory message (-1 when unknown).
+  virtual int64_t free_bytes() const { return -1; }
+};
+
+class CachingAllocator {
+ public:
+  CachingAllocator(Device device, std::unique_ptr<BackendAllocator> backend);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Returns a block of at least nbytes (nullptr for 0 bytes); throws dpe::Error naming the device
+  // when the device is out of memory.
+  void* allocate(size_t nbytes);
+  // `nbytes` is the size passed to allocate() for this pointer.
+  void deallocate(void* ptr, size_t nbytes);
+
+  MemoryStats stats() const;
+  void reset_peak();
+  void empty_cache();  // returns every cached block to the backend
+
+  static size_t round_size(size_t nbytes);  // the block size actually reserved for nbytes
+
+ private:
+  void release_cache_locked();
+
+  Device device_;
+  std::unique_ptr<BackendAllocator> backend_;
+  mutable std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<void*>> cache_;  // rounded size -> free blocks
+  MemoryStats stats_;
+};
+
+// The allocator of device d (created on first use). Throws if d does not exist.
+CachingAllocator& allocator_for(const Device& d);
+
+MemoryStats memory_stats(const Device& d);
+void reset_peak_memory_stats(const Device& d);
+void empty_cache(const Device& d);
+
+}  // namespace dpe

@@ -1,0 +1,26 @@
+#include "core/error.h"
+
+namespace dpe::detail {
+
+namespace {
+// Keep messages readable: "core/tensor.cc:42: ..." rather than an absolute build path.
+const char* short_path(const char* file) {
+  std::string_view path(file);
+  for (std::string_view root : {"core/", "layers/", "engine/", "scatter_gather/", "tools/", "tests/"}) {
+    if (auto pos = path.rfind(root); pos != std::string_view::npos) return file + pos;
+  }
+  return file;
+}
+}  // namespace
+
+void throw_error(const char* file, int line, const std::string& message) {
+  throw Error(str_cat(message, " (", short_path(file), ":", line, ")"));
+}
+
+void throw_internal_error(const char* file, int line, const char* condition, const std::string& message) {
+  throw InternalError(str_cat("dpe internal error: ", condition, " failed at ", short_path(file), ":", line,
+                              message.empty() ? "" : ": ", message,
+                              ". This is a bug in dpe; please report it."));
+}
+
+}  // namespace dpe::detail

@@ -1,0 +1,55 @@
+// Error reporting. Two kinds of failure, never mixed up:
+//  - caller errors (bad shape, bad device string, out-of-range id): DPE_CHECK throws dpe::Error with a
+//    message that names the values involved;
+//  - dpe's own bugs (a broken invariant): DPE_INTERNAL_ASSERT throws dpe::InternalError, asking for a report.
+// Nothing in dpe calls exit() or abort(): worker threads must be able to carry an error back to the caller.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace dpe {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+
+template <typename... Args>
+std::string str_cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+[[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+[[noreturn]] void throw_internal_error(const char* file, int line, const char* condition,
+                                       const std::string& message);
+
+}  // namespace detail
+}  // namespace dpe
+
+// DPE_CHECK(cond, "expected ", a, " got ", b): throws dpe::Error when cond is false.
+#define DPE_CHECK(cond, ...)                                                         \
+  do {                                                                               \
+    if (!(cond)) [[unlikely]] {                                                      \
+      ::dpe::detail::throw_error(__FILE__, __LINE__, ::dpe::detail::str_cat(__VA_ARGS__)); \
+    }                                                                                \
+  } while (0)
+
+// DPE_INTERNAL_ASSERT(cond, optional message...): a dpe bug if it fires.
+#define DPE_INTERNAL_ASSERT(cond, ...)                                                   \
+  do {                                                                                   \
+    if (!(cond)) [[unlikely]] {                                                          \
+      ::dpe::detail::throw_internal_error(__FILE__, __LINE__, #cond,                     \
+                                          ::dpe::detail::str_cat("" __VA_OPT__(, ) __VA_ARGS__)); \
+    }                                                                                    \
+  } while (0)

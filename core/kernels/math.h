@@ -1,0 +1,78 @@
+// Scalar math of every elementwise op, for both backends. Contract: T is float or double.
+// GELU is the exact (erf) form, PyTorch's default approximate='none'.
+#pragma once
+
+#include <cmath>
+
+#include "core/host_device.h"
+#include "core/kernels/ops.h"
+
+namespace dpe::kernels {
+
+template <typename T>
+DPE_HOST_DEVICE T sigmoid_of(T x) {
+  return T(1) / (T(1) + exp(-x));
+}
+
+template <typename T>
+DPE_HOST_DEVICE T apply_unary(UnaryOp op, T x) {
+  using std::abs, std::erf, std::exp, std::log, std::sqrt, std::tanh;
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Exp: return exp(x);
+    case UnaryOp::Log: return log(x);
+    case UnaryOp::Sqrt: return sqrt(x);
+    case UnaryOp::Rsqrt: return T(1) / sqrt(x);
+    case UnaryOp::Abs: return abs(x);
+    case UnaryOp::Square: return x * x;
+    case UnaryOp::Reciprocal: return T(1) / x;
+    case UnaryOp::Relu: return x > T(0) ? x : T(0);
+    case UnaryOp::Gelu: return T(0.5) * x * (T(1) + erf(x * T(0.70710678118654752440)));
+    case UnaryOp::Silu: return x * sigmoid_of(x);
+    case UnaryOp::Tanh: return tanh(x);
+    case UnaryOp::Sigmoid: return sigmoid_of(x);
+  }
+  return x;
+}
+
+// f'(x) for the activations.
+template <typename T>
+DPE_HOST_DEVICE T activation_derivative(ActivationOp op, T x) {
+  using std::erf, std::exp, std::tanh;
+  switch (op) {
+    case ActivationOp::Relu: return x > T(0) ? T(1) : T(0);
+    case ActivationOp::Gelu: {
+      T cdf = T(0.5) * (T(1) + erf(x * T(0.70710678118654752440)));
+      T pdf = exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2*pi)
+      return cdf + x * pdf;
+    }
+    case ActivationOp::Silu: {
+      T s = sigmoid_of(x);
+      return s * (T(1) + x * (T(1) - s));
+    }
+    case ActivationOp::Tanh: {
+      T t = tanh(x);
+      return T(1) - t * t;
+    }
+    case ActivationOp::Sigmoid: {
+      T s = sigmoid_of(x);
+      return s * (T(1) - s);
+    }
+  }
+  return T(0);
+}
+
+template <typename T>
+DPE_HOST_DEVICE T apply_binary(BinaryOp op, T a, T b) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+    case BinaryOp::Maximum: return a > b ? a : b;
+    case BinaryOp::Minimum: return a < b ? a : b;
+  }
+  return a;
+}
+
+}  // namespace dpe::kernels

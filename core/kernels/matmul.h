@@ -1,0 +1,41 @@
+// GEMM: the only matrix multiply in dpe. CPU: oneDNN's JIT sgemm for float32 (it picks its kernels for
+// the CPU it finds, no environment variable needed), OpenBLAS dgemm for float64 (gradient checks only).
+// CUDA: cuBLAS. Nothing here is hand-written.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/kernels/backend_types.h"
+
+namespace dpe::kernels {
+
+enum class Transpose : uint8_t { No, Yes };
+
+// Row-major, batched: for b in [0, batch):
+//   C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]
+// op(A[b]): (m, k)  op(B[b]): (k, n)  C[b]: (m, n).
+// lda/ldb/ldc are row strides of the stored (untransposed) matrices; stride_a/b/c are batch strides in
+// elements (0 broadcasts one matrix over the batch). beta == 0 ignores C's old contents (NaN included).
+struct GemmArgs {
+  DType dtype = DType::Float32;  // float32 or float64
+  Transpose trans_a = Transpose::No;
+  Transpose trans_b = Transpose::No;
+  int64_t m = 0, n = 0, k = 0;
+  double alpha = 1.0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  double beta = 0.0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+void gemm_cpu(const GemmArgs& args);
+// `handle` is bound to `stream` by the caller.
+void gemm_cuda(cudaStream_t stream, cublasHandle_t handle, const GemmArgs& args);
+
+}  // namespace dpe::kernels
