@@ -82,6 +82,14 @@ int cuda_device_count() {
 
 bool cuda_available() { return cuda_device_count() > 0; }
 
+void set_cuda_logical_devices(const std::vector<int>& physical_ordinals) {
+#if DPE_WITH_CUDA
+  cuda::set_logical_devices(physical_ordinals);
+#else
+  DPE_CHECK(false, "set_cuda_logical_devices: this dpe build has no CUDA support");
+#endif
+}
+
 int device_count(DeviceKind kind) { return kind == DeviceKind::CPU ? num_cpu_devices() : cuda_device_count(); }
 
 void check_device_exists(const Device& d) {

@@ -47,6 +47,11 @@ void set_num_cpu_devices(int n);
 // Number of logical CUDA devices: 0 when dpe is built without CUDA or no GPU/driver is present.
 int cuda_device_count();
 bool cuda_available();
+// Maps logical CUDA devices cuda:0..cuda:N-1 onto the given visible GPUs (repeats allowed: {0, 0} gives
+// two logical devices with their own streams on GPU 0). Throws naming a bad ordinal and the valid range,
+// and throws once any CUDA device has been used (stream, allocation, copy): call it at startup.
+// Throws in a build without CUDA support.
+void set_cuda_logical_devices(const std::vector<int>& physical_ordinals);
 int device_count(DeviceKind kind);
 
 // Throws unless `d` exists, naming the device and the valid range ("cuda:3 does not exist: 2 CUDA

@@ -11,6 +11,7 @@ namespace dpe::kernels {
 
 template <typename T>
 DPE_HOST_DEVICE T sigmoid_of(T x) {
+  using std::exp;  // without it, host code picks ::exp(double) for float while CUDA picks expf
   return T(1) / (T(1) + exp(-x));
 }
 
@@ -69,8 +70,9 @@ DPE_HOST_DEVICE T apply_binary(BinaryOp op, T a, T b) {
     case BinaryOp::Sub: return a - b;
     case BinaryOp::Mul: return a * b;
     case BinaryOp::Div: return a / b;
-    case BinaryOp::Maximum: return a > b ? a : b;
-    case BinaryOp::Minimum: return a < b ? a : b;
+    // NaN in either operand propagates (like torch.maximum); `a > b ? a : b` alone dropped a NaN in a.
+    case BinaryOp::Maximum: return (a > b || a != a) ? a : b;
+    case BinaryOp::Minimum: return (a < b || a != a) ? a : b;
   }
   return a;
 }

@@ -1,0 +1,195 @@
+// Times gemm_cpu (float32: oneDNN dnnl_sgemm) on square sizes and on the MLP's forward/backward shapes,
+// single-threaded and with every hardware thread, and reports GFLOP/s as a percentage of the FMA peak
+// measured here. OpenBLAS cblas_sgemm runs the same shapes for comparison (it is not what dpe uses for
+// float32; it follows OPENBLAS_CORETYPE, which oneDNN ignores).
+//
+// Threads: dnnl_sgemm uses OpenMP with omp_get_max_threads() of the calling thread, so each
+// configuration sets omp_set_num_threads(t) and openblas_set_num_threads(t), inside a tbb::task_arena(t)
+// as the engine's CPU device workers will.
+//
+// Usage: bazel run //bench:matmul_bench [-- --min_seconds=0.3]
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/kernels/matmul.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Note [FMA peak probe]
+// Peak = FMA instructions per second on one core x lanes x 2 flops, measured by kAccumulators independent
+// FMA chains (enough to cover FMA latency x pipes on current x86 cores), so the loop is bound by FMA
+// throughput alone. It is a probe of the core, not a GEMM. AVX-512 is probed only where the CPU has it
+// (Zen 4 runs 512-bit FMAs at half rate, Zen 5 at full rate: the probe tells which).
+constexpr int kAccumulators = 12;
+
+__attribute__((target("avx2,fma"))) double fma_gflops_avx2(int64_t iterations) {
+  __m256 acc[kAccumulators];
+  for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_set1_ps(1.0f + j * 1e-3f);
+  const __m256 mul = _mm256_set1_ps(0.9999999f), add = _mm256_set1_ps(1e-7f);
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_fmadd_ps(acc[j], mul, add);
+  }
+  const double t = seconds_since(start);
+  __m256 sum = acc[0];
+  for (int j = 1; j < kAccumulators; ++j) sum = _mm256_add_ps(sum, acc[j]);
+  volatile float sink = _mm256_cvtss_f32(sum);
+  (void)sink;
+  return iterations * kAccumulators * 8.0 * 2.0 / t * 1e-9;
+}
+
+__attribute__((target("avx512f"))) double fma_gflops_avx512(int64_t iterations) {
+  __m512 acc[kAccumulators];
+  for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_set1_ps(1.0f + j * 1e-3f);
+  const __m512 mul = _mm512_set1_ps(0.9999999f), add = _mm512_set1_ps(1e-7f);
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_fmadd_ps(acc[j], mul, add);
+  }
+  const double t = seconds_since(start);
+  __m512 sum = acc[0];
+  for (int j = 1; j < kAccumulators; ++j) sum = _mm512_add_ps(sum, acc[j]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);  // (_mm512_reduce_add_ps trips -Wuninitialized in GCC 12's header)
+  volatile float sink = lanes[0];
+  (void)sink;
+  return iterations * kAccumulators * 16.0 * 2.0 / t * 1e-9;
+}
+
+// Best of a few runs of ~0.2 s each (the first also warms the clock up).
+template <typename F>
+double best_of(F probe) {
+  double best = 0;
+  for (int r = 0; r < 5; ++r) best = std::max(best, probe(int64_t{20'000'000}));
+  return best;
+}
+
+struct Shape {
+  const char* name;
+  int64_t m, n, k;
+  dpe::kernels::Transpose ta, tb;
+};
+
+enum class Library { Dpe, OpenBlas };
+
+// Median GFLOP/s over >= 5 samples of >= min_seconds / 5 each, after one warm-up call (oneDNN JIT).
+double time_gemm(Library lib, const Shape& s, double min_seconds) {
+  using dpe::kernels::Transpose;
+  const int64_t a_cols = s.ta == Transpose::No ? s.k : s.m, a_rows = s.ta == Transpose::No ? s.m : s.k;
+  const int64_t b_cols = s.tb == Transpose::No ? s.n : s.k, b_rows = s.tb == Transpose::No ? s.k : s.n;
+  std::vector<float> a(a_rows * a_cols), b(b_rows * b_cols), c(s.m * s.n);
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (auto& v : a) v = dist(gen);
+  for (auto& v : b) v = dist(gen);
+  dpe::kernels::GemmArgs g;
+  g.dtype = dpe::DType::Float32;
+  g.trans_a = s.ta, g.trans_b = s.tb;
+  g.m = s.m, g.n = s.n, g.k = s.k;
+  g.a = a.data(), g.lda = a_cols;
+  g.b = b.data(), g.ldb = b_cols;
+  g.c = c.data(), g.ldc = s.n;
+  auto call = [&] {
+    if (lib == Library::Dpe) {
+      dpe::kernels::gemm_cpu(g);
+    } else {
+      cblas_sgemm(CblasRowMajor, s.ta == Transpose::Yes ? CblasTrans : CblasNoTrans,
+                  s.tb == Transpose::Yes ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0f, a.data(), a_cols,
+                  b.data(), b_cols, 0.0f, c.data(), s.n);
+    }
+  };
+  call();
+  const double flops = 2.0 * s.m * s.n * s.k;
+  std::vector<double> samples;
+  const auto bench_start = Clock::now();
+  while (samples.size() < 5 || seconds_since(bench_start) < min_seconds) {
+    int64_t calls = 0;
+    const auto start = Clock::now();
+    do {
+      call();
+      ++calls;
+    } while (seconds_since(start) < min_seconds / 5);
+    samples.push_back(flops * calls / seconds_since(start) * 1e-9);
+  }
+  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+  return samples[samples.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using dpe::kernels::Transpose;
+  double min_seconds = 0.5;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--min_seconds=", 14) == 0) min_seconds = std::atof(argv[i] + 14);
+  }
+  const int all_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  // Peak: one core's FMA throughput, with the widest vectors the CPU has (Note [FMA peak probe]).
+  const double avx2 = best_of(fma_gflops_avx2);
+  const bool has_avx512 = __builtin_cpu_supports("avx512f");
+  const double avx512 = has_avx512 ? best_of(fma_gflops_avx512) : 0.0;
+  const double peak = std::max(avx2, avx512);
+  std::printf("FMA peak probe, one core: AVX2 %.1f GFLOP/s", avx2);
+  if (has_avx512) std::printf(", AVX-512 %.1f GFLOP/s", avx512);
+  else std::printf(", AVX-512 not available");
+  std::printf("\n  -> single-core FP32 peak used below: %.1f GFLOP/s (%d threads: %.1f GFLOP/s = threads x peak;\n"
+              "     DESIGN.md's 235 GFLOP/s is the AVX-512 Zen 5 figure, for comparison)\n",
+              peak, all_threads, peak * all_threads);
+  std::printf("OpenBLAS core: %s (OPENBLAS_CORETYPE=%s); oneDNN picks its own ISA\n\n", openblas_get_corename(),
+              std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset");
+
+  const Shape shapes[] = {
+      {"square 256", 256, 256, 256, Transpose::No, Transpose::No},
+      {"square 512", 512, 512, 512, Transpose::No, Transpose::No},
+      {"square 1024", 1024, 1024, 1024, Transpose::No, Transpose::No},
+      {"square 2048", 2048, 2048, 2048, Transpose::No, Transpose::No},
+      // Linear layers of the MLP, batch 256, weights W: (in, out); y = x W.
+      {"fc1 fwd  x@W     256x784 @ 784x512", 256, 512, 784, Transpose::No, Transpose::No},
+      {"fc1 dW   x^T@dy  784x256 @ 256x512", 784, 512, 256, Transpose::Yes, Transpose::No},
+      {"fc1 dx   dy@W^T  256x512 @ 512x784", 256, 784, 512, Transpose::No, Transpose::Yes},
+      {"fc2 fwd  h@W     256x512 @ 512x512", 256, 512, 512, Transpose::No, Transpose::No},
+      {"fc2 dW   h^T@dy  512x256 @ 256x512", 512, 512, 256, Transpose::Yes, Transpose::No},
+      {"fc2 dx   dy@W^T  256x512 @ 512x512", 256, 512, 512, Transpose::No, Transpose::Yes},
+  };
+
+  std::vector<int> thread_counts = {1};
+  if (all_threads > 1) thread_counts.push_back(all_threads);
+  std::printf("%-36s %7s %14s %9s %16s\n", "shape (m x k @ k x n)", "threads", "gemm_cpu GF/s", "% peak",
+              "OpenBLAS GF/s");
+  for (int threads : thread_counts) {
+    tbb::task_arena arena(threads);
+    arena.execute([&] {
+      omp_set_num_threads(threads);
+      openblas_set_num_threads(threads);
+      for (const Shape& s : shapes) {
+        const double dpe_gflops = time_gemm(Library::Dpe, s, min_seconds);
+        const double blas_gflops = time_gemm(Library::OpenBlas, s, min_seconds);
+        std::printf("%-36s %7d %14.1f %8.1f%% %16.1f\n", s.name, threads, dpe_gflops,
+                    100.0 * dpe_gflops / (peak * threads), blas_gflops);
+        std::fflush(stdout);
+      }
+    });
+  }
+  return 0;
+}

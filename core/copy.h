@@ -1,0 +1,26 @@
+// Data movement and in-place updates behind Tensor::copy_, to(), clone(), fill_, add_, mul_.
+// Not differentiable, not part of the user API (use the Tensor methods).
+//
+// copy_into handles every pair of devices: CPU<->CPU (host memory is shared by all CPU devices),
+// host<->GPU, GPU<->GPU (peer or staged, see core/cuda/cuda_copy.h), converting dtype and strides on the
+// way. Ordering: the copy runs after work already enqueued on the devices involved and before work
+// enqueued on them afterwards.
+#pragma once
+
+#include "core/kernels/layout.h"
+#include "core/tensor.h"
+
+namespace dpe {
+
+// dst[...] = src[...]; same shape (src may be an expanded view), any devices and dtypes. Overlapping
+// storage is handled (src is copied out first).
+void copy_into(const Tensor& dst, const Tensor& src);
+void fill_into(const Tensor& dst, double value);
+// dst += alpha * src (same shape, device and floating dtype).
+void axpy_into(const Tensor& dst, const Tensor& src, double alpha);
+// dst *= value
+void scale_into(const Tensor& dst, double value);
+
+kernels::Layout layout_of(const Tensor& t);
+
+}  // namespace dpe

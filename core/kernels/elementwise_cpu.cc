@@ -1,0 +1,287 @@
+// CPU elementwise kernels. The scalar math is core/kernels/math.h, shared with CUDA; this file only
+// decides how to loop. Each op becomes a compile-time constant (std::integral_constant) before the loop,
+// so apply_unary/apply_binary's switch folds away and the simple ops vectorize.
+//
+// Aliasing: an output may be the same array as an input (y == x, out == a); partial overlap is not allowed.
+// Thread-safety: only the output is written. Large arrays run under tbb::parallel_for in the caller's
+// task_arena; every element is computed independently, so results do not depend on the split.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "core/error.h"
+#include "core/kernels/elementwise.h"
+#include "core/kernels/math.h"
+
+namespace dpe::kernels {
+namespace {
+
+// Below this many elements a kernel runs on the calling thread; above, in chunks of about this size.
+constexpr int64_t kParallelGrain = 32768;
+
+template <typename F>
+void parallel_range(int64_t n, const F& body) {
+  if (n <= kParallelGrain) {
+    body(int64_t{0}, n);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kParallelGrain),
+                    [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+template <typename F>
+void dispatch_float(DType dtype, const char* what, const F& f) {
+  switch (dtype) {
+    case DType::Float32: return f(TypeTag<float>{});
+    case DType::Float64: return f(TypeTag<double>{});
+    default: DPE_CHECK(false, what, ": dtype ", dtype, " is not float32 or float64");
+  }
+}
+
+template <auto V>
+using Const = std::integral_constant<decltype(V), V>;
+
+template <typename F>
+void dispatch_unary(UnaryOp op, const F& f) {
+  switch (op) {
+    case UnaryOp::Neg: return f(Const<UnaryOp::Neg>{});
+    case UnaryOp::Exp: return f(Const<UnaryOp::Exp>{});
+    case UnaryOp::Log: return f(Const<UnaryOp::Log>{});
+    case UnaryOp::Sqrt: return f(Const<UnaryOp::Sqrt>{});
+    case UnaryOp::Rsqrt: return f(Const<UnaryOp::Rsqrt>{});
+    case UnaryOp::Abs: return f(Const<UnaryOp::Abs>{});
+    case UnaryOp::Square: return f(Const<UnaryOp::Square>{});
+    case UnaryOp::Reciprocal: return f(Const<UnaryOp::Reciprocal>{});
+    case UnaryOp::Relu: return f(Const<UnaryOp::Relu>{});
+    case UnaryOp::Gelu: return f(Const<UnaryOp::Gelu>{});
+    case UnaryOp::Silu: return f(Const<UnaryOp::Silu>{});
+    case UnaryOp::Tanh: return f(Const<UnaryOp::Tanh>{});
+    case UnaryOp::Sigmoid: return f(Const<UnaryOp::Sigmoid>{});
+  }
+  DPE_CHECK(false, "unknown UnaryOp ", static_cast<int>(op));
+}
+
+template <typename F>
+void dispatch_activation(ActivationOp op, const F& f) {
+  switch (op) {
+    case ActivationOp::Relu: return f(Const<ActivationOp::Relu>{});
+    case ActivationOp::Gelu: return f(Const<ActivationOp::Gelu>{});
+    case ActivationOp::Silu: return f(Const<ActivationOp::Silu>{});
+    case ActivationOp::Tanh: return f(Const<ActivationOp::Tanh>{});
+    case ActivationOp::Sigmoid: return f(Const<ActivationOp::Sigmoid>{});
+  }
+  DPE_CHECK(false, "unknown ActivationOp ", static_cast<int>(op));
+}
+
+template <typename F>
+void dispatch_binary(BinaryOp op, const F& f) {
+  switch (op) {
+    case BinaryOp::Add: return f(Const<BinaryOp::Add>{});
+    case BinaryOp::Sub: return f(Const<BinaryOp::Sub>{});
+    case BinaryOp::Mul: return f(Const<BinaryOp::Mul>{});
+    case BinaryOp::Div: return f(Const<BinaryOp::Div>{});
+    case BinaryOp::Maximum: return f(Const<BinaryOp::Maximum>{});
+    case BinaryOp::Minimum: return f(Const<BinaryOp::Minimum>{});
+  }
+  DPE_CHECK(false, "unknown BinaryOp ", static_cast<int>(op));
+}
+
+void check_n(const char* what, int64_t n) { DPE_CHECK(n >= 0, what, ": n = ", n, " is negative"); }
+
+// The three operands of a binary op after dropping size-1 dimensions and merging dimensions that are
+// contiguous with respect to each other in all of them (stride-0 broadcast dimensions merge too). A row
+// vector broadcast over rows becomes (rows, cols) with b strides (0, 1); a scalar becomes one dimension
+// with b stride 0; same-shape contiguous operands become one dimension.
+struct Coalesced {
+  static constexpr int kOperands = 3;  // out, a, b
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kOperands][kMaxDims] = {};
+};
+
+Coalesced coalesce(const Layout* layouts[Coalesced::kOperands]) {
+  Coalesced c;
+  const Layout& shape = *layouts[0];
+  for (int d = 0; d < shape.ndim; ++d) {
+    const int64_t size = shape.sizes[d];
+    if (size == 1) continue;
+    const int k = c.ndim;
+    bool merge = k > 0;
+    for (int op = 0; op < Coalesced::kOperands && merge; ++op) {
+      merge = layouts[op]->strides[d] * size == c.strides[op][k - 1];
+    }
+    if (merge) {
+      c.sizes[k - 1] *= size;
+      for (int op = 0; op < Coalesced::kOperands; ++op) c.strides[op][k - 1] = layouts[op]->strides[d];
+      continue;
+    }
+    c.sizes[k] = size;
+    for (int op = 0; op < Coalesced::kOperands; ++op) c.strides[op][k] = layouts[op]->strides[d];
+    ++c.ndim;
+  }
+  if (c.ndim == 0) {  // a single element
+    c.ndim = 1;
+    c.sizes[0] = 1;
+  }
+  return c;
+}
+
+// Calls run(offsets, len) for the runs along the innermost dimension that cover the row-major linear
+// indices [begin, end); offsets[op] is each operand's element offset at the start of the run.
+template <typename F>
+void for_each_run(const Coalesced& c, int64_t begin, int64_t end, const F& run) {
+  constexpr int kOps = Coalesced::kOperands;
+  const int last = c.ndim - 1;
+  int64_t idx[kMaxDims];
+  int64_t off[kOps] = {};
+  int64_t rest = begin;
+  for (int d = last; d >= 0; --d) {
+    idx[d] = rest % c.sizes[d];
+    rest /= c.sizes[d];
+    for (int op = 0; op < kOps; ++op) off[op] += idx[d] * c.strides[op][d];
+  }
+  for (int64_t pos = begin; pos < end;) {
+    const int64_t len = std::min(c.sizes[last] - idx[last], end - pos);
+    run(off, len);
+    pos += len;
+    idx[last] += len;
+    for (int op = 0; op < kOps; ++op) off[op] += len * c.strides[op][last];
+    for (int d = last; d > 0 && idx[d] == c.sizes[d]; --d) {  // carry
+      idx[d] = 0;
+      for (int op = 0; op < kOps; ++op) off[op] += c.strides[op][d - 1] - c.sizes[d] * c.strides[op][d];
+      ++idx[d - 1];
+    }
+  }
+}
+
+// out[i] = a[i * sa] (op) b[i * sb], i in [0, len); the common stride patterns get their own loop so
+// that the compiler vectorizes them.
+template <typename T, typename Op>
+void binary_run(Op op, const T* a, int64_t sa, const T* b, int64_t sb, T* out, int64_t len) {
+  if (sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < len; ++i) out[i] = apply_binary(op(), a[i], b[i]);
+  } else if (sa == 1 && sb == 0) {
+    const T bv = *b;
+    for (int64_t i = 0; i < len; ++i) out[i] = apply_binary(op(), a[i], bv);
+  } else if (sa == 0 && sb == 1) {
+    const T av = *a;
+    for (int64_t i = 0; i < len; ++i) out[i] = apply_binary(op(), av, b[i]);
+  } else {
+    for (int64_t i = 0; i < len; ++i) out[i] = apply_binary(op(), a[i * sa], b[i * sb]);
+  }
+}
+
+void check_binary_layouts(const Layout& out, const Layout& a, const Layout& b) {
+  DPE_CHECK(out.ndim >= 0 && out.ndim <= kMaxDims, "binary_cpu: ndim ", out.ndim, " outside [0, ", kMaxDims,
+            "]");
+  DPE_CHECK(a.ndim == out.ndim && b.ndim == out.ndim, "binary_cpu: out has ", out.ndim, " dims, a has ", a.ndim,
+            ", b has ", b.ndim);
+  for (int d = 0; d < out.ndim; ++d) {
+    DPE_CHECK(out.sizes[d] >= 0, "binary_cpu: out dimension ", d, " has size ", out.sizes[d]);
+    DPE_CHECK(a.sizes[d] == out.sizes[d] && b.sizes[d] == out.sizes[d], "binary_cpu: dimension ", d,
+              " has size ", out.sizes[d], " in out, ", a.sizes[d], " in a, ", b.sizes[d], " in b");
+    DPE_CHECK(a.strides[d] >= 0 && b.strides[d] >= 0, "binary_cpu: dimension ", d, " has stride ", a.strides[d],
+              " in a and ", b.strides[d], " in b; strides must be >= 0");
+  }
+  DPE_CHECK(out.is_contiguous(), "binary_cpu: out must be contiguous");
+}
+
+}  // namespace
+
+// x, y: (n)
+void unary_cpu(UnaryOp op, DType dtype, int64_t n, const void* x, void* y) {
+  check_n("unary_cpu", n);
+  if (n == 0) return;
+  dispatch_float(dtype, "unary_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xs = static_cast<const T*>(x);
+    T* ys = static_cast<T*>(y);
+    dispatch_unary(op, [&](auto op_c) {
+      parallel_range(n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) ys[i] = apply_unary(op_c(), xs[i]);
+      });
+    });
+  });
+}
+
+// x, dy, dx: (n)
+void activation_backward_cpu(ActivationOp op, DType dtype, int64_t n, const void* x, const void* dy, void* dx) {
+  check_n("activation_backward_cpu", n);
+  if (n == 0) return;
+  dispatch_float(dtype, "activation_backward_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xs = static_cast<const T*>(x);
+    const T* dys = static_cast<const T*>(dy);
+    T* dxs = static_cast<T*>(dx);
+    dispatch_activation(op, [&](auto op_c) {
+      parallel_range(n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) dxs[i] = dys[i] * activation_derivative(op_c(), xs[i]);
+      });
+    });
+  });
+}
+
+// out: out_layout (contiguous)  a: a_layout  b: b_layout, all with out's sizes (stride 0 broadcasts).
+void binary_cpu(BinaryOp op, DType dtype, const Layout& out_layout, const void* a, const Layout& a_layout,
+                const void* b, const Layout& b_layout, void* out) {
+  check_binary_layouts(out_layout, a_layout, b_layout);
+  const int64_t n = out_layout.numel();
+  if (n == 0) return;
+  const Layout* layouts[Coalesced::kOperands] = {&out_layout, &a_layout, &b_layout};
+  const Coalesced c = coalesce(layouts);
+  const int last = c.ndim - 1;
+  DPE_INTERNAL_ASSERT(c.sizes[last] == 1 || c.strides[0][last] == 1, "contiguous out has inner stride ",
+                      c.strides[0][last]);
+  dispatch_float(dtype, "binary_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* as = static_cast<const T*>(a);
+    const T* bs = static_cast<const T*>(b);
+    T* outs = static_cast<T*>(out);
+    dispatch_binary(op, [&](auto op_c) {
+      parallel_range(n, [&](int64_t begin, int64_t end) {
+        for_each_run(c, begin, end, [&](const int64_t* off, int64_t len) {
+          binary_run(op_c, as + off[1], c.strides[1][last], bs + off[2], c.strides[2][last], outs + off[0], len);
+        });
+      });
+    });
+  });
+}
+
+// x, y: (n). alpha and beta are rounded to dtype first, so float32 computes in float32 (like CUDA).
+void affine_cpu(DType dtype, int64_t n, const void* x, double alpha, double beta, void* y) {
+  check_n("affine_cpu", n);
+  if (n == 0) return;
+  dispatch_float(dtype, "affine_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xs = static_cast<const T*>(x);
+    T* ys = static_cast<T*>(y);
+    const T a = static_cast<T>(alpha), c = static_cast<T>(beta);
+    parallel_range(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) ys[i] = a * xs[i] + c;
+    });
+  });
+}
+
+// x, y: (n). alpha is rounded to dtype first.
+void axpy_cpu(DType dtype, int64_t n, double alpha, const void* x, void* y) {
+  check_n("axpy_cpu", n);
+  if (n == 0) return;
+  dispatch_float(dtype, "axpy_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xs = static_cast<const T*>(x);
+    T* ys = static_cast<T*>(y);
+    const T a = static_cast<T>(alpha);
+    parallel_range(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) ys[i] += a * xs[i];
+    });
+  });
+}
+
+}  // namespace dpe::kernels

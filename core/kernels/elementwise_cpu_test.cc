@@ -1,0 +1,314 @@
+// Elementwise CPU kernels against references written out here in double (std:: math, finite
+// differences), for float32 and float64, odd sizes, the parallel path and every broadcasting pattern.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/kernels/elementwise.h"
+
+namespace dpe::kernels {
+namespace {
+
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float> ? DType::Float32 : DType::Float64;
+}
+
+// Relative tolerance of one library-math op in T against the double reference: float32's libm
+// functions (expf, erff, tanhf) are within a few ulps; float64 within a couple.
+template <typename T>
+double tolerance() {
+  return std::is_same_v<T, float> ? 4e-6 : 1e-14;
+}
+
+const int64_t kSizes[] = {0, 1, 7, 1023, 100003};  // 100003 takes the parallel path
+
+template <typename T>
+std::vector<T> random_vector(int64_t n, double lo, double hi, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<T> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<T>(dist(gen));
+  return v;
+}
+
+double reference_unary(UnaryOp op, double x) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Exp: return std::exp(x);
+    case UnaryOp::Log: return std::log(x);
+    case UnaryOp::Sqrt: return std::sqrt(x);
+    case UnaryOp::Rsqrt: return 1 / std::sqrt(x);
+    case UnaryOp::Abs: return std::fabs(x);
+    case UnaryOp::Square: return x * x;
+    case UnaryOp::Reciprocal: return 1 / x;
+    case UnaryOp::Relu: return std::max(x, 0.0);
+    case UnaryOp::Gelu: return x * 0.5 * std::erfc(-x / std::sqrt(2.0));
+    case UnaryOp::Silu: return x / (1 + std::exp(-x));
+    case UnaryOp::Tanh: return std::tanh(x);
+    case UnaryOp::Sigmoid: return 1 / (1 + std::exp(-x));
+  }
+  return 0;
+}
+
+// Ops whose float result is exactly the double result rounded (or exact): compared with ==.
+bool is_exact(UnaryOp op) {
+  return op == UnaryOp::Neg || op == UnaryOp::Abs || op == UnaryOp::Relu || op == UnaryOp::Square ||
+         op == UnaryOp::Sqrt || op == UnaryOp::Reciprocal;
+}
+
+const UnaryOp kUnaryOps[] = {UnaryOp::Neg,    UnaryOp::Exp,        UnaryOp::Log,  UnaryOp::Sqrt, UnaryOp::Rsqrt,
+                             UnaryOp::Abs,    UnaryOp::Square,     UnaryOp::Reciprocal, UnaryOp::Relu,
+                             UnaryOp::Gelu,   UnaryOp::Silu,       UnaryOp::Tanh, UnaryOp::Sigmoid};
+const ActivationOp kActivations[] = {ActivationOp::Relu, ActivationOp::Gelu, ActivationOp::Silu, ActivationOp::Tanh,
+                                     ActivationOp::Sigmoid};
+const BinaryOp kBinaryOps[] = {BinaryOp::Add, BinaryOp::Sub,     BinaryOp::Mul,
+                               BinaryOp::Div, BinaryOp::Maximum, BinaryOp::Minimum};
+
+UnaryOp as_unary(ActivationOp op) {
+  switch (op) {
+    case ActivationOp::Relu: return UnaryOp::Relu;
+    case ActivationOp::Gelu: return UnaryOp::Gelu;
+    case ActivationOp::Silu: return UnaryOp::Silu;
+    case ActivationOp::Tanh: return UnaryOp::Tanh;
+    case ActivationOp::Sigmoid: return UnaryOp::Sigmoid;
+  }
+  return UnaryOp::Neg;
+}
+
+template <typename T>
+T reference_binary(BinaryOp op, T a, T b) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+    case BinaryOp::Maximum: return std::isnan(a) || a > b ? a : b;
+    case BinaryOp::Minimum: return std::isnan(a) || a < b ? a : b;
+  }
+  return 0;
+}
+
+template <typename T>
+class ElementwiseCpu : public ::testing::Test {};
+using FloatTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(ElementwiseCpu, FloatTypes);
+
+TYPED_TEST(ElementwiseCpu, UnaryMatchesDoubleReference) {
+  using T = TypeParam;
+  for (UnaryOp op : kUnaryOps) {
+    const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt;
+    for (int64_t n : kSizes) {
+      const std::vector<T> x = random_vector<T>(n, positive ? 0.05 : -4.0, 4.0, 7);
+      std::vector<T> y(x.size() + 1, T(-123));
+      unary_cpu(op, dtype_of<T>(), n, x.data(), y.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = reference_unary(op, x[i]);
+        if (is_exact(op)) {
+          ASSERT_EQ(y[i], static_cast<T>(want)) << "op " << int(op) << " x " << x[i];
+        } else {
+          ASSERT_NEAR(y[i], want, tolerance<T>() * std::max(1.0, std::fabs(want))) << "op " << int(op) << " x " << x[i];
+        }
+      }
+      EXPECT_EQ(y[n], T(-123)) << "wrote past n";
+    }
+  }
+}
+
+TYPED_TEST(ElementwiseCpu, UnaryInPlaceAndSpecialValues) {
+  using T = TypeParam;
+  const T inf = std::numeric_limits<T>::infinity();
+  std::vector<T> x = {T(-2), T(0), T(3), -inf, inf};
+  unary_cpu(UnaryOp::Relu, dtype_of<T>(), 5, x.data(), x.data());
+  EXPECT_EQ(x, (std::vector<T>{T(0), T(0), T(3), T(0), inf}));
+  std::vector<T> e = {-inf, T(0), inf};
+  unary_cpu(UnaryOp::Exp, dtype_of<T>(), 3, e.data(), e.data());
+  EXPECT_EQ(e, (std::vector<T>{T(0), T(1), inf}));
+  std::vector<T> s = {T(-100), T(100)};
+  unary_cpu(UnaryOp::Sigmoid, dtype_of<T>(), 2, s.data(), s.data());
+  EXPECT_NEAR(s[0], 0, 1e-30);
+  EXPECT_EQ(s[1], T(1));
+}
+
+TYPED_TEST(ElementwiseCpu, ActivationBackwardMatchesFiniteDifferences) {
+  using T = TypeParam;
+  for (ActivationOp op : kActivations) {
+    for (int64_t n : kSizes) {
+      // Keep x away from ReLU's kink at 0 so the central difference is valid.
+      std::vector<T> x = random_vector<T>(n, -4.0, 4.0, 11);
+      for (auto& v : x) {
+        if (std::fabs(v) < 1e-2) v = T(0.5);
+      }
+      const std::vector<T> dy = random_vector<T>(n, -2.0, 2.0, 12);
+      std::vector<T> dx(x.size());
+      activation_backward_cpu(op, dtype_of<T>(), n, x.data(), dy.data(), dx.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const double h = 1e-5, xi = x[i];
+        const double derivative =
+            (reference_unary(as_unary(op), xi + h) - reference_unary(as_unary(op), xi - h)) / (2 * h);
+        const double want = dy[i] * derivative;
+        // Central differences are accurate to ~h^2 * f''' plus rounding 1e-16 / h.
+        ASSERT_NEAR(dx[i], want, 1e-8 + tolerance<T>() * 4 * std::fabs(dy[i])) << "op " << int(op) << " x " << xi;
+      }
+    }
+  }
+}
+
+TYPED_TEST(ElementwiseCpu, ActivationBackwardExactValues) {
+  using T = TypeParam;
+  const std::vector<T> x = {T(-1), T(0), T(2)}, dy = {T(5), T(5), T(5)};
+  std::vector<T> dx(3);
+  activation_backward_cpu(ActivationOp::Relu, dtype_of<T>(), 3, x.data(), dy.data(), dx.data());
+  EXPECT_EQ(dx, (std::vector<T>{T(0), T(0), T(5)}));  // ReLU'(0) = 0, like PyTorch
+  activation_backward_cpu(ActivationOp::Tanh, dtype_of<T>(), 3, x.data(), dy.data(), dx.data());
+  EXPECT_EQ(dx[1], T(5));
+  activation_backward_cpu(ActivationOp::Sigmoid, dtype_of<T>(), 3, x.data(), dy.data(), dx.data());
+  EXPECT_EQ(dx[1], T(1.25));
+  activation_backward_cpu(ActivationOp::Gelu, dtype_of<T>(), 3, x.data(), dy.data(), dx.data());
+  EXPECT_EQ(dx[1], T(2.5));
+}
+
+Layout make_layout(std::vector<int64_t> sizes, std::vector<int64_t> strides) {
+  Layout l;
+  l.ndim = static_cast<int>(sizes.size());
+  for (int d = 0; d < l.ndim; ++d) {
+    l.sizes[d] = sizes[d];
+    l.strides[d] = strides[d];
+  }
+  return l;
+}
+
+Layout contiguous(std::vector<int64_t> sizes) { return contiguous_layout(static_cast<int>(sizes.size()), sizes.data()); }
+
+// Strides of a broadcast operand stored contiguously with `stored` sizes (1 where broadcast).
+Layout broadcast(std::vector<int64_t> stored, std::vector<int64_t> out_sizes) {
+  Layout l = contiguous(stored);
+  for (int d = 0; d < l.ndim; ++d) {
+    if (stored[d] == 1) l.strides[d] = 0;
+    l.sizes[d] = out_sizes[d];
+  }
+  return l;
+}
+
+int64_t extent(const Layout& l) {
+  int64_t e = 1;
+  for (int d = 0; d < l.ndim; ++d) {
+    if (l.sizes[d] == 0) return 0;
+    e += (l.sizes[d] - 1) * l.strides[d];
+  }
+  return e;
+}
+
+// Runs every binary op on (a_layout, b_layout) -> contiguous out and compares with the same scalar op in
+// T at the offsets offset_of gives: exact, since one IEEE operation rounds the same everywhere.
+template <typename T>
+void check_binary(const Layout& a_layout, const Layout& b_layout) {
+  const Layout out_layout = contiguous(std::vector<int64_t>(a_layout.sizes, a_layout.sizes + a_layout.ndim));
+  const int64_t n = out_layout.numel();
+  const std::vector<T> a = random_vector<T>(extent(a_layout), -3.0, 3.0, 21);
+  std::vector<T> b = random_vector<T>(extent(b_layout), 0.5, 3.0, 22);
+  for (size_t i = 0; i < b.size(); i += 2) b[i] = -b[i];  // both signs, never 0 (Div)
+  for (BinaryOp op : kBinaryOps) {
+    std::vector<T> out(static_cast<size_t>(n) + 1, T(-77));
+    binary_cpu(op, dtype_of<T>(), out_layout, a.data(), a_layout, b.data(), b_layout, out.data());
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T want = reference_binary(op, a[a_layout.offset_of(i)], b[b_layout.offset_of(i)]);
+      if (out[i] != want && ++mismatches <= 3) {
+        ADD_FAILURE() << "op " << int(op) << " element " << i << ": want " << want << " got " << out[i];
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "op " << int(op);
+    EXPECT_EQ(out[n], T(-77)) << "wrote past the end";
+  }
+}
+
+TYPED_TEST(ElementwiseCpu, BinarySameShape) {
+  for (int64_t n : kSizes) check_binary<TypeParam>(contiguous({n}), contiguous({n}));
+  check_binary<TypeParam>(contiguous({3, 0, 4}), contiguous({3, 0, 4}));
+  check_binary<TypeParam>(contiguous({5, 7, 3}), contiguous({5, 7, 3}));
+}
+
+TYPED_TEST(ElementwiseCpu, BinaryRowVectorBroadcast) {
+  check_binary<TypeParam>(contiguous({7, 5}), broadcast({1, 5}, {7, 5}));     // bias add
+  check_binary<TypeParam>(broadcast({1, 5}, {7, 5}), contiguous({7, 5}));
+  check_binary<TypeParam>(contiguous({400, 333}), broadcast({1, 333}, {400, 333}));  // parallel path
+  check_binary<TypeParam>(contiguous({4, 6, 1023}), broadcast({1, 1, 1023}, {4, 6, 1023}));
+}
+
+TYPED_TEST(ElementwiseCpu, BinaryScalarAndColumnBroadcast) {
+  check_binary<TypeParam>(contiguous({1023}), broadcast({1}, {1023}));
+  check_binary<TypeParam>(broadcast({1, 1}, {9, 7}), contiguous({9, 7}));
+  check_binary<TypeParam>(contiguous({100003}), broadcast({1}, {100003}));
+  check_binary<TypeParam>(contiguous({9, 7}), broadcast({9, 1}, {9, 7}));
+  check_binary<TypeParam>(broadcast({300, 1}, {300, 400}), contiguous({300, 400}));
+}
+
+TYPED_TEST(ElementwiseCpu, BinaryMixedBroadcastAndStrides) {
+  check_binary<TypeParam>(broadcast({9, 1}, {9, 7}), broadcast({1, 7}, {9, 7}));  // outer product
+  check_binary<TypeParam>(contiguous({4, 5, 6}), broadcast({4, 1, 6}, {4, 5, 6}));  // middle dim
+  check_binary<TypeParam>(make_layout({5, 3}, {1, 5}), contiguous({5, 3}));          // transposed a
+  check_binary<TypeParam>(make_layout({300, 257}, {1, 300}), broadcast({1, 257}, {300, 257}));
+  check_binary<TypeParam>(make_layout({2, 3, 4, 5, 1, 2}, {1, 2, 6, 24, 0, 120}),
+                          broadcast({2, 1, 4, 1, 1, 2}, {2, 3, 4, 5, 1, 2}));
+}
+
+TYPED_TEST(ElementwiseCpu, BinaryOutputMayAliasInput) {
+  using T = TypeParam;
+  std::vector<T> a = {T(1), T(2), T(3), T(4), T(5), T(6)};
+  const std::vector<T> b = {T(10), T(20), T(30)};
+  binary_cpu(BinaryOp::Add, dtype_of<T>(), contiguous({2, 3}), a.data(), contiguous({2, 3}), b.data(),
+             broadcast({1, 3}, {2, 3}), a.data());
+  EXPECT_EQ(a, (std::vector<T>{T(11), T(22), T(33), T(14), T(25), T(36)}));
+}
+
+TYPED_TEST(ElementwiseCpu, MaximumAndMinimumPropagateNaN) {
+  using T = TypeParam;
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  const std::vector<T> a = {T(1), nan, T(2)}, b = {nan, T(1), T(-2)};
+  std::vector<T> out(3);
+  binary_cpu(BinaryOp::Maximum, dtype_of<T>(), contiguous({3}), a.data(), contiguous({3}), b.data(), contiguous({3}),
+             out.data());
+  // A NaN on either side propagates, like torch.maximum.
+  EXPECT_TRUE(std::isnan(out[0]));
+  EXPECT_TRUE(std::isnan(out[1]));
+  EXPECT_EQ(out[2], T(2));
+  binary_cpu(BinaryOp::Minimum, dtype_of<T>(), contiguous({3}), a.data(), contiguous({3}), b.data(), contiguous({3}),
+             out.data());
+  EXPECT_TRUE(std::isnan(out[0]));
+  EXPECT_TRUE(std::isnan(out[1]));
+  EXPECT_EQ(out[2], T(-2));
+}
+
+TYPED_TEST(ElementwiseCpu, AffineAndAxpyExact) {
+  using T = TypeParam;
+  for (int64_t n : kSizes) {
+    std::vector<T> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) x[i] = T(i % 1000) * T(0.25) - T(100);
+    affine_cpu(dtype_of<T>(), n, x.data(), 2.0, 0.5, y.data());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], 2 * x[i] + T(0.5)) << i;
+    axpy_cpu(dtype_of<T>(), n, -0.5, x.data(), y.data());  // y = 1.5 x + 0.5
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], T(1.5) * x[i] + T(0.5)) << i;
+    affine_cpu(dtype_of<T>(), n, y.data(), -1.0, 0.0, y.data());  // in place negate
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], -(T(1.5) * x[i] + T(0.5))) << i;
+  }
+}
+
+TEST(ElementwiseCpuErrors, RejectsBadArguments) {
+  float x[4] = {}, y[4] = {};
+  EXPECT_THROW(unary_cpu(UnaryOp::Exp, DType::Int32, 4, x, y), Error);
+  EXPECT_THROW(unary_cpu(UnaryOp::Exp, DType::Float32, -1, x, y), Error);
+  EXPECT_THROW(affine_cpu(DType::Float16, 4, x, 1, 0, y), Error);
+  EXPECT_THROW(binary_cpu(BinaryOp::Add, DType::Float32, contiguous({4}), x, contiguous({2}), y, contiguous({4}), y),
+               Error);
+  EXPECT_THROW(binary_cpu(BinaryOp::Add, DType::Float32, make_layout({2, 2}, {1, 2}), x, contiguous({2, 2}), y,
+                          contiguous({2, 2}), y),
+               Error);  // out not contiguous
+}
+
+}  // namespace
+}  // namespace dpe::kernels

@@ -1,0 +1,238 @@
+// gemm_cpu against a triple loop in double: every transpose combination, padded leading dimensions,
+// alpha/beta, empty sizes, batches with broadcast (stride 0) operands, and BLAS's beta == 0 / k == 0 rules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/kernels/matmul.h"
+
+namespace dpe::kernels {
+namespace {
+
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float> ? DType::Float32 : DType::Float64;
+}
+
+template <typename T>
+std::vector<T> random_vector(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<T> v(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  for (auto& x : v) x = static_cast<T>(dist(gen));
+  return v;
+}
+
+// Element (i, j) of op(M) where M is stored row-major with row stride ld.
+template <typename T>
+double op_at(const T* m, int64_t ld, Transpose t, int64_t i, int64_t j) {
+  return t == Transpose::No ? m[i * ld + j] : m[j * ld + i];
+}
+
+// A gemm problem with its own storage; C starts as random values.
+template <typename T>
+struct Problem {
+  GemmArgs args;
+  std::vector<T> a, b, c, c_initial;
+
+  Problem(int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb, double alpha, double beta, int64_t pad = 0,
+          int64_t batch = 1, bool broadcast_a = false, bool broadcast_b = false) {
+    GemmArgs& g = args;
+    g.dtype = dtype_of<T>();
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = alpha;
+    g.beta = beta;
+    const int64_t a_rows = ta == Transpose::No ? m : k, a_cols = ta == Transpose::No ? k : m;
+    const int64_t b_rows = tb == Transpose::No ? k : n, b_cols = tb == Transpose::No ? n : k;
+    g.lda = a_cols + pad;
+    g.ldb = b_cols + pad;
+    g.ldc = n + pad;
+    g.batch = batch;
+    g.stride_a = broadcast_a ? 0 : a_rows * g.lda;
+    g.stride_b = broadcast_b ? 0 : b_rows * g.ldb;
+    g.stride_c = m * g.ldc;
+    a = random_vector<T>((broadcast_a ? 1 : batch) * a_rows * g.lda, 1);
+    b = random_vector<T>((broadcast_b ? 1 : batch) * b_rows * g.ldb, 2);
+    c = random_vector<T>(batch * m * g.ldc, 3);
+    c_initial = c;
+    g.a = a.data();
+    g.b = b.data();
+    g.c = c.data();
+  }
+
+  // Compares c with alpha * op(A) op(B) + beta * C0 in double; padding columns must be untouched.
+  void check(const std::string& label) const {
+    const GemmArgs& g = args;
+    // Rounding: k products summed in T, bounded by k * eps * sum |a||b| (blocked sums are far better).
+    const double eps = std::numeric_limits<T>::epsilon();
+    for (int64_t p = 0; p < g.batch; ++p) {
+      const T* ap = a.data() + p * g.stride_a;
+      const T* bp = b.data() + p * g.stride_b;
+      for (int64_t i = 0; i < g.m; ++i) {
+        for (int64_t j = 0; j < g.ldc; ++j) {
+          const int64_t ci = p * g.stride_c + i * g.ldc + j;
+          if (j >= g.n) {
+            ASSERT_EQ(c[ci], c_initial[ci]) << label << ": padding overwritten at " << i << "," << j;
+            continue;
+          }
+          double dot = 0, magnitude = 0;
+          for (int64_t q = 0; q < g.k; ++q) {
+            const double prod = op_at(ap, g.lda, g.trans_a, i, q) * op_at(bp, g.ldb, g.trans_b, q, j);
+            dot += prod;
+            magnitude += std::fabs(prod);
+          }
+          const double old_term = g.beta == 0 ? 0.0 : g.beta * c_initial[ci];  // beta 0: C may hold NaN
+          const double want = g.alpha * dot + old_term;
+          const double bound =
+              4 * eps * (std::fabs(g.alpha) * magnitude * std::sqrt(double(g.k) + 1) + std::fabs(old_term) + 1e-30);
+          ASSERT_NEAR(c[ci], want, bound) << label << ": batch " << p << " at " << i << "," << j;
+        }
+      }
+    }
+  }
+};
+
+template <typename T>
+class GemmCpu : public ::testing::Test {};
+using FloatTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(GemmCpu, FloatTypes);
+
+const Transpose kTrans[] = {Transpose::No, Transpose::Yes};
+
+TYPED_TEST(GemmCpu, AllTransposesSizesAndScalars) {
+  struct Size {
+    int64_t m, n, k;
+  };
+  const Size sizes[] = {{1, 1, 1}, {7, 5, 3}, {1, 9, 4}, {6, 1, 7}, {33, 17, 65}, {128, 96, 200}, {5, 300, 1}};
+  const double scalars[][2] = {{1, 0}, {0.5, 2}, {-1.5, 1}};
+  for (const Size& s : sizes) {
+    for (Transpose ta : kTrans) {
+      for (Transpose tb : kTrans) {
+        for (const auto& ab : scalars) {
+          for (int64_t pad : {0, 3}) {
+            Problem<TypeParam> p(s.m, s.n, s.k, ta, tb, ab[0], ab[1], pad);
+            gemm_cpu(p.args);
+            p.check(testing::PrintToString(std::vector<int64_t>{s.m, s.n, s.k, ta == Transpose::Yes,
+                                                                tb == Transpose::Yes, pad}));
+          }
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(GemmCpu, IntegerValuedProductsAreExact) {
+  using T = TypeParam;
+  // (2, 3) @ (3, 2): every partial sum is a small integer, exact in any summation order.
+  const std::vector<T> a = {1, 2, 3, 4, 5, 6}, b = {7, 8, 9, 10, 11, 12};
+  std::vector<T> c = {100, 200, 300, 400};
+  GemmArgs g;
+  g.dtype = dtype_of<T>();
+  g.m = 2, g.n = 2, g.k = 3;
+  g.a = a.data(), g.lda = 3;
+  g.b = b.data(), g.ldb = 2;
+  g.c = c.data(), g.ldc = 2;
+  g.beta = 1;
+  gemm_cpu(g);
+  EXPECT_EQ(c, (std::vector<T>{158, 264, 439, 554}));
+  // A^T @ B^T with A stored (3, 2) and B stored (2, 3): same product as [1 3 5; 2 4 6] @ [7 9; 8 10; ...].
+  g.trans_a = Transpose::Yes, g.trans_b = Transpose::Yes;
+  g.lda = 2, g.ldb = 3;
+  g.beta = 0;
+  gemm_cpu(g);  // op(A) = [[1,3,5],[2,4,6]], op(B) = [[7,10],[8,11],[9,12]]
+  EXPECT_EQ(c, (std::vector<T>{76, 103, 100, 136}));
+}
+
+TYPED_TEST(GemmCpu, BetaZeroIgnoresNaNInC) {
+  using T = TypeParam;
+  for (int64_t k : {0, 1, 64}) {
+    Problem<T> p(9, 7, k, Transpose::No, Transpose::No, 1.0, 0.0);
+    std::fill(p.c.begin(), p.c.end(), std::numeric_limits<T>::quiet_NaN());
+    p.c_initial = p.c;
+    gemm_cpu(p.args);
+    for (int64_t i = 0; i < 9 * 7; ++i) ASSERT_FALSE(std::isnan(p.c[i])) << "k " << k << " at " << i;
+    p.check("beta 0, k " + std::to_string(k));
+  }
+}
+
+TYPED_TEST(GemmCpu, KZeroOrAlphaZeroScalesC) {
+  using T = TypeParam;
+  Problem<T> p(4, 5, 0, Transpose::No, Transpose::Yes, 1.0, 2.0, 2, 3);
+  gemm_cpu(p.args);
+  p.check("k 0, beta 2, batch 3");
+  // alpha == 0: A and B are not read (BLAS semantics), so a NaN there does not reach C.
+  Problem<T> q(4, 5, 6, Transpose::No, Transpose::No, 0.0, 1.0);
+  std::fill(q.a.begin(), q.a.end(), std::numeric_limits<T>::quiet_NaN());
+  gemm_cpu(q.args);
+  EXPECT_EQ(q.c, q.c_initial);
+}
+
+TYPED_TEST(GemmCpu, EmptySizesDoNothing) {
+  using T = TypeParam;
+  for (auto [m, n, k] : {std::tuple{0, 3, 4}, std::tuple{3, 0, 4}, std::tuple{0, 0, 0}}) {
+    Problem<T> p(m, n, k, Transpose::No, Transpose::No, 1.0, 0.0);
+    gemm_cpu(p.args);
+    EXPECT_EQ(p.c, p.c_initial);
+  }
+  Problem<T> p(3, 3, 3, Transpose::No, Transpose::No, 1.0, 0.0, 0, /*batch=*/0);
+  gemm_cpu(p.args);
+}
+
+TYPED_TEST(GemmCpu, BatchedWithBroadcastOperands) {
+  for (Transpose ta : kTrans) {
+    for (Transpose tb : kTrans) {
+      Problem<TypeParam> both(5, 6, 7, ta, tb, 1.0, 0.5, 1, 4);
+      gemm_cpu(both.args);
+      both.check("batched");
+      Problem<TypeParam> shared_b(5, 6, 7, ta, tb, 1.0, 0.0, 0, 4, false, true);  // x[b] @ W
+      gemm_cpu(shared_b.args);
+      shared_b.check("stride_b 0");
+      Problem<TypeParam> shared_a(8, 3, 2, ta, tb, 2.0, 1.0, 2, 3, true, false);
+      gemm_cpu(shared_a.args);
+      shared_a.check("stride_a 0");
+    }
+  }
+}
+
+TYPED_TEST(GemmCpu, LargeEnoughForLibraryThreading) {
+  Problem<TypeParam> p(256, 512, 784, Transpose::No, Transpose::No, 1.0, 0.0);
+  gemm_cpu(p.args);
+  p.check("mlp forward");
+  Problem<TypeParam> q(784, 512, 256, Transpose::Yes, Transpose::No, 1.0, 1.0);
+  gemm_cpu(q.args);
+  q.check("mlp weight gradient, accumulated");
+}
+
+TEST(GemmCpuErrors, RejectsBadArguments) {
+  Problem<float> p(4, 5, 6, Transpose::No, Transpose::No, 1.0, 0.0);
+  GemmArgs g = p.args;
+  g.lda = 5;  // < k
+  EXPECT_THROW(gemm_cpu(g), Error);
+  g = p.args;
+  g.trans_b = Transpose::Yes;  // stored B is now (5, 6): ldb 5 < 6
+  EXPECT_THROW(gemm_cpu(g), Error);
+  g = p.args;
+  g.ldc = 4;
+  EXPECT_THROW(gemm_cpu(g), Error);
+  g = p.args;
+  g.dtype = DType::Float16;
+  EXPECT_THROW(gemm_cpu(g), Error);
+  g = p.args;
+  g.m = -1;
+  EXPECT_THROW(gemm_cpu(g), Error);
+  g = p.args;
+  g.batch = 2;
+  g.stride_c = 0;  // both batches would write the same C
+  EXPECT_THROW(gemm_cpu(g), Error);
+}
+
+}  // namespace
+}  // namespace dpe::kernels

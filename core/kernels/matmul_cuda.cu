@@ -1,0 +1,101 @@
+// CUDA GEMM via cuBLAS (core/kernels/matmul.h).
+//
+// Note [row-major GEMM on column-major cuBLAS]
+// A row-major matrix with row stride ld is, read column-major with leading dimension ld, its transpose.
+// So the row-major C = op(A) op(B), i.e. the column-major C^T = op(B)^T op(A)^T, is one cuBLAS call with
+// the operands swapped: (m, n) -> (n, m), B first with B's transpose flag, then A with A's, and each ld
+// unchanged. Batch strides carry over as they are (0 broadcasts one matrix over the batch).
+//
+// Float32 uses cuBLAS's default math mode (true FP32, no TF32), so results are comparable with the CPU's
+// sgemm to k * eps. Determinism: cuBLAS gives bit-identical results run to run on one GPU model with one
+// stream per handle, which is how dpe uses it (core/cuda/cuda_device.h).
+#include <cstdint>
+
+#include "core/kernels/cuda_launch.cuh"
+#include "core/kernels/matmul.h"
+
+namespace dpe::kernels {
+namespace {
+
+using cuda_detail::dispatch_compute_type;
+using cuda_detail::first_index;
+using cuda_detail::grid_for;
+using cuda_detail::grid_stride;
+using cuda_detail::kBlock;
+
+cublasOperation_t to_cublas(Transpose t) { return t == Transpose::Yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// C[b]: (m, n) with row stride ldc, batch stride stride_c.  C = beta * C, and C = 0 when beta == 0 (NaN
+// included): the k == 0 or alpha == 0 case, where there is no product to add and neither A nor B is read
+// (BLAS semantics, as in gemm_cpu).
+template <typename T>
+__global__ void scale_c_kernel(int64_t batch, int64_t m, int64_t n, T beta, T* c, int64_t ldc, int64_t stride_c) {
+  const int64_t total = batch * m * n;
+  for (int64_t idx = first_index(); idx < total; idx += grid_stride()) {
+    const int64_t b = idx / (m * n), i = idx / n % m, j = idx % n;
+    T& v = c[b * stride_c + i * ldc + j];
+    v = beta == T(0) ? T(0) : beta * v;
+  }
+}
+
+// The column-major call of Note [row-major GEMM on column-major cuBLAS].
+void gemm_strided_batched(cublasHandle_t handle, const GemmArgs& g, const float* alpha, const float* beta) {
+  DPE_CUBLAS_CHECK(cublasSgemmStridedBatched_64(
+      handle, to_cublas(g.trans_b), to_cublas(g.trans_a), g.n, g.m, g.k, alpha, static_cast<const float*>(g.b),
+      g.ldb, g.stride_b, static_cast<const float*>(g.a), g.lda, g.stride_a, beta, static_cast<float*>(g.c), g.ldc,
+      g.stride_c, g.batch));
+}
+
+void gemm_strided_batched(cublasHandle_t handle, const GemmArgs& g, const double* alpha, const double* beta) {
+  DPE_CUBLAS_CHECK(cublasDgemmStridedBatched_64(
+      handle, to_cublas(g.trans_b), to_cublas(g.trans_a), g.n, g.m, g.k, alpha, static_cast<const double*>(g.b),
+      g.ldb, g.stride_b, static_cast<const double*>(g.a), g.lda, g.stride_a, beta, static_cast<double*>(g.c),
+      g.ldc, g.stride_c, g.batch));
+}
+
+// The same argument checks as gemm_cpu, so both backends reject the same calls with the same words.
+void check_args(const GemmArgs& g) {
+  DPE_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0, "gemm_cuda: negative size in m ", g.m, ", n ", g.n,
+            ", k ", g.k, ", batch ", g.batch);
+  DPE_CHECK(g.stride_a >= 0 && g.stride_b >= 0 && g.stride_c >= 0, "gemm_cuda: negative batch stride in (",
+            g.stride_a, ", ", g.stride_b, ", ", g.stride_c, ")");
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  DPE_CHECK(g.c != nullptr, "gemm_cuda: C is null for m ", g.m, ", n ", g.n);
+  DPE_CHECK(g.ldc >= g.n, "gemm_cuda: ldc ", g.ldc, " < n ", g.n);
+  DPE_CHECK(g.batch == 1 || g.stride_c >= (g.m - 1) * g.ldc + g.n, "gemm_cuda: C matrices overlap across the ",
+            g.batch, " batches: stride_c ", g.stride_c, " for m ", g.m, ", n ", g.n, ", ldc ", g.ldc);
+  if (g.k == 0) return;
+  const int64_t a_cols = g.trans_a == Transpose::No ? g.k : g.m;
+  const int64_t b_cols = g.trans_b == Transpose::No ? g.n : g.k;
+  DPE_CHECK(g.a != nullptr && g.b != nullptr, "gemm_cuda: A or B is null for m ", g.m, ", n ", g.n, ", k ", g.k);
+  DPE_CHECK(g.lda >= a_cols, "gemm_cuda: lda ", g.lda, " < ", a_cols, " columns of the stored A (m ", g.m, ", k ",
+            g.k, ", trans_a ", g.trans_a == Transpose::Yes, ")");
+  DPE_CHECK(g.ldb >= b_cols, "gemm_cuda: ldb ", g.ldb, " < ", b_cols, " columns of the stored B (k ", g.k, ", n ",
+            g.n, ", trans_b ", g.trans_b == Transpose::Yes, ")");
+}
+
+}  // namespace
+
+// A[b]: (m, k), or (k, m) if trans_a  B[b]: (k, n), or (n, k) if trans_b  C[b]: (m, n); b < batch.
+void gemm_cuda(cudaStream_t stream, cublasHandle_t handle, const GemmArgs& args) {
+  check_args(args);
+  if (args.m == 0 || args.n == 0 || args.batch == 0) return;
+  cudaStream_t bound = nullptr;
+  DPE_CUBLAS_CHECK(cublasGetStream(handle, &bound));
+  DPE_INTERNAL_ASSERT(bound == stream, "gemm_cuda: the cuBLAS handle is bound to another stream");
+  dispatch_compute_type(args.dtype, "gemm_cuda", [&](auto tag) {
+    using T = decltype(tag);
+    const T alpha = static_cast<T>(args.alpha), beta = static_cast<T>(args.beta);
+    if (args.k == 0 || args.alpha == 0.0) {
+      if (beta == T(1)) return;  // C unchanged
+      const int64_t total = args.batch * args.m * args.n;
+      scale_c_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(args.batch, args.m, args.n, beta,
+                                                               static_cast<T*>(args.c), args.ldc, args.stride_c);
+      DPE_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    gemm_strided_batched(handle, args, &alpha, &beta);
+  });
+}
+
+}  // namespace dpe::kernels

@@ -1,0 +1,220 @@
+// CPU softmax / log-softmax over the middle axis of (outer, size, inner), and their backward.
+//
+// Numerics: the row maximum is subtracted before exp, so no exp overflows; sums along the axis (sum of exp,
+// sum of dy * y, sum of dy) accumulate in double for both dtypes, sequentially in a fixed order, so results
+// do not depend on threads. A NaN in a row makes the whole row NaN; a row of all -inf gives NaN (as
+// PyTorch does).
+// Aliasing: y may be x, and dx may be y or dy (each element is read before it is written).
+// Thread-safety: independent rows / column tiles run under tbb::parallel_for in the caller's task_arena.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/kernels/softmax.h"
+
+namespace dpe::kernels {
+namespace {
+
+constexpr int64_t kTile = 256;            // columns of `inner` processed together
+constexpr int64_t kParallelWork = 32768;  // elements below which work stays on the calling thread
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+template <typename F>
+void dispatch_float(DType dtype, const char* what, const F& f) {
+  switch (dtype) {
+    case DType::Float32: return f(TypeTag<float>{});
+    case DType::Float64: return f(TypeTag<double>{});
+    default: DPE_CHECK(false, what, ": dtype ", dtype, " is not float32 or float64");
+  }
+}
+
+// Runs body(task) for task in [0, tasks), in parallel when the total work is large.
+template <typename F>
+void parallel_tasks(int64_t tasks, int64_t work_per_task, const F& body) {
+  const int64_t grain = std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, work_per_task));
+  if (tasks <= grain) {
+    for (int64_t t = 0; t < tasks; ++t) body(t);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, tasks, grain), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t t = r.begin(); t < r.end(); ++t) body(t);
+  });
+}
+
+// Splits (outer, size, inner) into tasks: one per row when inner == 1, else one per (outer, column tile);
+// calls body(offset of the task's first element, columns w) with rows `size` apart by `inner`.
+template <typename F>
+void for_each_slice(int64_t outer, int64_t size, int64_t inner, const F& body) {
+  const int64_t tiles = (inner + kTile - 1) / kTile;
+  parallel_tasks(outer * tiles, size * std::min(inner, kTile), [&](int64_t t) {
+    const int64_t o = t / tiles, c0 = t % tiles * kTile;
+    body(o * size * inner + c0, std::min(kTile, inner - c0));
+  });
+}
+
+// x, y: (size) contiguous.
+template <typename T>
+void softmax_row(SoftmaxKind kind, int64_t size, const T* x, T* y) {
+  T m = x[0];
+  for (int64_t i = 1; i < size; ++i) m = x[i] > m ? x[i] : m;
+  double sum = 0;
+  if (kind == SoftmaxKind::Softmax) {
+    for (int64_t i = 0; i < size; ++i) {
+      const T e = std::exp(x[i] - m);
+      y[i] = e;
+      sum += e;
+    }
+    const T total = static_cast<T>(sum);
+    for (int64_t i = 0; i < size; ++i) y[i] /= total;
+  } else {
+    for (int64_t i = 0; i < size; ++i) sum += std::exp(x[i] - m);
+    const T log_total = static_cast<T>(std::log(sum));
+    for (int64_t i = 0; i < size; ++i) y[i] = (x[i] - m) - log_total;
+  }
+}
+
+// x, y: (size, w) with row stride `inner`, w <= kTile.
+template <typename T>
+void softmax_columns(SoftmaxKind kind, int64_t size, int64_t inner, int64_t w, const T* x, T* y) {
+  T m[kTile];
+  double sum[kTile];
+  for (int64_t j = 0; j < w; ++j) {
+    m[j] = x[j];
+    sum[j] = 0;
+  }
+  for (int64_t s = 1; s < size; ++s) {
+    const T* row = x + s * inner;
+    for (int64_t j = 0; j < w; ++j) m[j] = row[j] > m[j] ? row[j] : m[j];
+  }
+  if (kind == SoftmaxKind::Softmax) {
+    for (int64_t s = 0; s < size; ++s) {
+      const T* row = x + s * inner;
+      T* out = y + s * inner;
+      for (int64_t j = 0; j < w; ++j) {
+        const T e = std::exp(row[j] - m[j]);
+        out[j] = e;
+        sum[j] += e;
+      }
+    }
+    T total[kTile];
+    for (int64_t j = 0; j < w; ++j) total[j] = static_cast<T>(sum[j]);
+    for (int64_t s = 0; s < size; ++s) {
+      T* out = y + s * inner;
+      for (int64_t j = 0; j < w; ++j) out[j] /= total[j];
+    }
+  } else {
+    for (int64_t s = 0; s < size; ++s) {
+      const T* row = x + s * inner;
+      for (int64_t j = 0; j < w; ++j) sum[j] += std::exp(row[j] - m[j]);
+    }
+    T log_total[kTile];
+    for (int64_t j = 0; j < w; ++j) log_total[j] = static_cast<T>(std::log(sum[j]));
+    for (int64_t s = 0; s < size; ++s) {
+      const T* row = x + s * inner;
+      T* out = y + s * inner;
+      for (int64_t j = 0; j < w; ++j) out[j] = (row[j] - m[j]) - log_total[j];
+    }
+  }
+}
+
+// y, dy, dx: (size, w) with row stride `inner`, w <= kTile.
+//   softmax:     dx = y * (dy - sum(dy * y))
+//   log_softmax: dx = dy - exp(y) * sum(dy)
+template <typename T>
+void softmax_backward_columns(SoftmaxKind kind, int64_t size, int64_t inner, int64_t w, const T* y, const T* dy,
+                              T* dx) {
+  double sum[kTile];
+  for (int64_t j = 0; j < w; ++j) sum[j] = 0;
+  for (int64_t s = 0; s < size; ++s) {
+    const T* yr = y + s * inner;
+    const T* dyr = dy + s * inner;
+    if (kind == SoftmaxKind::Softmax) {
+      for (int64_t j = 0; j < w; ++j) sum[j] += static_cast<double>(dyr[j]) * static_cast<double>(yr[j]);
+    } else {
+      for (int64_t j = 0; j < w; ++j) sum[j] += dyr[j];
+    }
+  }
+  T total[kTile];
+  for (int64_t j = 0; j < w; ++j) total[j] = static_cast<T>(sum[j]);
+  for (int64_t s = 0; s < size; ++s) {
+    const T* yr = y + s * inner;
+    const T* dyr = dy + s * inner;
+    T* dxr = dx + s * inner;
+    if (kind == SoftmaxKind::Softmax) {
+      for (int64_t j = 0; j < w; ++j) dxr[j] = yr[j] * (dyr[j] - total[j]);
+    } else {
+      for (int64_t j = 0; j < w; ++j) dxr[j] = dyr[j] - std::exp(yr[j]) * total[j];
+    }
+  }
+}
+
+// A contiguous row's sums, without the kTile-wide scratch arrays.
+template <typename T>
+void softmax_backward_row(SoftmaxKind kind, int64_t size, const T* y, const T* dy, T* dx) {
+  double sum = 0;
+  if (kind == SoftmaxKind::Softmax) {
+    for (int64_t i = 0; i < size; ++i) sum += static_cast<double>(dy[i]) * static_cast<double>(y[i]);
+    const T total = static_cast<T>(sum);
+    for (int64_t i = 0; i < size; ++i) dx[i] = y[i] * (dy[i] - total);
+  } else {
+    for (int64_t i = 0; i < size; ++i) sum += dy[i];
+    const T total = static_cast<T>(sum);
+    for (int64_t i = 0; i < size; ++i) dx[i] = dy[i] - std::exp(y[i]) * total;
+  }
+}
+
+void check_args(const char* what, SoftmaxKind kind, int64_t outer, int64_t size, int64_t inner) {
+  DPE_CHECK(kind == SoftmaxKind::Softmax || kind == SoftmaxKind::LogSoftmax, what, ": unknown SoftmaxKind ",
+            static_cast<int>(kind));
+  DPE_CHECK(outer >= 0 && size >= 0 && inner >= 0, what, ": negative dimension in (outer ", outer, ", size ", size,
+            ", inner ", inner, ")");
+}
+
+}  // namespace
+
+// x, y: (outer, size, inner)
+void softmax_cpu(SoftmaxKind kind, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, void* y) {
+  check_args("softmax_cpu", kind, outer, size, inner);
+  if (outer == 0 || size == 0 || inner == 0) return;
+  dispatch_float(dtype, "softmax_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xs = static_cast<const T*>(x);
+    T* ys = static_cast<T*>(y);
+    for_each_slice(outer, size, inner, [&](int64_t offset, int64_t w) {
+      if (inner == 1) {
+        softmax_row(kind, size, xs + offset, ys + offset);
+      } else {
+        softmax_columns(kind, size, inner, w, xs + offset, ys + offset);
+      }
+    });
+  });
+}
+
+// y, dy, dx: (outer, size, inner)
+void softmax_backward_cpu(SoftmaxKind kind, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* y,
+                          const void* dy, void* dx) {
+  check_args("softmax_backward_cpu", kind, outer, size, inner);
+  if (outer == 0 || size == 0 || inner == 0) return;
+  dispatch_float(dtype, "softmax_backward_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* ys = static_cast<const T*>(y);
+    const T* dys = static_cast<const T*>(dy);
+    T* dxs = static_cast<T*>(dx);
+    for_each_slice(outer, size, inner, [&](int64_t offset, int64_t w) {
+      if (inner == 1) {
+        softmax_backward_row(kind, size, ys + offset, dys + offset, dxs + offset);
+      } else {
+        softmax_backward_columns(kind, size, inner, w, ys + offset, dys + offset, dxs + offset);
+      }
+    });
+  });
+}
+
+}  // namespace dpe::kernels

@@ -1,0 +1,174 @@
+// CUDA softmax / log-softmax over the middle axis of (outer, size, inner), and their backward
+// (core/kernels/softmax.h).
+//
+// Numerics follow softmax_cpu.cc: the row maximum is subtracted before exp; the sums along the axis (sum of
+// exp, sum of dy * y, sum of dy) accumulate in double for both dtypes, then are rounded to T once. Rows
+// (inner == 1) take one block each and sum by a fixed shared-memory tree; columns (inner > 1) take one
+// thread each and sum sequentially. Either way the order is fixed, so results are deterministic, and differ
+// from the CPU's only by exp's last-bit rounding and the order of the double sums.
+// A NaN in a row makes the row NaN; a row of all -inf gives NaN.
+// Aliasing: y may be x, and dx may be y or dy (each element is read before it is written, and a row's
+// elements are written only after the row's reductions, which end with a __syncthreads).
+#include <cmath>
+#include <cstdint>
+
+#include "core/kernels/cuda_launch.cuh"
+#include "core/kernels/softmax.h"
+
+namespace dpe::kernels {
+namespace {
+
+using cuda_detail::block_reduce;
+using cuda_detail::dispatch_compute_type;
+using cuda_detail::first_index;
+using cuda_detail::grid_for;
+using cuda_detail::grid_stride;
+using cuda_detail::kBlock;
+using cuda_detail::kMaxRowBlock;
+using cuda_detail::MaxCombine;
+using cuda_detail::row_block;
+using cuda_detail::SumCombine;
+
+// Blocks for one-block-per-row kernels: one per row, capped; kernels loop over the rest.
+unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, int64_t(1) << 16)); }
+
+// x, y: (rows, size), one block (blockDim.x = row_block(size)) per row.
+template <typename T>
+__global__ void softmax_rows_kernel(SoftmaxKind kind, int64_t rows, int64_t size, const T* x, T* y) {
+  __shared__ T max_shared[kMaxRowBlock];
+  __shared__ double sum_shared[kMaxRowBlock];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // uniform per block
+    const T* xr = x + r * size;
+    T* yr = y + r * size;
+    T m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) m = MaxCombine{}(m, xr[j]);
+    m = block_reduce(m, max_shared, MaxCombine{});
+    double sum = 0;
+    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) sum += static_cast<double>(exp(xr[j] - m));
+    sum = block_reduce(sum, sum_shared, SumCombine{});
+    if (kind == SoftmaxKind::Softmax) {
+      const T total = static_cast<T>(sum);
+      for (int64_t j = threadIdx.x; j < size; j += blockDim.x) yr[j] = exp(xr[j] - m) / total;
+    } else {
+      const T log_total = static_cast<T>(log(sum));
+      for (int64_t j = threadIdx.x; j < size; j += blockDim.x) yr[j] = (xr[j] - m) - log_total;
+    }
+  }
+}
+
+// x, y: (outer, size, inner), one thread per (outer, inner) column.
+template <typename T>
+__global__ void softmax_columns_kernel(SoftmaxKind kind, int64_t outer, int64_t size, int64_t inner, const T* x,
+                                       T* y) {
+  for (int64_t c = first_index(); c < outer * inner; c += grid_stride()) {
+    const int64_t offset = c / inner * size * inner + c % inner;
+    const T* xc = x + offset;
+    T* yc = y + offset;
+    T m = -INFINITY;
+    for (int64_t j = 0; j < size; ++j) m = MaxCombine{}(m, xc[j * inner]);
+    double sum = 0;
+    for (int64_t j = 0; j < size; ++j) sum += static_cast<double>(exp(xc[j * inner] - m));
+    if (kind == SoftmaxKind::Softmax) {
+      const T total = static_cast<T>(sum);
+      for (int64_t j = 0; j < size; ++j) yc[j * inner] = exp(xc[j * inner] - m) / total;
+    } else {
+      const T log_total = static_cast<T>(log(sum));
+      for (int64_t j = 0; j < size; ++j) yc[j * inner] = (xc[j * inner] - m) - log_total;
+    }
+  }
+}
+
+// The per-element term of the backward sum: dy * y (softmax) or dy (log-softmax), in double.
+template <typename T>
+__device__ __forceinline__ double backward_term(SoftmaxKind kind, T y, T dy) {
+  return kind == SoftmaxKind::Softmax ? static_cast<double>(dy) * static_cast<double>(y) : static_cast<double>(dy);
+}
+
+//   softmax:     dx = y * (dy - total)
+//   log_softmax: dx = dy - exp(y) * total
+template <typename T>
+__device__ __forceinline__ T backward_value(SoftmaxKind kind, T y, T dy, T total) {
+  return kind == SoftmaxKind::Softmax ? y * (dy - total) : dy - exp(y) * total;
+}
+
+// y, dy, dx: (rows, size), one block (blockDim.x = row_block(size)) per row.
+template <typename T>
+__global__ void softmax_backward_rows_kernel(SoftmaxKind kind, int64_t rows, int64_t size, const T* y, const T* dy,
+                                             T* dx) {
+  __shared__ double sum_shared[kMaxRowBlock];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // uniform per block
+    const int64_t base = r * size;
+    double sum = 0;
+    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) sum += backward_term(kind, y[base + j], dy[base + j]);
+    const T total = static_cast<T>(block_reduce(sum, sum_shared, SumCombine{}));
+    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) {
+      dx[base + j] = backward_value(kind, y[base + j], dy[base + j], total);
+    }
+  }
+}
+
+// y, dy, dx: (outer, size, inner), one thread per (outer, inner) column.
+template <typename T>
+__global__ void softmax_backward_columns_kernel(SoftmaxKind kind, int64_t outer, int64_t size, int64_t inner,
+                                                const T* y, const T* dy, T* dx) {
+  for (int64_t c = first_index(); c < outer * inner; c += grid_stride()) {
+    const int64_t offset = c / inner * size * inner + c % inner;
+    double sum = 0;
+    for (int64_t j = 0; j < size; ++j) sum += backward_term(kind, y[offset + j * inner], dy[offset + j * inner]);
+    const T total = static_cast<T>(sum);
+    for (int64_t j = 0; j < size; ++j) {
+      const int64_t k = offset + j * inner;
+      dx[k] = backward_value(kind, y[k], dy[k], total);
+    }
+  }
+}
+
+void check_args(const char* what, SoftmaxKind kind, int64_t outer, int64_t size, int64_t inner) {
+  DPE_CHECK(kind == SoftmaxKind::Softmax || kind == SoftmaxKind::LogSoftmax, what, ": unknown SoftmaxKind ",
+            static_cast<int>(kind));
+  DPE_CHECK(outer >= 0 && size >= 0 && inner >= 0, what, ": negative dimension in (outer ", outer, ", size ", size,
+            ", inner ", inner, ")");
+}
+
+}  // namespace
+
+// x, y: (outer, size, inner)
+void softmax_cuda(cudaStream_t stream, SoftmaxKind kind, DType dtype, int64_t outer, int64_t size, int64_t inner,
+                  const void* x, void* y) {
+  check_args("softmax_cuda", kind, outer, size, inner);
+  if (outer == 0 || size == 0 || inner == 0) return;
+  dispatch_compute_type(dtype, "softmax_cuda", [&](auto tag) {
+    using T = decltype(tag);
+    const T* xs = static_cast<const T*>(x);
+    T* ys = static_cast<T*>(y);
+    if (inner == 1) {
+      softmax_rows_kernel<T><<<row_grid(outer), row_block(size), 0, stream>>>(kind, outer, size, xs, ys);
+    } else {
+      softmax_columns_kernel<T><<<grid_for(outer * inner), kBlock, 0, stream>>>(kind, outer, size, inner, xs, ys);
+    }
+    DPE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// y, dy, dx: (outer, size, inner)
+void softmax_backward_cuda(cudaStream_t stream, SoftmaxKind kind, DType dtype, int64_t outer, int64_t size,
+                           int64_t inner, const void* y, const void* dy, void* dx) {
+  check_args("softmax_backward_cuda", kind, outer, size, inner);
+  if (outer == 0 || size == 0 || inner == 0) return;
+  dispatch_compute_type(dtype, "softmax_backward_cuda", [&](auto tag) {
+    using T = decltype(tag);
+    const T* ys = static_cast<const T*>(y);
+    const T* dys = static_cast<const T*>(dy);
+    T* dxs = static_cast<T*>(dx);
+    if (inner == 1) {
+      softmax_backward_rows_kernel<T><<<row_grid(outer), row_block(size), 0, stream>>>(kind, outer, size, ys, dys,
+                                                                                      dxs);
+    } else {
+      softmax_backward_columns_kernel<T><<<grid_for(outer * inner), kBlock, 0, stream>>>(kind, outer, size, inner,
+                                                                                         ys, dys, dxs);
+    }
+    DPE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace dpe::kernels

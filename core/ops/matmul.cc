@@ -1,0 +1,119 @@
+// matmul / bmm on the GEMM kernel. Transposed views are passed to the GEMM as transpose flags, not copied.
+#include "core/autograd/function.h"
+#include "core/dispatch.h"
+#include "core/kernels/matmul.h"
+#include "core/ops.h"
+#include "core/ops/op_checks.h"
+
+#if DPE_WITH_CUDA
+#include "core/cuda/cuda_device.h"
+#endif
+
+namespace dpe {
+
+using kernels::Transpose;
+using ops_detail::check_compute_dtype;
+using ops_detail::options_of;
+
+namespace {
+
+// How the GEMM reads the last two dimensions of a (batch, rows, cols) or (rows, cols) tensor.
+struct MatrixOperand {
+  Tensor storage;  // keeps a contiguous copy alive when one was needed
+  Transpose trans = Transpose::No;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+};
+
+MatrixOperand as_operand(const Tensor& t) {
+  int64_t rows = t.size(-2), cols = t.size(-1);
+  int64_t rs = t.strides()[t.dim() - 2], cs = t.strides()[t.dim() - 1];
+  auto batch_stride = [](const Tensor& x) { return x.dim() == 3 && x.size(0) > 1 ? x.strides()[0] : 0; };
+  if ((cs == 1 || cols == 1) && rs >= std::max<int64_t>(cols, 1)) return {t, Transpose::No, rs, batch_stride(t)};
+  if ((rs == 1 || rows == 1) && cs >= std::max<int64_t>(rows, 1)) return {t, Transpose::Yes, cs, batch_stride(t)};
+  Tensor packed = t.contiguous();
+  return {packed, Transpose::No, std::max<int64_t>(cols, 1), batch_stride(packed)};
+}
+
+// out (batch?, m, n) = a @ b with a: (batch?, m, k), b: (batch?, k, n); no autograd.
+Tensor matmul_forward(const Tensor& a, const Tensor& b) {
+  int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  int64_t batch = a.dim() == 3 ? a.size(0) : (b.dim() == 3 ? b.size(0) : 1);
+  Shape out_shape = a.dim() == 3 || b.dim() == 3 ? Shape{batch, m, n} : Shape{m, n};
+  Tensor out = Tensor::empty(out_shape, options_of(a));
+  if (out.numel() == 0) return out;
+  MatrixOperand A = as_operand(a), B = as_operand(b);
+  kernels::GemmArgs args;
+  args.dtype = a.dtype();
+  args.trans_a = A.trans;
+  args.trans_b = B.trans;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.a = A.storage.data_ptr();
+  args.lda = A.ld;
+  args.b = B.storage.data_ptr();
+  args.ldb = B.ld;
+  args.c = out.data_ptr();
+  args.ldc = n;
+  args.batch = batch;
+  args.stride_a = A.batch_stride;
+  args.stride_b = B.batch_stride;
+  args.stride_c = m * n;
+  dispatch(
+      a.device(), [&] { kernels::gemm_cpu(args); },
+      [&](auto stream) {
+#if DPE_WITH_CUDA
+        kernels::gemm_cuda(stream, cuda::cublas_handle(a.device().index), args);
+#endif
+      });
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  ops_detail::check_same_device_and_dtype(a, b, "matmul");
+  check_compute_dtype(a, "matmul");
+  DPE_CHECK((a.dim() == 2 || a.dim() == 3) && (b.dim() == 2 || b.dim() == 3), "matmul: expected 2-d or 3-d operands, got ",
+            shape_str(a.shape()), " and ", shape_str(b.shape()));
+  DPE_CHECK(a.size(-1) == b.size(-2), "matmul: inner dimensions differ: ", shape_str(a.shape()), " @ ",
+            shape_str(b.shape()), " (", a.size(-1), " vs ", b.size(-2), ")");
+  if (a.dim() == 3 && b.dim() == 3) {
+    DPE_CHECK(a.size(0) == b.size(0), "matmul: batch sizes differ: ", shape_str(a.shape()), " @ ",
+              shape_str(b.shape()));
+  }
+  Tensor out;
+  if (a.dim() == 3 && b.dim() == 2 && a.is_contiguous()) {
+    // (B, m, k) @ (k, n): one GEMM over B*m rows.
+    Tensor flat = a.detach().reshape({a.size(0) * a.size(1), a.size(2)});
+    out = matmul_forward(flat, b.detach()).reshape({a.size(0), a.size(1), b.size(1)});
+  } else {
+    out = matmul_forward(a, b);
+  }
+  bool grad_a = a.requires_grad(), grad_b = b.requires_grad();
+  Tensor sa = a.detach(), sb = b.detach();
+  autograd::record(out, {a, b}, "MatmulBackward", [sa, sb, grad_a, grad_b](const Tensor& g) -> std::vector<Tensor> {
+    Tensor ga, gb;
+    if (grad_a) ga = sum_to(matmul(g, sb.transpose(-2, -1)), sa.shape());
+    if (grad_b) {
+      // (B, m, k)^T @ (B, m, n) for a broadcast 2-d b sums over the batch: fold it into one GEMM.
+      if (sb.dim() == 2 && sa.dim() == 3) {
+        Tensor a2 = sa.reshape({-1, sa.size(-1)}), g2 = g.reshape({-1, g.size(-1)});
+        gb = matmul(a2.transpose(0, 1), g2);
+      } else {
+        gb = sum_to(matmul(sa.transpose(-2, -1), g), sb.shape());
+      }
+    }
+    return {ga, gb};
+  });
+  return out;
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  DPE_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-d operands, got ", shape_str(a.shape()), " and ",
+            shape_str(b.shape()));
+  return matmul(a, b);
+}
+
+}  // namespace dpe

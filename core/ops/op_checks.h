@@ -1,0 +1,27 @@
+// Input checks shared by the ops in core/ops/. Each throws naming the op and the offending values.
+#pragma once
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace dpe::ops_detail {
+
+inline void check_defined(const Tensor& t, const char* op) { DPE_CHECK(t.defined(), op, ": undefined tensor"); }
+
+inline void check_compute_dtype(const Tensor& t, const char* op) {
+  check_defined(t, op);
+  DPE_CHECK(is_compute_type(t.dtype()), op, ": expected a float32 or float64 tensor, got ", t.dtype(),
+            " (cast storage types with to(DType::Float32))");
+}
+
+inline void check_same_device_and_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  check_defined(a, op);
+  check_defined(b, op);
+  DPE_CHECK(a.device() == b.device(), op, ": tensors are on different devices (", a.device(), " and ", b.device(),
+            "); move one with to()");
+  DPE_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ (", a.dtype(), " and ", b.dtype(), ")");
+}
+
+inline TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).with_device(t.device()); }
+
+}  // namespace dpe::ops_detail

@@ -1,0 +1,124 @@
+// Forward values of the ops against numbers computed by hand.
+#include "core/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace dpe {
+namespace {
+
+Tensor vec(std::vector<float> v, Shape shape = {}) {
+  if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
+  return Tensor::from_vector(v, shape);
+}
+
+std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
+
+TEST(OpsTest, BinaryWithBroadcasting) {
+  Tensor a = vec({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor row = vec({10, 20, 30}, {3});
+  Tensor col = vec({100, 200}, {2, 1});
+  EXPECT_EQ(values(a + row), (std::vector<float>{11, 22, 33, 14, 25, 36}));
+  EXPECT_EQ(values(a + col), (std::vector<float>{101, 102, 103, 204, 205, 206}));
+  EXPECT_EQ(values(a - row), (std::vector<float>{-9, -18, -27, -6, -15, -24}));
+  EXPECT_EQ(values(a * col), (std::vector<float>{100, 200, 300, 800, 1000, 1200}));
+  EXPECT_EQ(values(a / vec({1, 2, 4})), (std::vector<float>{1, 1, 0.75f, 4, 2.5f, 1.5f}));
+  EXPECT_EQ((row + col).shape(), (Shape{2, 3}));
+  EXPECT_EQ(values(a * 2.0), (std::vector<float>{2, 4, 6, 8, 10, 12}));
+  EXPECT_EQ(values(affine(a, -1, 1)), (std::vector<float>{0, -1, -2, -3, -4, -5}));
+  try {
+    a + vec({1, 2});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shapes [2, 3] and [2] are not broadcastable"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OpsTest, UnaryAndActivations) {
+  Tensor x = Tensor::from_vector(std::vector<double>{-2, -0.5, 0.5, 2}, {4});
+  auto at = [](const Tensor& t, int i) { return t.to_vector<double>()[i]; };
+  EXPECT_DOUBLE_EQ(at(relu(x), 0), 0.0);
+  EXPECT_DOUBLE_EQ(at(relu(x), 3), 2.0);
+  EXPECT_NEAR(at(gelu(x), 2), 0.5 * 0.5 * (1 + std::erf(0.5 / std::sqrt(2.0))), 1e-15);
+  EXPECT_NEAR(at(silu(x), 0), -2.0 / (1 + std::exp(2.0)), 1e-15);
+  EXPECT_NEAR(at(tanh(x), 1), std::tanh(-0.5), 1e-15);
+  EXPECT_NEAR(at(sigmoid(x), 3), 1 / (1 + std::exp(-2.0)), 1e-15);
+  EXPECT_NEAR(at(exp(x), 3), std::exp(2.0), 1e-12);
+  EXPECT_NEAR(at(log(exp(x)), 1), -0.5, 1e-15);
+  EXPECT_NEAR(at(sqrt(square(x)), 0), 2.0, 1e-15);
+  EXPECT_NEAR(at(rsqrt(square(x)), 3), 0.5, 1e-15);
+  EXPECT_NEAR(at(reciprocal(x), 2), 2.0, 1e-15);
+  EXPECT_THROW(relu(zeros({2}, DType::Int64)), Error);
+}
+
+TEST(OpsTest, Reductions) {
+  Tensor a = vec({1, 5, 3, 4, 2, 6}, {2, 3});
+  EXPECT_EQ(sum(a).item(), 21);
+  EXPECT_EQ(values(sum(a, 0)), (std::vector<float>{5, 7, 9}));
+  EXPECT_EQ(values(sum(a, 1)), (std::vector<float>{9, 12}));
+  EXPECT_EQ(sum(a, 1, true).shape(), (Shape{2, 1}));
+  EXPECT_EQ(values(sum(a, {0, 1})), (std::vector<float>{21}));
+  EXPECT_EQ(mean(a).item(), 3.5);
+  EXPECT_EQ(values(mean(a, -1)), (std::vector<float>{3, 4}));
+  EXPECT_EQ(max(a).item(), 6);
+  EXPECT_EQ(min(a).item(), 1);
+  ValuesIndices m = max(a, 1);
+  EXPECT_EQ(values(m.values), (std::vector<float>{5, 6}));
+  EXPECT_EQ(m.indices.to_vector<int64_t>(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(argmax(a, 0).to_vector<int64_t>(), (std::vector<int64_t>{1, 0, 1}));
+  EXPECT_EQ(argmax(vec({3, 7, 7}), 0).item(), 1);  // first maximum
+  EXPECT_EQ(values(sum_to(a, {1, 3})), (std::vector<float>{5, 7, 9}));
+  EXPECT_EQ(values(sum_to(a, {3})), (std::vector<float>{5, 7, 9}));
+  EXPECT_EQ(sum(zeros({0})).item(), 0);
+  EXPECT_THROW(max(zeros({0})), Error);
+  EXPECT_THROW(mean(a, 2), Error);
+}
+
+TEST(OpsTest, Matmul) {
+  Tensor a = vec({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = vec({1, 0, 0, 1, 1, 1}, {3, 2});
+  EXPECT_EQ(values(matmul(a, b)), (std::vector<float>{4, 5, 10, 11}));
+  // Transposed views go to the GEMM without a copy and give the same numbers.
+  EXPECT_EQ(values(matmul(b.t(), a.t())), (std::vector<float>{4, 10, 5, 11}));
+  Tensor batch = stack({a, a * 2.0});
+  EXPECT_EQ(values(matmul(batch, b)), (std::vector<float>{4, 5, 10, 11, 8, 10, 20, 22}));
+  EXPECT_EQ(values(bmm(batch, stack({b, b}))), (std::vector<float>{4, 5, 10, 11, 8, 10, 20, 22}));
+  EXPECT_EQ(values(matmul(a, stack({b, b}))), (std::vector<float>{4, 5, 10, 11, 4, 5, 10, 11}));
+  try {
+    matmul(a, a);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("inner dimensions differ: [2, 3] @ [2, 3]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OpsTest, SoftmaxAndLogSoftmax) {
+  Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 1000, 1000, 1000}, {2, 3});
+  std::vector<double> s = softmax(x, 1).to_vector<double>();
+  double z = std::exp(1.0) + std::exp(2.0) + std::exp(3.0);
+  EXPECT_NEAR(s[0], std::exp(1.0) / z, 1e-15);
+  EXPECT_NEAR(s[4], 1.0 / 3, 1e-15);  // stable for large inputs
+  std::vector<double> ls = log_softmax(x, -1).to_vector<double>();
+  EXPECT_NEAR(ls[2], 3 - std::log(z), 1e-14);
+  std::vector<double> s0 = softmax(x, 0).to_vector<double>();
+  EXPECT_NEAR(s0[0] + s0[3], 1.0, 1e-15);
+}
+
+TEST(OpsTest, CatAndStack) {
+  Tensor a = vec({1, 2}, {1, 2}), b = vec({3, 4, 5, 6}, {2, 2});
+  EXPECT_EQ(values(cat({a, b}, 0)), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(values(cat({b, b}, 1)), (std::vector<float>{3, 4, 3, 4, 5, 6, 5, 6}));
+  EXPECT_EQ(stack({a, a}, 0).shape(), (Shape{2, 1, 2}));
+  try {
+    cat({a, b}, 1);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("they may differ only in dimension 1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dpe

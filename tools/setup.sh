@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what dpe needs on a Debian 12 machine. Idempotent: when everything is present it only checks
+# (well under a second); otherwise it runs `apt-get update` once and installs the missing packages.
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap        # Bazel 4.2.3, offline-capable (see docs/BUILD_OFFLINE.md)
+  bazel-platforms        # @platforms, as a local repository
+  g++
+  python3                # tools/test_summary.py
+  libgtest-dev
+  libbenchmark-dev
+  libtbb-dev             # oneTBB: intra-op parallelism
+  libdnnl-dev            # oneDNN: float32 GEMM (and later convolution) on CPU
+  libopenblas-dev        # OpenBLAS: float64 GEMM for gradient checks
+  zlib1g-dev
+  dataset-fashion-mnist  # the default real data set
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]} > 0)); then
+  echo "dpe setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "dpe setup: CUDA toolkit found at /usr/local/cuda: the CUDA backend will be built"
+else
+  echo "dpe setup: no CUDA toolkit at /usr/local/cuda: CPU-only build"
+fi

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs every dpe test and ends with "N passed, N failed, N skipped" (counted per test case).
+# CUDA tests report themselves skipped on machines without a GPU. Extra arguments go to `bazel test`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+bazel test //... "$@"
+status=$?
+python3 tools/test_summary.py bazel-testlogs "$status"
