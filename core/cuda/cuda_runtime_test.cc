@@ -53,9 +53,9 @@ TEST(CudaRuntimeNoGpu, NoDeviceMeansZeroDevicesAndClearErrors) {
   EXPECT_TRUE(all_devices(DeviceKind::CUDA).empty());
   std::string message = error_message([] { check_device_exists(Device::cuda(0)); });
   EXPECT_CONTAINS(message, "cuda:0 does not exist");
-  EXPECT_CONTAINS(message, "no CUDA device is visible");
   EXPECT_CONTAINS(error_message([] { allocator_for(Device::cuda(0)); }), "cuda:0");
 #if DPE_WITH_CUDA
+  EXPECT_CONTAINS(message, "no CUDA device is visible");
   EXPECT_EQ(cuda::physical_device_count(), 0);
   const std::string reason = cuda::unavailable_reason();
   EXPECT_FALSE(reason.empty());

@@ -11,7 +11,8 @@ namespace dpe::kernels {
 
 // dst[idx] = cast<dst_dtype>(src[idx]) for every index of the common sizes.
 // Contract: src.sizes == dst.sizes (same ndim); src and dst do not overlap; every dtype pair is allowed
-// (float -> int truncates toward zero, like static_cast; float16/bfloat16 round to nearest even).
+// (float -> int truncates toward zero, like static_cast, but out-of-range values saturate and NaN becomes 0,
+// where static_cast is undefined; float16/bfloat16 round to nearest even, once, from the source value).
 void copy_cpu(const void* src, DType src_dtype, const Layout& src_layout, void* dst, DType dst_dtype,
               const Layout& dst_layout);
 // Both pointers on the stream's device.

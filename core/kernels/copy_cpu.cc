@@ -99,6 +99,7 @@ float to_float_for_narrow(W w) {
 template <typename I, typename F>
 I float_to_int(F f) {
   constexpr F kUpper = F(std::numeric_limits<I>::max() / 2 + 1) * F(2);  // 2^bits or 2^(bits-1), exact
+  // min - 1, or min itself where F rounds it so; anything above truncates to a value >= min.
   constexpr F kLowerExclusive = F(std::numeric_limits<I>::min()) - F(1);
   if (f != f) return I(0);
   if (f >= kUpper) return std::numeric_limits<I>::max();

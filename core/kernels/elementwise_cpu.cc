@@ -1,10 +1,14 @@
 // CPU elementwise kernels. The scalar math is core/kernels/math.h, shared with CUDA; this file only
 // decides how to loop. Each op becomes a compile-time constant (std::integral_constant) before the loop,
-// so apply_unary/apply_binary's switch folds away and the simple ops vectorize.
+// so apply_unary/apply_binary's switch folds away and the simple ops vectorize. That needs -O3 (core/BUILD):
+// GCC 12's -O2 cost model vectorizes no loop of unknown trip count. Measured single-threaded on 256 x 2048
+// float32 (2-core Zen 3 VM), -O2 -> -O3: add 34 -> 81 GB/s, bias add 22 -> 52, relu 25 -> 55, and in
+// reduce_cpu.cc row sums 18 -> 31, column sums 10 -> 28.
 //
 // Aliasing: an output may be the same array as an input (y == x, out == a); partial overlap is not allowed.
 // Thread-safety: only the output is written. Large arrays run under tbb::parallel_for in the caller's
 // task_arena; every element is computed independently, so results do not depend on the split.
+#include <cmath>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
@@ -264,7 +268,7 @@ void affine_cpu(DType dtype, int64_t n, const void* x, double alpha, double beta
     T* ys = static_cast<T*>(y);
     const T a = static_cast<T>(alpha), c = static_cast<T>(beta);
     parallel_range(n, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) ys[i] = a * xs[i] + c;
+      for (int64_t i = begin; i < end; ++i) ys[i] = std::fma(a, xs[i], c);  // one rounding, as on CUDA
     });
   });
 }
@@ -279,7 +283,7 @@ void axpy_cpu(DType dtype, int64_t n, double alpha, const void* x, void* y) {
     T* ys = static_cast<T*>(y);
     const T a = static_cast<T>(alpha);
     parallel_range(n, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) ys[i] += a * xs[i];
+      for (int64_t i = begin; i < end; ++i) ys[i] = std::fma(a, xs[i], ys[i]);  // one rounding, as on CUDA
     });
   });
 }

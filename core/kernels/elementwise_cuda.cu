@@ -99,7 +99,8 @@ void unary_cuda(cudaStream_t stream, UnaryOp op, DType dtype, int64_t n, const v
   dispatch_compute_type(dtype, "unary_cuda", [&](auto tag) {
     using T = decltype(tag);
     dispatch_unary(op, [&](auto op_c) {
-      unary_kernel<T, decltype(op_c)::value><<<grid_for(n), kBlock, 0, stream>>>(n, static_cast<const T*>(x), static_cast<T*>(y));
+      unary_kernel<T, decltype(op_c)::value><<<grid_for(n), kBlock, 0, stream>>>(n, static_cast<const T*>(x),
+                                                                                 static_cast<T*>(y));
       DPE_CUDA_CHECK_LAUNCH();
     });
   });

@@ -149,7 +149,9 @@ Layout make_layout(std::vector<int64_t> sizes, std::vector<int64_t> strides) {
   return l;
 }
 
-Layout contiguous(std::vector<int64_t> sizes) { return contiguous_layout(static_cast<int>(sizes.size()), sizes.data()); }
+Layout contiguous(std::vector<int64_t> sizes) {
+  return contiguous_layout(static_cast<int>(sizes.size()), sizes.data());
+}
 
 // Elements of storage a layout reaches (max offset + 1), 0 when empty.
 int64_t storage_elements(const Layout& l) {
@@ -369,11 +371,14 @@ TYPED_TEST(Parity, BinaryWithBroadcastingAndTransposes) {
     Layout out, a, b;
   };
   std::vector<Case> cases;
-  for (int64_t n : kSizes) cases.push_back({"same shape n=" + std::to_string(n), contiguous({n}), contiguous({n}), contiguous({n})});
+  for (int64_t n : kSizes) {
+    cases.push_back({"same shape n=" + std::to_string(n), contiguous({n}), contiguous({n}), contiguous({n})});
+  }
   cases.push_back({"broadcast both", contiguous({3, 1023, 7}), make_layout({3, 1023, 7}, {7, 0, 1}),
                    make_layout({3, 1023, 7}, {0, 1, 0})});
   cases.push_back({"scalar b", contiguous({1023, 7}), contiguous({1023, 7}), make_layout({1023, 7}, {0, 0})});
-  cases.push_back({"scalar a", contiguous({(1 << 20) + 3}), make_layout({(1 << 20) + 3}, {0}), contiguous({(1 << 20) + 3})});
+  const int64_t big = (int64_t(1) << 20) + 3;
+  cases.push_back({"scalar a", contiguous({big}), make_layout({big}, {0}), contiguous({big})});
   cases.push_back({"transposed a", contiguous({1023, 7}), make_layout({1023, 7}, {1, 1023}), contiguous({1023, 7})});
   cases.push_back({"transposed both, row broadcast", contiguous({65, 33}), make_layout({65, 33}, {1, 65}),
                    make_layout({65, 33}, {0, 1})});
@@ -473,7 +478,8 @@ TYPED_TEST(Parity, Reduce) {
       const double div = op == ReduceOp::Mean ? double(s.size) : 1.0;
       expect_close(cpu, download<T>(d_y, outputs),
                    [&](size_t i) {
-                     return 4 * kEps<T> * std::sqrt(double(s.size)) * norm[i] / div + kEps<T> * std::abs(double(cpu[i]));
+                     return 4 * kEps<T> * std::sqrt(double(s.size)) * norm[i] / div +
+                            kEps<T> * std::abs(double(cpu[i]));
                    },
                    what);
     }
@@ -619,6 +625,8 @@ TYPED_TEST(Parity, RandomFills) {
       std::vector<T> cpu(static_cast<size_t>(n));
 
       // uniform and bernoulli: the same Philox words and the same double arithmetic, rounded once: exact.
+      // (uniform's low + (high - low) * u is an fma on CUDA; the CPU gets the same single rounding only because
+      // GCC contracts it at -O2 on FMA hardware, which dpe's build flags give.)
       uniform_cpu(dtype_of<T>(), n, state, -2.0, 3.0, cpu.data());
       uniform_cuda(stream(), dtype_of<T>(), n, state, -2.0, 3.0, d.get());
       expect_equal(cpu, download<T>(d, cpu.size()), "uniform" + what);

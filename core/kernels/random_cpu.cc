@@ -65,7 +65,8 @@ void uniform_cpu(DType dtype, int64_t n, PhiloxState state, double low, double h
   philox_fill("uniform_cpu", dtype, n, state, out, [=](auto zero, const PhiloxOutput& r) {
     using T = decltype(zero);
     const T lo = static_cast<T>(low), hi = static_cast<T>(high);
-    T v = static_cast<T>(low + (high - low) * philox_uniform(r));
+    // std::fma: one rounding, exactly what random_cuda.cu computes, whatever the compiler flags.
+    T v = static_cast<T>(std::fma(high - low, philox_uniform(r), low));
     if (v >= hi && hi > lo) v = std::nextafter(hi, lo);
     return v;
   });
@@ -75,7 +76,7 @@ void uniform_cpu(DType dtype, int64_t n, PhiloxState state, double low, double h
 void normal_cpu(DType dtype, int64_t n, PhiloxState state, double mean, double std, void* out) {
   DPE_CHECK(std >= 0, "normal_cpu: std ", std, " is negative");
   philox_fill("normal_cpu", dtype, n, state, out, [=](auto zero, const PhiloxOutput& r) {
-    return static_cast<decltype(zero)>(mean + std * philox_normal(r));
+    return static_cast<decltype(zero)>(std::fma(std, philox_normal(r), mean));
   });
 }
 
