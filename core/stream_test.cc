@@ -27,7 +27,9 @@ TEST(StreamTest, UnrecordedEventsAndMissingDevicesAreErrors) {
   EXPECT_THROW(e.synchronize(), Error);
   EXPECT_THROW(e.block(Device::cpu(0)), Error);
   EXPECT_THROW(e.record(Device::cpu(1000)), Error);
-  if (!cuda_available()) EXPECT_THROW(synchronize(Device::cuda(0)), Error);
+  if (!cuda_available()) {
+    EXPECT_THROW(synchronize(Device::cuda(0)), Error);
+  }
 }
 
 }  // namespace

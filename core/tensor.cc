@@ -552,6 +552,20 @@ Tensor Tensor::detach() const {
   return Tensor(std::move(copy));
 }
 
+void Tensor::set_data(const Tensor& new_data) const {
+  DPE_CHECK(new_data.defined(), "set_data: undefined tensor");
+  DPE_CHECK(is_leaf(), "set_data: only leaf tensors can take new data");
+  checked();
+  TensorImpl& impl = *impl_;
+  const TensorImpl& src = *new_data.impl();
+  impl.storage = src.storage;
+  impl.storage_offset = src.storage_offset;
+  impl.shape = src.shape;
+  impl.strides = src.strides;
+  impl.dtype = src.dtype;
+  impl.device = src.device;
+}
+
 int64_t Tensor::register_post_accumulate_grad_hook(GradHook hook) {
   DPE_CHECK(is_leaf() && requires_grad(),
             "register_post_accumulate_grad_hook: only leaf tensors that require grad accumulate gradients");

@@ -131,6 +131,10 @@ class Tensor {
   void backward(const Tensor& gradient = {}) const;
   // A tensor sharing storage but cut off from the graph.
   Tensor detach() const;
+  // Makes this tensor (and every handle to it) use new_data's storage, geometry, dtype and device, keeping
+  // its autograd identity (requires_grad, hooks); PyTorch's `param.data = new_data`. Module::to and replica
+  // synchronisation use it so that handles held by modules and optimizers stay valid.
+  void set_data(const Tensor& new_data) const;
   // Called on the backward thread right after a gradient was accumulated into this leaf's .grad
   // (PyTorch's register_post_accumulate_grad_hook). The DDP reducer uses it. Returns a handle.
   using GradHook = std::function<void(const Tensor& leaf)>;

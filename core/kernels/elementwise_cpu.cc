@@ -8,46 +8,23 @@
 // Aliasing: an output may be the same array as an input (y == x, out == a); partial overlap is not allowed.
 // Thread-safety: only the output is written. Large arrays run under tbb::parallel_for in the caller's
 // task_arena; every element is computed independently, so results do not depend on the split.
-#include <cmath>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/kernels/arg_checks.h"
+#include "core/kernels/cpu_parallel.h"
+#include "core/kernels/dtype_dispatch.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/math.h"
 
 namespace dpe::kernels {
 namespace {
 
-// Below this many elements a kernel runs on the calling thread; above, in chunks of about this size.
-constexpr int64_t kParallelGrain = 32768;
-
-template <typename F>
-void parallel_range(int64_t n, const F& body) {
-  if (n <= kParallelGrain) {
-    body(int64_t{0}, n);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kParallelGrain),
-                    [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
-}
-
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-template <typename F>
-void dispatch_float(DType dtype, const char* what, const F& f) {
-  switch (dtype) {
-    case DType::Float32: return f(TypeTag<float>{});
-    case DType::Float64: return f(TypeTag<double>{});
-    default: DPE_CHECK(false, what, ": dtype ", dtype, " is not float32 or float64");
-  }
-}
+using cpu_detail::parallel_range;
+using detail::check_n;
+using detail::dispatch_float;
 
 template <auto V>
 using Const = std::integral_constant<decltype(V), V>;
@@ -96,8 +73,6 @@ void dispatch_binary(BinaryOp op, const F& f) {
   }
   DPE_CHECK(false, "unknown BinaryOp ", static_cast<int>(op));
 }
-
-void check_n(const char* what, int64_t n) { DPE_CHECK(n >= 0, what, ": n = ", n, " is negative"); }
 
 // The three operands of a binary op after dropping size-1 dimensions and merging dimensions that are
 // contiguous with respect to each other in all of them (stride-0 broadcast dimensions merge too). A row
@@ -182,21 +157,6 @@ void binary_run(Op op, const T* a, int64_t sa, const T* b, int64_t sb, T* out, i
   }
 }
 
-void check_binary_layouts(const Layout& out, const Layout& a, const Layout& b) {
-  DPE_CHECK(out.ndim >= 0 && out.ndim <= kMaxDims, "binary_cpu: ndim ", out.ndim, " outside [0, ", kMaxDims,
-            "]");
-  DPE_CHECK(a.ndim == out.ndim && b.ndim == out.ndim, "binary_cpu: out has ", out.ndim, " dims, a has ", a.ndim,
-            ", b has ", b.ndim);
-  for (int d = 0; d < out.ndim; ++d) {
-    DPE_CHECK(out.sizes[d] >= 0, "binary_cpu: out dimension ", d, " has size ", out.sizes[d]);
-    DPE_CHECK(a.sizes[d] == out.sizes[d] && b.sizes[d] == out.sizes[d], "binary_cpu: dimension ", d,
-              " has size ", out.sizes[d], " in out, ", a.sizes[d], " in a, ", b.sizes[d], " in b");
-    DPE_CHECK(a.strides[d] >= 0 && b.strides[d] >= 0, "binary_cpu: dimension ", d, " has stride ", a.strides[d],
-              " in a and ", b.strides[d], " in b; strides must be >= 0");
-  }
-  DPE_CHECK(out.is_contiguous(), "binary_cpu: out must be contiguous");
-}
-
 }  // namespace
 
 // x, y: (n)
@@ -235,7 +195,7 @@ void activation_backward_cpu(ActivationOp op, DType dtype, int64_t n, const void
 // out: out_layout (contiguous)  a: a_layout  b: b_layout, all with out's sizes (stride 0 broadcasts).
 void binary_cpu(BinaryOp op, DType dtype, const Layout& out_layout, const void* a, const Layout& a_layout,
                 const void* b, const Layout& b_layout, void* out) {
-  check_binary_layouts(out_layout, a_layout, b_layout);
+  detail::check_binary_layouts("binary_cpu", out_layout, a_layout, b_layout);
   const int64_t n = out_layout.numel();
   if (n == 0) return;
   const Layout* layouts[Coalesced::kOperands] = {&out_layout, &a_layout, &b_layout};

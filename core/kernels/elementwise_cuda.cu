@@ -3,6 +3,7 @@
 // Aliasing: an output may be the same array as an input (each element is read before it is written).
 #include <cstdint>
 
+#include "core/kernels/arg_checks.h"
 #include "core/kernels/cuda_launch.cuh"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/math.h"
@@ -16,6 +17,7 @@ using cuda_detail::first_index;
 using cuda_detail::grid_for;
 using cuda_detail::grid_stride;
 using cuda_detail::kBlock;
+using detail::check_n;
 
 template <typename F>
 void dispatch_unary(UnaryOp op, F&& f) {
@@ -73,23 +75,6 @@ __global__ void axpy_kernel(int64_t n, T alpha, const T* x, T* y) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = fma(alpha, x[i], y[i]);
 }
 
-void check_n(const char* what, int64_t n) { DPE_CHECK(n >= 0, what, ": n = ", n, " is negative"); }
-
-void check_binary_layouts(const Layout& out, const Layout& a, const Layout& b) {
-  DPE_CHECK(out.ndim >= 0 && out.ndim <= kMaxDims, "binary_cuda: ndim ", out.ndim, " outside [0, ", kMaxDims,
-            "]");
-  DPE_CHECK(a.ndim == out.ndim && b.ndim == out.ndim, "binary_cuda: out has ", out.ndim, " dims, a has ", a.ndim,
-            ", b has ", b.ndim);
-  for (int d = 0; d < out.ndim; ++d) {
-    DPE_CHECK(out.sizes[d] >= 0, "binary_cuda: out dimension ", d, " has size ", out.sizes[d]);
-    DPE_CHECK(a.sizes[d] == out.sizes[d] && b.sizes[d] == out.sizes[d], "binary_cuda: dimension ", d,
-              " has size ", out.sizes[d], " in out, ", a.sizes[d], " in a, ", b.sizes[d], " in b");
-    DPE_CHECK(a.strides[d] >= 0 && b.strides[d] >= 0, "binary_cuda: dimension ", d, " has stride ", a.strides[d],
-              " in a and ", b.strides[d], " in b; strides must be >= 0");
-  }
-  DPE_CHECK(out.is_contiguous(), "binary_cuda: out must be contiguous");
-}
-
 }  // namespace
 
 // x, y: (n)
@@ -124,7 +109,7 @@ void activation_backward_cuda(cudaStream_t stream, ActivationOp op, DType dtype,
 // out: out_layout (contiguous)  a: a_layout  b: b_layout, all with out's sizes (stride 0 broadcasts).
 void binary_cuda(cudaStream_t stream, BinaryOp op, DType dtype, const Layout& out_layout, const void* a,
                  const Layout& a_layout, const void* b, const Layout& b_layout, void* out) {
-  check_binary_layouts(out_layout, a_layout, b_layout);
+  detail::check_binary_layouts("binary_cuda", out_layout, a_layout, b_layout);
   const int64_t n = out_layout.numel();
   if (n == 0) return;
   const bool a_contiguous = a_layout.is_contiguous(), b_contiguous = b_layout.is_contiguous();

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/kernels/arg_checks.h"
 #include "core/kernels/matmul.h"
 
 namespace dpe::kernels {
@@ -40,26 +41,11 @@ void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
+// The dtype first, then detail::check_gemm_args: the same checks and words as gemm_cuda.
 void check_args(const GemmArgs& g) {
   DPE_CHECK(g.dtype == DType::Float32 || g.dtype == DType::Float64, "gemm_cpu: dtype ", g.dtype,
             " is not float32 or float64");
-  DPE_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0, "gemm_cpu: negative size in m ", g.m, ", n ", g.n,
-            ", k ", g.k, ", batch ", g.batch);
-  DPE_CHECK(g.stride_a >= 0 && g.stride_b >= 0 && g.stride_c >= 0, "gemm_cpu: negative batch stride in (",
-            g.stride_a, ", ", g.stride_b, ", ", g.stride_c, ")");
-  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
-  DPE_CHECK(g.c != nullptr, "gemm_cpu: C is null for m ", g.m, ", n ", g.n);
-  DPE_CHECK(g.ldc >= g.n, "gemm_cpu: ldc ", g.ldc, " < n ", g.n);
-  DPE_CHECK(g.batch == 1 || g.stride_c >= (g.m - 1) * g.ldc + g.n, "gemm_cpu: C matrices overlap across the ",
-            g.batch, " batches: stride_c ", g.stride_c, " for m ", g.m, ", n ", g.n, ", ldc ", g.ldc);
-  if (g.k == 0) return;
-  const int64_t a_cols = g.trans_a == Transpose::No ? g.k : g.m;
-  const int64_t b_cols = g.trans_b == Transpose::No ? g.n : g.k;
-  DPE_CHECK(g.a != nullptr && g.b != nullptr, "gemm_cpu: A or B is null for m ", g.m, ", n ", g.n, ", k ", g.k);
-  DPE_CHECK(g.lda >= a_cols, "gemm_cpu: lda ", g.lda, " < ", a_cols, " columns of the stored A (m ", g.m, ", k ",
-            g.k, ", trans_a ", g.trans_a == Transpose::Yes, ")");
-  DPE_CHECK(g.ldb >= b_cols, "gemm_cpu: ldb ", g.ldb, " < ", b_cols, " columns of the stored B (k ", g.k, ", n ",
-            g.n, ", trans_b ", g.trans_b == Transpose::Yes, ")");
+  detail::check_gemm_args("gemm_cpu", g);
 }
 
 char trans_char(Transpose t) { return t == Transpose::Yes ? 'T' : 'N'; }

@@ -11,6 +11,7 @@
 // stream per handle, which is how dpe uses it (core/cuda/cuda_device.h).
 #include <cstdint>
 
+#include "core/kernels/arg_checks.h"
 #include "core/kernels/cuda_launch.cuh"
 #include "core/kernels/matmul.h"
 
@@ -53,32 +54,11 @@ void gemm_strided_batched(cublasHandle_t handle, const GemmArgs& g, const double
       g.ldc, g.stride_c, g.batch));
 }
 
-// The same argument checks as gemm_cpu, so both backends reject the same calls with the same words.
-void check_args(const GemmArgs& g) {
-  DPE_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0, "gemm_cuda: negative size in m ", g.m, ", n ", g.n,
-            ", k ", g.k, ", batch ", g.batch);
-  DPE_CHECK(g.stride_a >= 0 && g.stride_b >= 0 && g.stride_c >= 0, "gemm_cuda: negative batch stride in (",
-            g.stride_a, ", ", g.stride_b, ", ", g.stride_c, ")");
-  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
-  DPE_CHECK(g.c != nullptr, "gemm_cuda: C is null for m ", g.m, ", n ", g.n);
-  DPE_CHECK(g.ldc >= g.n, "gemm_cuda: ldc ", g.ldc, " < n ", g.n);
-  DPE_CHECK(g.batch == 1 || g.stride_c >= (g.m - 1) * g.ldc + g.n, "gemm_cuda: C matrices overlap across the ",
-            g.batch, " batches: stride_c ", g.stride_c, " for m ", g.m, ", n ", g.n, ", ldc ", g.ldc);
-  if (g.k == 0) return;
-  const int64_t a_cols = g.trans_a == Transpose::No ? g.k : g.m;
-  const int64_t b_cols = g.trans_b == Transpose::No ? g.n : g.k;
-  DPE_CHECK(g.a != nullptr && g.b != nullptr, "gemm_cuda: A or B is null for m ", g.m, ", n ", g.n, ", k ", g.k);
-  DPE_CHECK(g.lda >= a_cols, "gemm_cuda: lda ", g.lda, " < ", a_cols, " columns of the stored A (m ", g.m, ", k ",
-            g.k, ", trans_a ", g.trans_a == Transpose::Yes, ")");
-  DPE_CHECK(g.ldb >= b_cols, "gemm_cuda: ldb ", g.ldb, " < ", b_cols, " columns of the stored B (k ", g.k, ", n ",
-            g.n, ", trans_b ", g.trans_b == Transpose::Yes, ")");
-}
-
 }  // namespace
 
 // A[b]: (m, k), or (k, m) if trans_a  B[b]: (k, n), or (n, k) if trans_b  C[b]: (m, n); b < batch.
 void gemm_cuda(cudaStream_t stream, cublasHandle_t handle, const GemmArgs& args) {
-  check_args(args);
+  detail::check_gemm_args("gemm_cuda", args);  // the same checks and words as gemm_cpu
   if (args.m == 0 || args.n == 0 || args.batch == 0) return;
   cudaStream_t bound = nullptr;
   DPE_CUBLAS_CHECK(cublasGetStream(handle, &bound));

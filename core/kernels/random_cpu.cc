@@ -2,56 +2,36 @@
 // core/kernels/philox.h, computed in double and then rounded to dtype, so the numbers do not depend on
 // threads and match the CUDA fills.
 // Thread-safety: only out is written; large fills run under tbb::parallel_for in the caller's task_arena.
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-
 #include <cmath>
 
 #include "core/error.h"
+#include "core/kernels/arg_checks.h"
+#include "core/kernels/cpu_parallel.h"
+#include "core/kernels/dtype_dispatch.h"
 #include "core/kernels/philox.h"
 #include "core/kernels/random.h"
 
 namespace dpe::kernels {
 namespace {
 
-// Below this many elements a fill runs on the calling thread; above, in chunks of about this size.
-constexpr int64_t kParallelGrain = 32768;
-
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-template <typename F>
-void dispatch_float(DType dtype, const char* what, const F& f) {
-  switch (dtype) {
-    case DType::Float32: return f(TypeTag<float>{});
-    case DType::Float64: return f(TypeTag<double>{});
-    default: DPE_CHECK(false, what, ": dtype ", dtype, " is not float32 or float64");
-  }
-}
+using cpu_detail::parallel_range;
+using detail::dispatch_float;
 
 // out[i] = value(philox4x32_10(seed, offset + i)) for i in [0, n); the counter wraps modulo 2^64.
 // out: (n)
 template <typename F>
 void philox_fill(const char* what, DType dtype, int64_t n, PhiloxState state, void* out, const F& value) {
-  DPE_CHECK(n >= 0, what, ": n = ", n, " is negative");
+  detail::check_n(what, n);
   if (n == 0) return;
   DPE_CHECK(out != nullptr, what, ": null output for ", n, " elements");
   dispatch_float(dtype, what, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* o = static_cast<T*>(out);
-    auto body = [&](int64_t begin, int64_t end) {
+    parallel_range(n, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         o[i] = value(T{}, philox4x32_10(state.seed, state.offset + static_cast<uint64_t>(i)));
       }
-    };
-    if (n <= kParallelGrain) {
-      body(0, n);
-    } else {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kParallelGrain),
-                        [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
-    }
+    });
   });
 }
 

@@ -11,6 +11,7 @@
 // uniform may differ in the last bit). normal also differs where CUDA's log/cos round differently from glibc's.
 #include <cstdint>
 
+#include "core/kernels/arg_checks.h"
 #include "core/kernels/cuda_launch.cuh"
 #include "core/kernels/philox.h"
 #include "core/kernels/random.h"
@@ -23,6 +24,7 @@ using cuda_detail::first_index;
 using cuda_detail::grid_for;
 using cuda_detail::grid_stride;
 using cuda_detail::kBlock;
+using detail::check_n;
 
 // out: (n)
 template <typename T>
@@ -54,8 +56,6 @@ __global__ void bernoulli_kernel(int64_t n, PhiloxState state, double p, T* out)
     out[i] = u < p ? T(1) : T(0);
   }
 }
-
-void check_n(const char* what, int64_t n) { DPE_CHECK(n >= 0, what, ": n = ", n, " is negative"); }
 
 }  // namespace
 

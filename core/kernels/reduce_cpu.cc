@@ -12,7 +12,6 @@
 // NaN: Sum/Mean propagate it by arithmetic; Max/Min propagate it explicitly (a NaN anywhere gives NaN,
 // like PyTorch); argmax returns the first NaN's index.
 // Thread-safety: only y/indices are written; x is read-only and must not overlap them.
-#include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_invoke.h>
 
@@ -20,30 +19,23 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/kernels/arg_checks.h"
+#include "core/kernels/cpu_parallel.h"
+#include "core/kernels/dtype_dispatch.h"
 #include "core/kernels/reduce.h"
 
 namespace dpe::kernels {
 namespace {
 
-constexpr int64_t kLeaf = 256;      // contiguous elements per leaf of the pairwise tree
-constexpr int kLanes = 8;           // interleaved partial sums inside a leaf (one AVX2 float vector)
-constexpr int64_t kRowLeaf = 16;    // rows per leaf when reducing over a strided axis
-constexpr int64_t kTile = 256;      // columns of `inner` processed together
-constexpr int64_t kParallelWork = 32768;  // elements below which work stays on the calling thread
+using cpu_detail::kParallelGrain;  // also: pairwise nodes of >= 2x this many elements split over threads
+using cpu_detail::parallel_tasks;
+using detail::check_axis_dims;
+using detail::dispatch_float;
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-template <typename F>
-void dispatch_float(DType dtype, const char* what, const F& f) {
-  switch (dtype) {
-    case DType::Float32: return f(TypeTag<float>{});
-    case DType::Float64: return f(TypeTag<double>{});
-    default: DPE_CHECK(false, what, ": dtype ", dtype, " is not float32 or float64");
-  }
-}
+constexpr int64_t kLeaf = 256;    // contiguous elements per leaf of the pairwise tree
+constexpr int kLanes = 8;         // interleaved partial sums inside a leaf (one AVX2 float vector)
+constexpr int64_t kRowLeaf = 16;  // rows per leaf when reducing over a strided axis
+constexpr int64_t kTile = 256;    // columns of `inner` processed together
 
 struct SumCombine {
   template <typename T>
@@ -98,7 +90,7 @@ T reduce_contiguous(const T* x, int64_t n) {
   }
   const int64_t h = split_point(n, kLeaf);
   T left, right;
-  if (n >= 2 * kParallelWork) {
+  if (n >= 2 * kParallelGrain) {
     tbb::parallel_invoke([&] { left = reduce_contiguous<C>(x, h); },
                          [&] { right = reduce_contiguous<C>(x + h, n - h); });
   } else {
@@ -121,7 +113,7 @@ void reduce_rows(const T* x, int64_t row_stride, int64_t rows, int64_t w, T* out
   }
   const int64_t h = split_point(rows, kRowLeaf);
   T right[kTile];
-  if (rows * w >= 2 * kParallelWork) {
+  if (rows * w >= 2 * kParallelGrain) {
     tbb::parallel_invoke([&] { reduce_rows<C>(x, row_stride, h, w, out); },
                          [&] { reduce_rows<C>(x + h * row_stride, row_stride, rows - h, w, right); });
   } else {
@@ -129,20 +121,6 @@ void reduce_rows(const T* x, int64_t row_stride, int64_t rows, int64_t w, T* out
     reduce_rows<C>(x + h * row_stride, row_stride, rows - h, w, right);
   }
   for (int64_t j = 0; j < w; ++j) out[j] = C::apply(out[j], right[j]);
-}
-
-// Runs body(task) for task in [0, tasks), in parallel when the total work is large. Each task is
-// independent, so the split does not change results.
-template <typename F>
-void parallel_tasks(int64_t tasks, int64_t work_per_task, const F& body) {
-  const int64_t grain = std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, work_per_task));
-  if (tasks <= grain) {
-    for (int64_t t = 0; t < tasks; ++t) body(t);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, tasks, grain), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t t = r.begin(); t < r.end(); ++t) body(t);
-  });
 }
 
 // x: (outer, size, inner)  y: (outer, inner), size >= 1.
@@ -184,7 +162,7 @@ ArgMax<T> argmax_serial(const T* x, int64_t n, int64_t base) {
 // Long rows are split in fixed blocks, searched in parallel, and the block winners compared in order.
 template <typename T>
 int64_t argmax_contiguous(const T* x, int64_t n) {
-  constexpr int64_t kBlock = 2 * kParallelWork;
+  constexpr int64_t kBlock = 2 * kParallelGrain;
   if (n <= kBlock) return argmax_serial(x, n, 0).index;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<ArgMax<T>> winners(static_cast<size_t>(blocks));
@@ -229,16 +207,11 @@ void argmax_axis(int64_t outer, int64_t size, int64_t inner, const T* x, int64_t
   });
 }
 
-void check_dims(const char* what, int64_t outer, int64_t size, int64_t inner) {
-  DPE_CHECK(outer >= 0 && size >= 0 && inner >= 0, what, ": negative dimension in (outer ", outer, ", size ", size,
-            ", inner ", inner, ")");
-}
-
 }  // namespace
 
 // x: (outer, size, inner)  y: (outer, inner)
 void reduce_cpu(ReduceOp op, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, void* y) {
-  check_dims("reduce_cpu", outer, size, inner);
+  check_axis_dims("reduce_cpu", outer, size, inner);
   DPE_CHECK(size > 0 || op == ReduceOp::Sum, "reduce_cpu: Mean/Max/Min over an empty axis (size 0, outer ", outer,
             ", inner ", inner, ")");
   if (outer == 0 || inner == 0) return;
@@ -267,7 +240,7 @@ void reduce_cpu(ReduceOp op, DType dtype, int64_t outer, int64_t size, int64_t i
 
 // x: (outer, size, inner)  indices: (outer, inner)
 void argmax_cpu(DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, int64_t* indices) {
-  check_dims("argmax_cpu", outer, size, inner);
+  check_axis_dims("argmax_cpu", outer, size, inner);
   DPE_CHECK(size >= 1, "argmax_cpu: empty axis (size 0, outer ", outer, ", inner ", inner, ")");
   if (outer == 0 || inner == 0) return;
   dispatch_float(dtype, "argmax_cpu", [&](auto tag) {

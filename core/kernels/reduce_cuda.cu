@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/kernels/arg_checks.h"
 #include "core/kernels/cuda_launch.cuh"
 #include "core/kernels/reduce.h"
 
@@ -113,17 +114,12 @@ __global__ void argmax_kernel(int64_t outer, int64_t size, int64_t inner, int64_
   }
 }
 
-void check_dims(const char* what, int64_t outer, int64_t size, int64_t inner) {
-  DPE_CHECK(outer >= 0 && size >= 0 && inner >= 0, what, ": negative dimension in (outer ", outer, ", size ", size,
-            ", inner ", inner, ")");
-}
-
 }  // namespace
 
 // x: (outer, size, inner)  y: (outer, inner)
 void reduce_cuda(cudaStream_t stream, ReduceOp op, DType dtype, int64_t outer, int64_t size, int64_t inner,
                  const void* x, void* y) {
-  check_dims("reduce_cuda", outer, size, inner);
+  detail::check_axis_dims("reduce_cuda", outer, size, inner);
   DPE_CHECK(size > 0 || op == ReduceOp::Sum, "reduce_cuda: Mean/Max/Min over an empty axis (size 0, outer ", outer,
             ", inner ", inner, ")");
   if (outer == 0 || inner == 0) return;
@@ -156,7 +152,7 @@ void reduce_cuda(cudaStream_t stream, ReduceOp op, DType dtype, int64_t outer, i
 // x: (outer, size, inner)  indices: (outer, inner)
 void argmax_cuda(cudaStream_t stream, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x,
                  int64_t* indices) {
-  check_dims("argmax_cuda", outer, size, inner);
+  detail::check_axis_dims("argmax_cuda", outer, size, inner);
   DPE_CHECK(size >= 1, "argmax_cuda: empty axis (size 0, outer ", outer, ", inner ", inner, ")");
   if (outer == 0 || inner == 0) return;
   dispatch_compute_type(dtype, "argmax_cuda", [&](auto tag) {

@@ -6,47 +6,23 @@
 // PyTorch does).
 // Aliasing: y may be x, and dx may be y or dy (each element is read before it is written).
 // Thread-safety: independent rows / column tiles run under tbb::parallel_for in the caller's task_arena.
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
+#include "core/kernels/arg_checks.h"
+#include "core/kernels/cpu_parallel.h"
+#include "core/kernels/dtype_dispatch.h"
 #include "core/kernels/softmax.h"
 
 namespace dpe::kernels {
 namespace {
 
-constexpr int64_t kTile = 256;            // columns of `inner` processed together
-constexpr int64_t kParallelWork = 32768;  // elements below which work stays on the calling thread
+using cpu_detail::parallel_tasks;
+using detail::check_softmax_args;
+using detail::dispatch_float;
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-template <typename F>
-void dispatch_float(DType dtype, const char* what, const F& f) {
-  switch (dtype) {
-    case DType::Float32: return f(TypeTag<float>{});
-    case DType::Float64: return f(TypeTag<double>{});
-    default: DPE_CHECK(false, what, ": dtype ", dtype, " is not float32 or float64");
-  }
-}
-
-// Runs body(task) for task in [0, tasks), in parallel when the total work is large.
-template <typename F>
-void parallel_tasks(int64_t tasks, int64_t work_per_task, const F& body) {
-  const int64_t grain = std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, work_per_task));
-  if (tasks <= grain) {
-    for (int64_t t = 0; t < tasks; ++t) body(t);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, tasks, grain), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t t = r.begin(); t < r.end(); ++t) body(t);
-  });
-}
+constexpr int64_t kTile = 256;  // columns of `inner` processed together
 
 // Splits (outer, size, inner) into tasks: one per row when inner == 1, else one per (outer, column tile);
 // calls body(offset of the task's first element, columns w) with rows `size` apart by `inner`.
@@ -170,18 +146,11 @@ void softmax_backward_row(SoftmaxKind kind, int64_t size, const T* y, const T* d
   }
 }
 
-void check_args(const char* what, SoftmaxKind kind, int64_t outer, int64_t size, int64_t inner) {
-  DPE_CHECK(kind == SoftmaxKind::Softmax || kind == SoftmaxKind::LogSoftmax, what, ": unknown SoftmaxKind ",
-            static_cast<int>(kind));
-  DPE_CHECK(outer >= 0 && size >= 0 && inner >= 0, what, ": negative dimension in (outer ", outer, ", size ", size,
-            ", inner ", inner, ")");
-}
-
 }  // namespace
 
 // x, y: (outer, size, inner)
 void softmax_cpu(SoftmaxKind kind, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, void* y) {
-  check_args("softmax_cpu", kind, outer, size, inner);
+  check_softmax_args("softmax_cpu", kind, outer, size, inner);
   if (outer == 0 || size == 0 || inner == 0) return;
   dispatch_float(dtype, "softmax_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -200,7 +169,7 @@ void softmax_cpu(SoftmaxKind kind, DType dtype, int64_t outer, int64_t size, int
 // y, dy, dx: (outer, size, inner)
 void softmax_backward_cpu(SoftmaxKind kind, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* y,
                           const void* dy, void* dx) {
-  check_args("softmax_backward_cpu", kind, outer, size, inner);
+  check_softmax_args("softmax_backward_cpu", kind, outer, size, inner);
   if (outer == 0 || size == 0 || inner == 0) return;
   dispatch_float(dtype, "softmax_backward_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/kernels/arg_checks.h"
 #include "core/kernels/cuda_launch.cuh"
 #include "core/kernels/softmax.h"
 
@@ -123,19 +124,12 @@ __global__ void softmax_backward_columns_kernel(SoftmaxKind kind, int64_t outer,
   }
 }
 
-void check_args(const char* what, SoftmaxKind kind, int64_t outer, int64_t size, int64_t inner) {
-  DPE_CHECK(kind == SoftmaxKind::Softmax || kind == SoftmaxKind::LogSoftmax, what, ": unknown SoftmaxKind ",
-            static_cast<int>(kind));
-  DPE_CHECK(outer >= 0 && size >= 0 && inner >= 0, what, ": negative dimension in (outer ", outer, ", size ", size,
-            ", inner ", inner, ")");
-}
-
 }  // namespace
 
 // x, y: (outer, size, inner)
 void softmax_cuda(cudaStream_t stream, SoftmaxKind kind, DType dtype, int64_t outer, int64_t size, int64_t inner,
                   const void* x, void* y) {
-  check_args("softmax_cuda", kind, outer, size, inner);
+  detail::check_softmax_args("softmax_cuda", kind, outer, size, inner);
   if (outer == 0 || size == 0 || inner == 0) return;
   dispatch_compute_type(dtype, "softmax_cuda", [&](auto tag) {
     using T = decltype(tag);
@@ -153,7 +147,7 @@ void softmax_cuda(cudaStream_t stream, SoftmaxKind kind, DType dtype, int64_t ou
 // y, dy, dx: (outer, size, inner)
 void softmax_backward_cuda(cudaStream_t stream, SoftmaxKind kind, DType dtype, int64_t outer, int64_t size,
                            int64_t inner, const void* y, const void* dy, void* dx) {
-  check_args("softmax_backward_cuda", kind, outer, size, inner);
+  detail::check_softmax_args("softmax_backward_cuda", kind, outer, size, inner);
   if (outer == 0 || size == 0 || inner == 0) return;
   dispatch_compute_type(dtype, "softmax_backward_cuda", [&](auto tag) {
     using T = decltype(tag);

@@ -1,0 +1,51 @@
+// How the CPU kernels spread work over threads (core/kernels/*_cpu.cc only; needs oneTBB).
+//
+// Contract: these helpers decide only *which thread* runs a piece of work, never what a piece computes or in
+// which order one output is combined. Each body they run must compute its elements (or tasks) independently
+// of the others, so results are bit-identical for any number of threads, any task_arena and any split TBB
+// picks. Kernels that combine many elements into one output (reduce_cpu.cc) fix that order themselves and
+// use these helpers only over independent outputs.
+// Work runs under tbb::parallel_for in the caller's task_arena.
+#pragma once
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace dpe::kernels::cpu_detail {
+
+// Elements of work below which a kernel runs on the calling thread, and about how many each parallel
+// chunk gets above it. One value for every CPU kernel (copy, elementwise, random, reduce, softmax all used
+// 32768 when each file had its own copy), so that their thresholds agree.
+inline constexpr int64_t kParallelGrain = 32768;
+
+// Calls body(begin, end) on ranges that together cover [0, n) exactly once: [0, n) on the calling thread
+// when n <= kParallelGrain, else chunks of about kParallelGrain under tbb::parallel_for.
+template <typename F>
+void parallel_range(int64_t n, const F& body) {
+  if (n <= kParallelGrain) {
+    body(int64_t{0}, n);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kParallelGrain),
+                    [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
+}
+
+// Calls body(task) once for each task in [0, tasks), where each task is about work_per_task elements of
+// work: tasks are grouped so that a chunk does about kParallelGrain elements, and all of them stay on the
+// calling thread when their total work fits in one chunk.
+template <typename F>
+void parallel_tasks(int64_t tasks, int64_t work_per_task, const F& body) {
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, work_per_task));
+  if (tasks <= grain) {
+    for (int64_t t = 0; t < tasks; ++t) body(t);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, tasks, grain), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t t = r.begin(); t < r.end(); ++t) body(t);
+  });
+}
+
+}  // namespace dpe::kernels::cpu_detail

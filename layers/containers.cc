@@ -1,0 +1,140 @@
+#include "layers/containers.h"
+
+#include "core/autograd/grad_mode.h"
+#include "core/error.h"
+
+namespace dpe::nn {
+
+namespace {
+
+std::shared_ptr<Module> child_at(const Module& m, size_t index) {
+  auto children = m.children();
+  DPE_CHECK(index < children.size(), m.type_name(), "[", index, "]: index out of range (size ", children.size(), ")");
+  return children[index];
+}
+
+std::shared_ptr<Module> child_named(const Module& m, const std::string& key) {
+  for (const auto& [name, child] : m.named_children()) {
+    if (name == key) return child;
+  }
+  DPE_CHECK(false, m.type_name(), ": no key '", key, "'");
+}
+
+Tensor parameter_named(const Module& m, const std::string& key) {
+  for (const auto& [name, p] : m.named_parameters(false)) {
+    if (name == key) return p;
+  }
+  DPE_CHECK(false, m.type_name(), ": no key '", key, "'");
+}
+
+// A deep copy of a parameter on `device`, keeping requires_grad.
+Tensor copy_parameter(const Tensor& p, const Device& device) {
+  NoGradGuard no_grad;
+  return p.detach().to(device).clone();
+}
+
+template <typename Container>
+std::shared_ptr<Container> clone_children(const Container& source, const Device& device) {
+  auto copy = std::make_shared<Container>();
+  for (const auto& [name, child] : source.named_children()) copy->register_module(name, child->clone(device));
+  copy->train(source.is_training());
+  return copy;
+}
+
+}  // namespace
+
+Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Sequential() {
+  for (auto& m : modules) push_back(std::move(m));
+}
+
+void Sequential::push_back(std::shared_ptr<Module> module) {
+  register_module(std::to_string(size()), std::move(module));
+}
+
+std::shared_ptr<Module> Sequential::operator[](size_t index) const { return child_at(*this, index); }
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& child : children()) x = child->forward(x);
+  return x;
+}
+
+std::shared_ptr<Module> Sequential::clone(const Device& device) const { return clone_children(*this, device); }
+
+ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) : ModuleList() {
+  for (auto& m : modules) push_back(std::move(m));
+}
+
+void ModuleList::push_back(std::shared_ptr<Module> module) {
+  register_module(std::to_string(size()), std::move(module));
+}
+
+std::shared_ptr<Module> ModuleList::operator[](size_t index) const { return child_at(*this, index); }
+
+std::shared_ptr<Module> ModuleList::clone(const Device& device) const { return clone_children(*this, device); }
+
+void ModuleDict::insert(const std::string& key, std::shared_ptr<Module> module) {
+  register_module(key, std::move(module));
+}
+
+bool ModuleDict::contains(const std::string& key) const {
+  for (const auto& [name, child] : named_children()) {
+    if (name == key) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<Module> ModuleDict::operator[](const std::string& key) const { return child_named(*this, key); }
+
+std::vector<std::string> ModuleDict::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [name, child] : named_children()) out.push_back(name);
+  return out;
+}
+
+std::shared_ptr<Module> ModuleDict::clone(const Device& device) const { return clone_children(*this, device); }
+
+Tensor& ParameterList::append(Tensor value, bool requires_grad) {
+  return register_parameter(std::to_string(size()), std::move(value), requires_grad);
+}
+
+Tensor ParameterList::operator[](size_t index) const {
+  auto params = parameters(false);
+  DPE_CHECK(index < params.size(), "ParameterList[", index, "]: index out of range (size ", params.size(), ")");
+  return params[index];
+}
+
+std::shared_ptr<Module> ParameterList::clone(const Device& device) const {
+  auto copy = std::make_shared<ParameterList>();
+  for (const Tensor& p : parameters(false)) copy->append(copy_parameter(p, device), p.requires_grad());
+  copy->train(is_training());
+  return copy;
+}
+
+Tensor& ParameterDict::insert(const std::string& key, Tensor value, bool requires_grad) {
+  return register_parameter(key, std::move(value), requires_grad);
+}
+
+bool ParameterDict::contains(const std::string& key) const {
+  for (const auto& [name, p] : named_parameters(false)) {
+    if (name == key) return true;
+  }
+  return false;
+}
+
+Tensor ParameterDict::operator[](const std::string& key) const { return parameter_named(*this, key); }
+
+std::vector<std::string> ParameterDict::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [name, p] : named_parameters(false)) out.push_back(name);
+  return out;
+}
+
+std::shared_ptr<Module> ParameterDict::clone(const Device& device) const {
+  auto copy = std::make_shared<ParameterDict>();
+  for (const auto& [name, p] : named_parameters(false)) copy->insert(name, copy_parameter(p, device), p.requires_grad());
+  copy->train(is_training());
+  return copy;
+}
+
+}  // namespace dpe::nn

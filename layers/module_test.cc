@@ -1,0 +1,162 @@
+#include "layers/module.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/ops.h"
+#include "layers/containers.h"
+#include "layers/linear.h"
+
+namespace dpe::nn {
+namespace {
+
+class Mlp : public Cloneable<Mlp> {
+ public:
+  Mlp() : Cloneable("Mlp") { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", std::make_shared<Linear>(4, 8));
+    fc2 = register_module("fc2", std::make_shared<Linear>(8, 2));
+    scale = register_buffer("scale", ones({2}));
+  }
+  Tensor forward(const Tensor& x) override { return fc2->forward(relu(fc1->forward(x))) * scale; }
+  std::shared_ptr<Linear> fc1, fc2;
+  Tensor scale;
+};
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ModuleTest, NamesAreDottedInRegistrationOrder) {
+  Mlp m;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : m.state_dict()) names.push_back(name);
+  // PyTorch's order: own parameters, own buffers, then children.
+  EXPECT_EQ(names, (std::vector<std::string>{"scale", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}));
+  EXPECT_EQ(m.parameters().size(), 4u);
+  EXPECT_EQ(m.buffers().size(), 1u);
+  EXPECT_EQ(m.children().size(), 2u);
+  EXPECT_EQ(m.modules().size(), 3u);
+  EXPECT_TRUE(m.parameters()[0].requires_grad());
+  EXPECT_FALSE(m.buffers()[0].requires_grad());
+}
+
+TEST(ModuleTest, RegistrationErrors) {
+  Mlp m;
+  EXPECT_NE(error_of([&] { m.register_parameter("fc1", zeros({1})); }).find("name 'fc1' is already registered"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { m.register_buffer("a.b", zeros({1})); }).find("invalid name 'a.b'"), std::string::npos);
+  EXPECT_NE(error_of([&] { Linear(0, 3); }).find("feature counts must be positive"), std::string::npos);
+  EXPECT_NE(error_of([&] { m.fc1->forward(zeros({2, 5})); }).find("expected input (..., 4), got [2, 5]"),
+            std::string::npos);
+}
+
+TEST(ModuleTest, CloneIsADeepCopyOnTheTargetDevice) {
+  manual_seed(3);
+  Mlp m;
+  auto replica = clone_module(m, Device::cpu(1));
+  EXPECT_NE(replica->fc1, m.fc1);
+  StateDict a = m.state_dict(), b = replica->state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(b[i].second.device(), Device::cpu(1));
+    EXPECT_NE(a[i].second.storage(), b[i].second.storage()) << a[i].first;
+    EXPECT_TRUE(equal(a[i].second, b[i].second)) << a[i].first;
+    EXPECT_EQ(a[i].second.requires_grad(), b[i].second.requires_grad());
+  }
+  // The member handles of the clone are its registered tensors.
+  EXPECT_EQ(replica->fc1->weight.storage(), b[1].second.storage());
+  EXPECT_EQ(b[1].first, "fc1.weight");
+  Tensor x = randn({3, 4});
+  EXPECT_TRUE(allclose(replica->forward(x.to(Device::cpu(1))), m.forward(x), 0, 0));
+  // Gradients of the replica are its own.
+  sum(replica->forward(x.to(Device::cpu(1)))).backward();
+  EXPECT_TRUE(replica->fc1->weight.grad().defined());
+  EXPECT_FALSE(m.fc1->weight.grad().defined());
+}
+
+TEST(ModuleTest, CloneDoesNotShiftTheRandomStream) {
+  manual_seed(11);
+  Mlp m;
+  Tensor expected = randn({5});
+  manual_seed(11);
+  Mlp m2;
+  m2.clone(Device::cpu(1));
+  EXPECT_TRUE(equal(randn({5}), expected));
+}
+
+TEST(ModuleTest, ContainersReplicateEveryEntry) {
+  auto params = std::make_shared<ParameterList>();
+  params->append(ones({2}));
+  params->append(full({3}, 2.0));
+  auto dict = std::make_shared<ParameterDict>();
+  dict->insert("alpha", full({1}, 0.5));
+  Sequential seq({std::make_shared<Linear>(4, 3), std::make_shared<Linear>(3, 2)});
+  ModuleList list({params, dict});
+  // PyTorch's DataParallel replicas lose ParameterList/Dict entries (pytorch#36035); dpe's must not.
+  auto list_copy = std::static_pointer_cast<ModuleList>(list.clone(Device::cpu(1)));
+  auto params_copy = std::static_pointer_cast<ParameterList>((*list_copy)[0]);
+  auto dict_copy = std::static_pointer_cast<ParameterDict>((*list_copy)[1]);
+  ASSERT_EQ(params_copy->size(), 2u);
+  EXPECT_TRUE(equal((*params_copy)[1], full({3}, 2.0)));
+  EXPECT_EQ((*params_copy)[1].device(), Device::cpu(1));
+  EXPECT_TRUE((*params_copy)[1].requires_grad());
+  EXPECT_EQ(dict_copy->keys(), (std::vector<std::string>{"alpha"}));
+  EXPECT_EQ((*dict_copy)["alpha"].item(), 0.5);
+  EXPECT_EQ(list_copy->state_dict().size(), 3u);
+  auto seq_copy = seq.clone(Device::cpu(1));
+  Tensor x = randn({2, 4});
+  EXPECT_TRUE(allclose(seq_copy->forward(x.to(Device::cpu(1))), seq.forward(x), 0, 0));
+  EXPECT_EQ(seq.state_dict()[2].first, "1.weight");
+  EXPECT_NE(error_of([&] { (*dict)["beta"]; }).find("no key 'beta'"), std::string::npos);
+}
+
+TEST(ModuleTest, StateDictRoundTripAndStrictErrors) {
+  Mlp a, b;
+  b.load_state_dict(a.state_dict());
+  for (size_t i = 0; i < a.state_dict().size(); ++i) EXPECT_TRUE(equal(a.state_dict()[i].second, b.state_dict()[i].second));
+
+  StateDict broken = a.state_dict();  // scale, fc1.weight, fc1.bias, fc2.weight, fc2.bias
+  broken.erase(broken.begin() + 1);          // missing fc1.weight
+  broken.emplace_back("extra", zeros({1}));  // unexpected
+  broken[1].second = zeros({9});             // fc1.bias mis-shaped
+  Tensor before = b.fc2->weight.clone();
+  std::string message = error_of([&] { b.load_state_dict(broken); });
+  EXPECT_NE(message.find("missing keys: fc1.weight"), std::string::npos) << message;
+  EXPECT_NE(message.find("unexpected keys: extra"), std::string::npos) << message;
+  EXPECT_NE(message.find("fc1.bias (checkpoint [9], model [8])"), std::string::npos) << message;
+  EXPECT_TRUE(equal(b.fc2->weight, before));  // nothing loaded
+  broken[1].second = zeros({8});
+  b.load_state_dict(broken, /*strict=*/false);  // missing/unexpected tolerated
+  EXPECT_EQ(b.fc1->bias.to_vector<float>(), std::vector<float>(8, 0.0f));
+}
+
+TEST(ModuleTest, TrainEvalToZeroGrad) {
+  Mlp m;
+  m.eval();
+  EXPECT_FALSE(m.fc1->is_training());
+  m.train();
+  EXPECT_TRUE(m.fc2->is_training());
+  sum(m.forward(ones({1, 4}))).backward();
+  Tensor handle = m.fc1->weight;  // a handle held elsewhere (an optimizer) stays valid across to()
+  m.to(Device::cpu(1));
+  EXPECT_EQ(handle.device(), Device::cpu(1));
+  EXPECT_EQ(handle.grad().device(), Device::cpu(1));
+  EXPECT_EQ(m.device(), Device::cpu(1));
+  m.zero_grad(/*set_to_none=*/false);
+  EXPECT_EQ(sum(handle.grad()).item(), 0.0);
+  m.zero_grad();
+  EXPECT_FALSE(handle.grad().defined());
+  m.to(DType::Float64);
+  EXPECT_EQ(handle.dtype(), DType::Float64);
+}
+
+}  // namespace
+}  // namespace dpe::nn
