@@ -4,6 +4,7 @@
 
 #include "core/autograd/grad_mode.h"
 #include "core/ops.h"
+#include "tests/testing/golden.h"
 #include "tests/testing/gradcheck.h"
 
 namespace dpe::nn {
@@ -35,6 +36,24 @@ TEST(LinearTest, Gradcheck) {
   EXPECT_EQ(testing::gradcheck([&](const std::vector<Tensor>& in) { return fc.forward(in[0]); },
                                {x, fc.weight, fc.bias}),
             "");
+}
+
+TEST(LinearTest, MatchesPyTorch) {
+  testing::Golden g = testing::load_golden("linear");  // tests/golden/gen_linear.py
+  Linear fc(LinearOptions{5, 3, true, TensorOptions(DType::Float64)});
+  {
+    NoGradGuard no_grad;
+    fc.weight.copy_(g.tensor("weight"));
+    fc.bias.copy_(g.tensor("bias"));
+  }
+  Tensor x = g.tensor("x").clone().set_requires_grad(true);
+  Tensor y = fc.forward(x);
+  y.backward(g.tensor("dy"));
+  // float64 on both sides: only summation order differs.
+  EXPECT_LT(testing::max_relative_error(y, g.tensor("y")), 1e-12);
+  EXPECT_LT(testing::max_relative_error(x.grad(), g.tensor("dx")), 1e-12);
+  EXPECT_LT(testing::max_relative_error(fc.weight.grad(), g.tensor("dweight")), 1e-12);
+  EXPECT_LT(testing::max_relative_error(fc.bias.grad(), g.tensor("dbias")), 1e-12);
 }
 
 }  // namespace

@@ -12,76 +12,17 @@
 #include "core/kernels/convert.h"
 #include "core/kernels/copy.h"
 #include "core/kernels/cpu_parallel.h"
+#include "core/kernels/cpu_strided.h"
 #include "core/kernels/dtype_dispatch.h"
 
 namespace dpe::kernels {
 namespace {
 
+using cpu_detail::coalesce;
+using cpu_detail::for_each_run;
 using cpu_detail::parallel_range;
 using detail::convert;
 using detail::dispatch_dtype;
-
-// A copy's two operands after dropping size-1 dimensions and merging dimensions that are contiguous with
-// respect to each other in both, so that the innermost loop is as long as possible.
-struct Coalesced {
-  int ndim = 0;
-  int64_t sizes[kMaxDims] = {};
-  int64_t strides[2][kMaxDims] = {};
-};
-
-Coalesced coalesce(const Layout& src, const Layout& dst) {
-  Coalesced c;
-  for (int d = 0; d < src.ndim; ++d) {
-    if (src.sizes[d] == 1) continue;
-    int k = c.ndim;
-    if (k > 0 && src.strides[d] * src.sizes[d] == c.strides[0][k - 1] &&
-        dst.strides[d] * src.sizes[d] == c.strides[1][k - 1]) {
-      c.sizes[k - 1] *= src.sizes[d];
-      c.strides[0][k - 1] = src.strides[d];
-      c.strides[1][k - 1] = dst.strides[d];
-      continue;
-    }
-    c.sizes[k] = src.sizes[d];
-    c.strides[0][k] = src.strides[d];
-    c.strides[1][k] = dst.strides[d];
-    ++c.ndim;
-  }
-  if (c.ndim == 0) {  // a single element
-    c.ndim = 1;
-    c.sizes[0] = 1;
-  }
-  return c;
-}
-
-// Calls run(src_offset, dst_offset, len) for the runs along the innermost dimension that cover the
-// row-major linear indices [begin, end).
-template <typename F>
-void for_each_run(const Coalesced& c, int64_t begin, int64_t end, const F& run) {
-  const int last = c.ndim - 1;
-  int64_t idx[kMaxDims];
-  int64_t off[2] = {0, 0};
-  int64_t rest = begin;
-  for (int d = last; d >= 0; --d) {
-    idx[d] = rest % c.sizes[d];
-    rest /= c.sizes[d];
-    off[0] += idx[d] * c.strides[0][d];
-    off[1] += idx[d] * c.strides[1][d];
-  }
-  for (int64_t pos = begin; pos < end;) {
-    const int64_t len = std::min(c.sizes[last] - idx[last], end - pos);
-    run(off[0], off[1], len);
-    pos += len;
-    idx[last] += len;
-    off[0] += len * c.strides[0][last];
-    off[1] += len * c.strides[1][last];
-    for (int d = last; d > 0 && idx[d] == c.sizes[d]; --d) {  // carry
-      idx[d] = 0;
-      off[0] += c.strides[0][d - 1] - c.sizes[d] * c.strides[0][d];
-      off[1] += c.strides[1][d - 1] - c.sizes[d] * c.strides[1][d];
-      ++idx[d - 1];
-    }
-  }
-}
 
 // dst[i * dst_stride] = convert(src[i * src_stride]) for i in [0, len).
 template <typename S, typename D>
@@ -119,11 +60,12 @@ void copy_cpu(const void* src, DType src_dtype, const Layout& src_layout, void* 
         parallel_range(n, [&](int64_t begin, int64_t end) { convert_run(s + begin, 1, d + begin, 1, end - begin); });
         return;
       }
-      const Coalesced c = coalesce(src_layout, dst_layout);
+      const Layout* layouts[] = {&src_layout, &dst_layout};
+      const auto c = coalesce(layouts);
       const int last = c.ndim - 1;
       parallel_range(n, [&](int64_t begin, int64_t end) {
-        for_each_run(c, begin, end, [&](int64_t src_off, int64_t dst_off, int64_t len) {
-          convert_run(s + src_off, c.strides[0][last], d + dst_off, c.strides[1][last], len);
+        for_each_run(c, begin, end, [&](const int64_t* off, int64_t len) {
+          convert_run(s + off[0], c.strides[0][last], d + off[1], c.strides[1][last], len);
         });
       });
     });

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/kernels/arg_checks.h"
 #include "core/kernels/cpu_parallel.h"
+#include "core/kernels/cpu_strided.h"
 #include "core/kernels/dtype_dispatch.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/math.h"
@@ -22,6 +23,8 @@
 namespace dpe::kernels {
 namespace {
 
+using cpu_detail::coalesce;
+using cpu_detail::for_each_run;
 using cpu_detail::parallel_range;
 using detail::check_n;
 using detail::dispatch_float;
@@ -72,72 +75,6 @@ void dispatch_binary(BinaryOp op, const F& f) {
     case BinaryOp::Minimum: return f(Const<BinaryOp::Minimum>{});
   }
   DPE_CHECK(false, "unknown BinaryOp ", static_cast<int>(op));
-}
-
-// The three operands of a binary op after dropping size-1 dimensions and merging dimensions that are
-// contiguous with respect to each other in all of them (stride-0 broadcast dimensions merge too). A row
-// vector broadcast over rows becomes (rows, cols) with b strides (0, 1); a scalar becomes one dimension
-// with b stride 0; same-shape contiguous operands become one dimension.
-struct Coalesced {
-  static constexpr int kOperands = 3;  // out, a, b
-  int ndim = 0;
-  int64_t sizes[kMaxDims] = {};
-  int64_t strides[kOperands][kMaxDims] = {};
-};
-
-Coalesced coalesce(const Layout* layouts[Coalesced::kOperands]) {
-  Coalesced c;
-  const Layout& shape = *layouts[0];
-  for (int d = 0; d < shape.ndim; ++d) {
-    const int64_t size = shape.sizes[d];
-    if (size == 1) continue;
-    const int k = c.ndim;
-    bool merge = k > 0;
-    for (int op = 0; op < Coalesced::kOperands && merge; ++op) {
-      merge = layouts[op]->strides[d] * size == c.strides[op][k - 1];
-    }
-    if (merge) {
-      c.sizes[k - 1] *= size;
-      for (int op = 0; op < Coalesced::kOperands; ++op) c.strides[op][k - 1] = layouts[op]->strides[d];
-      continue;
-    }
-    c.sizes[k] = size;
-    for (int op = 0; op < Coalesced::kOperands; ++op) c.strides[op][k] = layouts[op]->strides[d];
-    ++c.ndim;
-  }
-  if (c.ndim == 0) {  // a single element
-    c.ndim = 1;
-    c.sizes[0] = 1;
-  }
-  return c;
-}
-
-// Calls run(offsets, len) for the runs along the innermost dimension that cover the row-major linear
-// indices [begin, end); offsets[op] is each operand's element offset at the start of the run.
-template <typename F>
-void for_each_run(const Coalesced& c, int64_t begin, int64_t end, const F& run) {
-  constexpr int kOps = Coalesced::kOperands;
-  const int last = c.ndim - 1;
-  int64_t idx[kMaxDims];
-  int64_t off[kOps] = {};
-  int64_t rest = begin;
-  for (int d = last; d >= 0; --d) {
-    idx[d] = rest % c.sizes[d];
-    rest /= c.sizes[d];
-    for (int op = 0; op < kOps; ++op) off[op] += idx[d] * c.strides[op][d];
-  }
-  for (int64_t pos = begin; pos < end;) {
-    const int64_t len = std::min(c.sizes[last] - idx[last], end - pos);
-    run(off, len);
-    pos += len;
-    idx[last] += len;
-    for (int op = 0; op < kOps; ++op) off[op] += len * c.strides[op][last];
-    for (int d = last; d > 0 && idx[d] == c.sizes[d]; --d) {  // carry
-      idx[d] = 0;
-      for (int op = 0; op < kOps; ++op) off[op] += c.strides[op][d - 1] - c.sizes[d] * c.strides[op][d];
-      ++idx[d - 1];
-    }
-  }
 }
 
 // out[i] = a[i * sa] (op) b[i * sb], i in [0, len); the common stride patterns get their own loop so
@@ -198,8 +135,8 @@ void binary_cpu(BinaryOp op, DType dtype, const Layout& out_layout, const void* 
   detail::check_binary_layouts("binary_cpu", out_layout, a_layout, b_layout);
   const int64_t n = out_layout.numel();
   if (n == 0) return;
-  const Layout* layouts[Coalesced::kOperands] = {&out_layout, &a_layout, &b_layout};
-  const Coalesced c = coalesce(layouts);
+  const Layout* layouts[] = {&out_layout, &a_layout, &b_layout};
+  const auto c = coalesce(layouts);
   const int last = c.ndim - 1;
   DPE_INTERNAL_ASSERT(c.sizes[last] == 1 || c.strides[0][last] == 1, "contiguous out has inner stride ",
                       c.strides[0][last]);
