@@ -105,7 +105,10 @@ void fill_into(const Tensor& dst, double value) {
 void axpy_into(const Tensor& dst, const Tensor& src, double alpha) {
   DPE_CHECK(dst.shape() == src.shape(), "add_: shape ", shape_str(src.shape()), " does not match ",
             shape_str(dst.shape()));
-  DPE_CHECK(dst.device() == src.device(), "add_: tensors on ", dst.device(), " and ", src.device());
+  // Logical CPU devices share host memory, so accumulating a cpu:1 tensor into a cpu:0 one needs no copy
+  // (reductions across CPU devices rely on it); any other device pair must be moved first.
+  DPE_CHECK(dst.device() == src.device() || (dst.device().is_cpu() && src.device().is_cpu()), "add_: tensors on ",
+            dst.device(), " and ", src.device(), "; move one with to()");
   DPE_CHECK(dst.dtype() == src.dtype() && is_compute_type(dst.dtype()), "add_: expected matching float32/float64 "
             "tensors, got ", dst.dtype(), " and ", src.dtype());
   if (dst.numel() == 0) return;

@@ -16,7 +16,7 @@ namespace dpe {
 // storage is handled (src is copied out first).
 void copy_into(const Tensor& dst, const Tensor& src);
 void fill_into(const Tensor& dst, double value);
-// dst += alpha * src (same shape, device and floating dtype).
+// dst += alpha * src (same shape and floating dtype; same device, or any two CPU devices).
 void axpy_into(const Tensor& dst, const Tensor& src, double alpha);
 // dst *= value
 void scale_into(const Tensor& dst, double value);

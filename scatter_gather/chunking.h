@@ -1,0 +1,26 @@
+// How a batch of B items is split across n devices.
+//
+//   Chunk    (default, PyTorch's tensor.chunk): size ceil(B/n), the last smaller, possibly fewer than n
+//            chunks: 5/3 -> 2,2,1; 4/3 -> 2,2; 9/4 -> 3,3,3; 10/4 -> 3,3,3,1; 1/8 -> 1.
+//   Balanced (tensor_split / MXNet even_split=False): the first B % n chunks get one more, no empty chunk
+//            when B >= n: 4/3 -> 2,1,1; 10/4 -> 3,3,2,2.
+//   Weighted: proportional to weights (largest remainders get the leftover items, ties to lower index).
+// Empty chunks are dropped (the devices after them are not used), except that B = 0 gives one empty chunk.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpe {
+
+enum class SplitRule { Chunk, Balanced, Weighted };
+
+std::string split_rule_name(SplitRule rule);
+
+// Sizes of the non-empty chunks, in device order; weights are used (and required: one per device,
+// non-negative, positive sum) only by Weighted.
+std::vector<int64_t> compute_chunk_sizes(int64_t batch, int64_t num_devices, SplitRule rule = SplitRule::Chunk,
+                                         const std::vector<double>& weights = {});
+
+}  // namespace dpe
