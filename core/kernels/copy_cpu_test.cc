@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/kernels/copy.h"
+#include "tests/testing/kernel_test_util.h"
 
 namespace dpe::kernels {
 namespace {
@@ -54,28 +55,6 @@ struct Buffer {
     return 0;
   }
 };
-
-Layout make_layout(std::vector<int64_t> sizes, std::vector<int64_t> strides) {
-  Layout l;
-  l.ndim = static_cast<int>(sizes.size());
-  for (int d = 0; d < l.ndim; ++d) {
-    l.sizes[d] = sizes[d];
-    l.strides[d] = strides[d];
-  }
-  return l;
-}
-
-Layout contiguous(std::vector<int64_t> sizes) { return contiguous_layout(static_cast<int>(sizes.size()), sizes.data()); }
-
-// The storage a layout reaches: max offset + 1.
-int64_t extent(const Layout& l) {
-  int64_t e = 1;
-  for (int d = 0; d < l.ndim; ++d) {
-    if (l.sizes[d] == 0) return 0;
-    e += (l.sizes[d] - 1) * l.strides[d];
-  }
-  return e;
-}
 
 // Values exact in every dtype, uint8 and bfloat16 (8 significant bits) included.
 const double kExactValues[] = {0, 1, 2, 3, 5, 7, 10, 42, 100, 127, 200, 255};

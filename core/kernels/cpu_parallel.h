@@ -48,4 +48,17 @@ void parallel_tasks(int64_t tasks, int64_t work_per_task, const F& body) {
   });
 }
 
+// For kernels over the middle axis of (outer, size, inner), inner >= 1: splits the outputs into independent
+// tasks, one per (outer index o, tile of up to `tile` consecutive inner columns starting at c0), and calls
+// body(o, c0, w) for each, w being the tile's width (inner == 1: one task per row). Each task reads `size`
+// rows of w columns.
+template <typename F>
+void parallel_column_tiles(int64_t outer, int64_t size, int64_t inner, int64_t tile, const F& body) {
+  const int64_t tiles = (inner + tile - 1) / tile;
+  parallel_tasks(outer * tiles, size * std::min(inner, tile), [&](int64_t t) {
+    const int64_t o = t / tiles, c0 = t % tiles * tile;
+    body(o, c0, std::min(tile, inner - c0));
+  });
+}
+
 }  // namespace dpe::kernels::cpu_detail

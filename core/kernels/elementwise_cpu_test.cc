@@ -4,19 +4,14 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "core/error.h"
 #include "core/kernels/elementwise.h"
+#include "tests/testing/kernel_test_util.h"
 
 namespace dpe::kernels {
 namespace {
-
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float> ? DType::Float32 : DType::Float64;
-}
 
 // Relative tolerance of one library-math op in T against the double reference: float32's libm
 // functions (expf, erff, tanhf) are within a few ulps; float64 within a couple.
@@ -26,15 +21,6 @@ double tolerance() {
 }
 
 const int64_t kSizes[] = {0, 1, 7, 1023, 100003};  // 100003 takes the parallel path
-
-template <typename T>
-std::vector<T> random_vector(int64_t n, double lo, double hi, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(lo, hi);
-  std::vector<T> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<T>(dist(gen));
-  return v;
-}
 
 double reference_unary(UnaryOp op, double x) {
   switch (op) {
@@ -95,7 +81,6 @@ T reference_binary(BinaryOp op, T a, T b) {
 
 template <typename T>
 class ElementwiseCpu : public ::testing::Test {};
-using FloatTypes = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(ElementwiseCpu, FloatTypes);
 
 TYPED_TEST(ElementwiseCpu, UnaryMatchesDoubleReference) {
@@ -172,18 +157,6 @@ TYPED_TEST(ElementwiseCpu, ActivationBackwardExactValues) {
   EXPECT_EQ(dx[1], T(2.5));
 }
 
-Layout make_layout(std::vector<int64_t> sizes, std::vector<int64_t> strides) {
-  Layout l;
-  l.ndim = static_cast<int>(sizes.size());
-  for (int d = 0; d < l.ndim; ++d) {
-    l.sizes[d] = sizes[d];
-    l.strides[d] = strides[d];
-  }
-  return l;
-}
-
-Layout contiguous(std::vector<int64_t> sizes) { return contiguous_layout(static_cast<int>(sizes.size()), sizes.data()); }
-
 // Strides of a broadcast operand stored contiguously with `stored` sizes (1 where broadcast).
 Layout broadcast(std::vector<int64_t> stored, std::vector<int64_t> out_sizes) {
   Layout l = contiguous(stored);
@@ -192,15 +165,6 @@ Layout broadcast(std::vector<int64_t> stored, std::vector<int64_t> out_sizes) {
     l.sizes[d] = out_sizes[d];
   }
   return l;
-}
-
-int64_t extent(const Layout& l) {
-  int64_t e = 1;
-  for (int d = 0; d < l.ndim; ++d) {
-    if (l.sizes[d] == 0) return 0;
-    e += (l.sizes[d] - 1) * l.strides[d];
-  }
-  return e;
 }
 
 // Runs every binary op on (a_layout, b_layout) -> contiguous out and compares with the same scalar op in

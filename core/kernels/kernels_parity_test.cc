@@ -27,6 +27,7 @@
 #include "core/kernels/random.h"
 #include "core/kernels/reduce.h"
 #include "core/kernels/softmax.h"
+#include "tests/testing/kernel_test_util.h"
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_copy.h"
@@ -92,21 +93,10 @@ std::vector<T> download(const DeviceBuffer& buffer, size_t n) {
 // Inputs and comparisons.
 
 template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float> ? DType::Float32 : DType::Float64;
-}
-
-template <typename T>
 constexpr double kEps = std::numeric_limits<T>::epsilon();
 
-template <typename T>
-std::vector<T> random_vector(int64_t n, double low, double high, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> dist(low, high);
-  std::vector<T> v(static_cast<size_t>(n));
-  for (T& x : v) x = static_cast<T>(dist(rng));
-  return v;
-}
+// The engine of this test's random inputs (tests/testing/kernel_test_util.h's random_vector).
+using Rng = std::mt19937_64;
 
 std::string str(double v) {
   std::ostringstream os;
@@ -139,39 +129,16 @@ void expect_equal(const std::vector<T>& cpu, const std::vector<T>& gpu, const st
   expect_close(cpu, gpu, [](size_t) { return 0.0; }, what);
 }
 
-Layout make_layout(std::vector<int64_t> sizes, std::vector<int64_t> strides) {
-  Layout l;
-  l.ndim = static_cast<int>(sizes.size());
-  for (int d = 0; d < l.ndim; ++d) {
-    l.sizes[d] = sizes[d];
-    l.strides[d] = strides[d];
-  }
-  return l;
-}
-
-Layout contiguous(std::vector<int64_t> sizes) {
-  return contiguous_layout(static_cast<int>(sizes.size()), sizes.data());
-}
-
-// Elements of storage a layout reaches (max offset + 1), 0 when empty.
-int64_t storage_elements(const Layout& l) {
-  if (l.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int d = 0; d < l.ndim; ++d) last += (l.sizes[d] - 1) * l.strides[d];
-  return last + 1;
-}
-
 std::string shape_str(int64_t outer, int64_t size, int64_t inner) {
   return "(" + std::to_string(outer) + ", " + std::to_string(size) + ", " + std::to_string(inner) + ")";
 }
 
 template <typename T>
 class Parity : public ::testing::Test {};
-using ComputeTypes = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(Parity, ComputeTypes);
+TYPED_TEST_SUITE(Parity, FloatTypes);
 
 // ---------------------------------------------------------------------------------------------------------
-// Copy and fill: exact. Both sides implement the same conversion rules (copy_cpu.cc's Note [CPU dtype
+// Copy and fill: exact. Both sides convert with the same functions (core/kernels/convert.h, Note [dtype
 // conversion]: one correct rounding, saturating float -> int, NaN -> 0), so every byte must match.
 
 // n doubles: specials first (NaN, infinities, signed zero, rounding ties and the float16 overflow edge,
@@ -207,7 +174,7 @@ std::vector<unsigned char> as_dtype(const std::vector<double>& values, DType dty
 // CPU and CUDA copies of src (storage bytes, src_layout) into a zeroed dst of dst_layout; compares bytes.
 void check_copy(const std::vector<unsigned char>& src, DType src_dtype, const Layout& src_layout, DType dst_dtype,
                 const Layout& dst_layout, const std::string& what) {
-  const size_t dst_bytes = static_cast<size_t>(storage_elements(dst_layout)) * element_size(dst_dtype);
+  const size_t dst_bytes = static_cast<size_t>(extent(dst_layout)) * element_size(dst_dtype);
   std::vector<unsigned char> cpu(dst_bytes, 0), zeros(dst_bytes, 0);
   copy_cpu(src.data(), src_dtype, src_layout, cpu.data(), dst_dtype, dst_layout);
   auto d_src = upload(src);
@@ -263,7 +230,7 @@ TEST(ParityCopy, StridedBroadcastAndTransposed) {
                                            {DType::Float64, DType::Float16}, {DType::Float32, DType::Int64},
                                            {DType::BFloat16, DType::Float64}, {DType::UInt8, DType::Float32}};
   for (const Case& c : cases) {
-    const std::vector<double> values = conversion_inputs(storage_elements(c.src), 7);
+    const std::vector<double> values = conversion_inputs(extent(c.src), 7);
     for (auto [src, dst] : pairs) {
       check_copy(as_dtype(values, src), src, c.src, dst, c.dst,
                  std::string(c.name) + " " + std::string(dtype_name(src)) + " -> " + std::string(dtype_name(dst)));
@@ -316,7 +283,7 @@ TYPED_TEST(Parity, Unary) {
   for (UnaryOp op : kUnaryOps) {
     const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt;
     for (int64_t n : kSizes) {
-      const std::vector<T> x = random_vector<T>(n, positive ? 0.01 : -8.0, positive ? 20.0 : 8.0, n + 1);
+      const std::vector<T> x = random_vector<T, Rng>(n, positive ? 0.01 : -8.0, positive ? 20.0 : 8.0, n + 1);
       std::vector<T> cpu(x.size());
       unary_cpu(op, dtype_of<T>(), n, x.data(), cpu.data());
       auto d_x = upload(x);
@@ -343,7 +310,7 @@ TYPED_TEST(Parity, ActivationBackward) {
                               ActivationOp::Sigmoid};
   for (ActivationOp op : ops) {
     for (int64_t n : kSizes) {
-      const std::vector<T> x = random_vector<T>(n, -8, 8, n + 2), dy = random_vector<T>(n, -2, 2, n + 3);
+      const std::vector<T> x = random_vector<T, Rng>(n, -8, 8, n + 2), dy = random_vector<T, Rng>(n, -2, 2, n + 3);
       std::vector<T> cpu(x.size());
       activation_backward_cpu(op, dtype_of<T>(), n, x.data(), dy.data(), cpu.data());
       auto d_x = upload(x);
@@ -386,8 +353,8 @@ TYPED_TEST(Parity, BinaryWithBroadcastingAndTransposes) {
   const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum,
                           BinaryOp::Minimum};
   for (const Case& c : cases) {
-    std::vector<T> a = random_vector<T>(storage_elements(c.a), -4, 4, 11);
-    std::vector<T> b = random_vector<T>(storage_elements(c.b), 0.25, 4, 12);  // away from 0 for Div
+    std::vector<T> a = random_vector<T, Rng>(extent(c.a), -4, 4, 11);
+    std::vector<T> b = random_vector<T, Rng>(extent(c.b), 0.25, 4, 12);  // away from 0 for Div
     for (size_t i = 0; i < b.size(); i += 2) b[i] = -b[i];
     const size_t n = static_cast<size_t>(c.out.numel());
     auto d_a = upload(a);
@@ -408,7 +375,7 @@ TYPED_TEST(Parity, AffineAndAxpy) {
   using T = TypeParam;
   const double alpha = 0.37, beta = -1.25;
   for (int64_t n : kSizes) {
-    const std::vector<T> x = random_vector<T>(n, -10, 10, n + 4), y0 = random_vector<T>(n, -10, 10, n + 5);
+    const std::vector<T> x = random_vector<T, Rng>(n, -10, 10, n + 4), y0 = random_vector<T, Rng>(n, -10, 10, n + 5);
     auto d_x = upload(x);
     // CUDA computes alpha * x + beta with one rounding (fma); the CPU does too where the host compiler
     // contracts it, else with two: at most one rounding of alpha * x apart, plus one of the result.
@@ -433,19 +400,16 @@ TYPED_TEST(Parity, AffineAndAxpy) {
 // ---------------------------------------------------------------------------------------------------------
 // Reductions.
 
-struct Shape3 {
-  int64_t outer, size, inner;
-};
-const Shape3 kReduceShapes[] = {{1, 0, 1},  {3, 0, 5},   {1, 1, 1},    {1, 7, 1},     {1, 1023, 1},
-                                {1, (1 << 20) + 3, 1}, {3, 1023, 7}, {5, 7, 1}, {2, 1, 9}, {1, 7, 1023},
-                                {4, 33, 65}, {0, 5, 3},  {2, 4099, 3}, {1031, 17, 1}};
+const AxisShape kReduceShapes[] = {{1, 0, 1},  {3, 0, 5},   {1, 1, 1},    {1, 7, 1},     {1, 1023, 1},
+                                   {1, (1 << 20) + 3, 1}, {3, 1023, 7}, {5, 7, 1}, {2, 1, 9}, {1, 7, 1023},
+                                   {4, 33, 65}, {0, 5, 3},  {2, 4099, 3}, {1031, 17, 1}};
 
 TYPED_TEST(Parity, Reduce) {
   SKIP_WITHOUT_GPU();
   using T = TypeParam;
   const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min};
-  for (const Shape3& s : kReduceShapes) {
-    std::vector<T> x = random_vector<T>(s.outer * s.size * s.inner, -1, 1, s.size + 13);
+  for (const AxisShape& s : kReduceShapes) {
+    std::vector<T> x = random_vector<T, Rng>(s.outer * s.size * s.inner, -1, 1, s.size + 13);
     const size_t outputs = static_cast<size_t>(s.outer * s.inner);
     // Per output: sqrt(sum of x^2) along the axis, the scale of the summation error.
     std::vector<double> norm(outputs, 0.0);
@@ -489,8 +453,8 @@ TYPED_TEST(Parity, Reduce) {
 TYPED_TEST(Parity, ReduceAndArgmaxPropagateNaN) {
   SKIP_WITHOUT_GPU();
   using T = TypeParam;
-  const Shape3 s{3, 1023, 7};
-  std::vector<T> x = random_vector<T>(s.outer * s.size * s.inner, -1, 1, 5);
+  const AxisShape s{3, 1023, 7};
+  std::vector<T> x = random_vector<T, Rng>(s.outer * s.size * s.inner, -1, 1, 5);
   x[(0 * s.size + 500) * s.inner + 3] = NAN;  // output (0, 3)
   x[(2 * s.size + 0) * s.inner + 6] = NAN;    // output (2, 6), at the first index
   x[(2 * s.size + 9) * s.inner + 6] = NAN;    // a second NaN: argmax returns the first
@@ -519,10 +483,10 @@ TYPED_TEST(Parity, ReduceAndArgmaxPropagateNaN) {
 TYPED_TEST(Parity, ArgmaxFirstIndexOfTies) {
   SKIP_WITHOUT_GPU();
   using T = TypeParam;
-  for (const Shape3& s : kReduceShapes) {
+  for (const AxisShape& s : kReduceShapes) {
     if (s.size == 0) continue;  // rejected by both
     // Values on a coarse grid (9 levels), so maxima tie often and the first index must win.
-    std::vector<T> x = random_vector<T>(s.outer * s.size * s.inner, -1, 1, s.size + 17);
+    std::vector<T> x = random_vector<T, Rng>(s.outer * s.size * s.inner, -1, 1, s.size + 17);
     for (T& v : x) v = std::round(v * 4) / 4;
     const size_t outputs = static_cast<size_t>(s.outer * s.inner);
     std::vector<int64_t> cpu(outputs);
@@ -537,19 +501,19 @@ TYPED_TEST(Parity, ArgmaxFirstIndexOfTies) {
 // ---------------------------------------------------------------------------------------------------------
 // Softmax.
 
-const Shape3 kSoftmaxShapes[] = {{1, 1, 1},    {3, 7, 1},   {5, 1023, 1}, {1, (1 << 20) + 3, 1}, {3, 1023, 7},
-                                 {2, 7, 1023}, {4, 1, 5},   {0, 3, 2},    {1031, 17, 1}};
+const AxisShape kSoftmaxShapes[] = {{1, 1, 1},    {3, 7, 1},   {5, 1023, 1}, {1, (1 << 20) + 3, 1}, {3, 1023, 7},
+                                    {2, 7, 1023}, {4, 1, 5},   {0, 3, 2},    {1031, 17, 1}};
 
 // The index of the (outer, inner) row that element k of an (outer, size, inner) array belongs to.
-size_t row_of(size_t k, const Shape3& s) {
+size_t row_of(size_t k, const AxisShape& s) {
   return k / static_cast<size_t>(s.size * s.inner) * s.inner + k % s.inner;
 }
 
 TYPED_TEST(Parity, Softmax) {
   SKIP_WITHOUT_GPU();
   using T = TypeParam;
-  for (const Shape3& s : kSoftmaxShapes) {
-    const std::vector<T> x = random_vector<T>(s.outer * s.size * s.inner, -10, 10, s.size + 19);
+  for (const AxisShape& s : kSoftmaxShapes) {
+    const std::vector<T> x = random_vector<T, Rng>(s.outer * s.size * s.inner, -10, 10, s.size + 19);
     auto d_x = upload(x);
     DeviceBuffer d_y(bytes_of(x));
     for (SoftmaxKind kind : {SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax}) {
@@ -574,9 +538,9 @@ TYPED_TEST(Parity, Softmax) {
 TYPED_TEST(Parity, SoftmaxBackward) {
   SKIP_WITHOUT_GPU();
   using T = TypeParam;
-  for (const Shape3& s : kSoftmaxShapes) {
-    const std::vector<T> x = random_vector<T>(s.outer * s.size * s.inner, -5, 5, s.size + 23);
-    const std::vector<T> dy = random_vector<T>(x.size(), -1, 1, s.size + 29);
+  for (const AxisShape& s : kSoftmaxShapes) {
+    const std::vector<T> x = random_vector<T, Rng>(s.outer * s.size * s.inner, -5, 5, s.size + 23);
+    const std::vector<T> dy = random_vector<T, Rng>(x.size(), -1, 1, s.size + 29);
     auto d_dy = upload(dy);
     DeviceBuffer d_dx(bytes_of(x));
     for (SoftmaxKind kind : {SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax}) {
@@ -702,8 +666,8 @@ void check_gemm(const GemmCase& c) {
   const int64_t a_size = (c.broadcast_a ? 1 : c.batch) * (a_rows * g.lda + c.pad);
   const int64_t b_size = (c.broadcast_b ? 1 : c.batch) * (b_rows * g.ldb + c.pad);
   const int64_t c_size = c.batch * g.stride_c;
-  const std::vector<T> a = random_vector<T>(a_size, -1, 1, 31), b = random_vector<T>(b_size, -1, 1, 37);
-  std::vector<T> c0 = random_vector<T>(c_size, -1, 1, 41);
+  const std::vector<T> a = random_vector<T, Rng>(a_size, -1, 1, 31), b = random_vector<T, Rng>(b_size, -1, 1, 37);
+  std::vector<T> c0 = random_vector<T, Rng>(c_size, -1, 1, 41);
   if (c.beta == 0) std::fill(c0.begin(), c0.end(), T(NAN));  // beta == 0 must ignore C, NaN included
 
   std::vector<T> cpu = c0;

@@ -4,28 +4,14 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "core/error.h"
 #include "core/kernels/matmul.h"
+#include "tests/testing/kernel_test_util.h"
 
 namespace dpe::kernels {
 namespace {
-
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float> ? DType::Float32 : DType::Float64;
-}
-
-template <typename T>
-std::vector<T> random_vector(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  std::vector<T> v(static_cast<size_t>(std::max<int64_t>(n, 0)));
-  for (auto& x : v) x = static_cast<T>(dist(gen));
-  return v;
-}
 
 // Element (i, j) of op(M) where M is stored row-major with row stride ld.
 template <typename T>
@@ -59,9 +45,9 @@ struct Problem {
     g.stride_a = broadcast_a ? 0 : a_rows * g.lda;
     g.stride_b = broadcast_b ? 0 : b_rows * g.ldb;
     g.stride_c = m * g.ldc;
-    a = random_vector<T>((broadcast_a ? 1 : batch) * a_rows * g.lda, 1);
-    b = random_vector<T>((broadcast_b ? 1 : batch) * b_rows * g.ldb, 2);
-    c = random_vector<T>(batch * m * g.ldc, 3);
+    a = random_vector<T>((broadcast_a ? 1 : batch) * a_rows * g.lda, -1.0, 1.0, 1);
+    b = random_vector<T>((broadcast_b ? 1 : batch) * b_rows * g.ldb, -1.0, 1.0, 2);
+    c = random_vector<T>(batch * m * g.ldc, -1.0, 1.0, 3);
     c_initial = c;
     g.a = a.data();
     g.b = b.data();
@@ -102,7 +88,6 @@ struct Problem {
 
 template <typename T>
 class GemmCpu : public ::testing::Test {};
-using FloatTypes = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(GemmCpu, FloatTypes);
 
 const Transpose kTrans[] = {Transpose::No, Transpose::Yes};

@@ -9,14 +9,10 @@
 #include "core/error.h"
 #include "core/kernels/philox.h"
 #include "core/kernels/random.h"
+#include "tests/testing/kernel_test_util.h"
 
 namespace dpe::kernels {
 namespace {
-
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float> ? DType::Float32 : DType::Float64;
-}
 
 enum class Dist { Uniform, Normal, Bernoulli };
 
@@ -55,7 +51,6 @@ TEST(Philox, KnownAnswer) {
 
 template <typename T>
 class RandomCpu : public ::testing::Test {};
-using FloatTypes = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(RandomCpu, FloatTypes);
 
 TYPED_TEST(RandomCpu, ElementIIsTheFormulaAtCounterOffsetPlusI) {

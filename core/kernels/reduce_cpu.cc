@@ -28,6 +28,7 @@ namespace dpe::kernels {
 namespace {
 
 using cpu_detail::kParallelGrain;  // also: pairwise nodes of >= 2x this many elements split over threads
+using cpu_detail::parallel_column_tiles;
 using cpu_detail::parallel_tasks;
 using detail::check_axis_dims;
 using detail::dispatch_float;
@@ -130,10 +131,7 @@ void reduce_axis(int64_t outer, int64_t size, int64_t inner, const T* x, T* y) {
     parallel_tasks(outer, size, [&](int64_t o) { y[o] = reduce_contiguous<C>(x + o * size, size); });
     return;
   }
-  const int64_t tiles = (inner + kTile - 1) / kTile;
-  parallel_tasks(outer * tiles, size * std::min(inner, kTile), [&](int64_t t) {
-    const int64_t o = t / tiles, c0 = t % tiles * kTile;
-    const int64_t w = std::min(kTile, inner - c0);
+  parallel_column_tiles(outer, size, inner, kTile, [&](int64_t o, int64_t c0, int64_t w) {
     reduce_rows<C>(x + o * size * inner + c0, inner, size, w, y + o * inner + c0);
   });
 }
@@ -184,10 +182,7 @@ void argmax_axis(int64_t outer, int64_t size, int64_t inner, const T* x, int64_t
     parallel_tasks(outer, size, [&](int64_t o) { indices[o] = argmax_contiguous(x + o * size, size); });
     return;
   }
-  const int64_t tiles = (inner + kTile - 1) / kTile;
-  parallel_tasks(outer * tiles, size * std::min(inner, kTile), [&](int64_t t) {
-    const int64_t o = t / tiles, c0 = t % tiles * kTile;
-    const int64_t w = std::min(kTile, inner - c0);
+  parallel_column_tiles(outer, size, inner, kTile, [&](int64_t o, int64_t c0, int64_t w) {
     const T* base = x + o * size * inner + c0;
     int64_t* idx = indices + o * inner + c0;
     T best[kTile];

@@ -6,42 +6,25 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "core/error.h"
 #include "core/kernels/reduce.h"
+#include "tests/testing/kernel_test_util.h"
 
 namespace dpe::kernels {
 namespace {
 
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float> ? DType::Float32 : DType::Float64;
-}
-
-template <typename T>
-std::vector<T> random_vector(int64_t n, double lo, double hi, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(lo, hi);
-  std::vector<T> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<T>(dist(gen));
-  return v;
-}
-
-struct Shape {
-  int64_t outer, size, inner;
-};
-
 // Odd sizes, inner > kTile (256) with a partial tile, and shapes large enough for every parallel path.
-const Shape kShapes[] = {{1, 1, 1},     {1, 7, 1},      {3, 7, 1},   {2, 1023, 1}, {2, 1023, 5},
-                         {3, 17, 300},  {1, 100003, 1}, {1, 5, 70001}, {4, 3000, 300}, {1, 100000, 3},
-                         {70000, 3, 1}, {2, 0, 3},      {0, 5, 2},     {2, 5, 0}};
+const AxisShape kShapes[] = {{1, 1, 1},     {1, 7, 1},      {3, 7, 1},   {2, 1023, 1}, {2, 1023, 5},
+                             {3, 17, 300},  {1, 100003, 1}, {1, 5, 70001}, {4, 3000, 300}, {1, 100000, 3},
+                             {70000, 3, 1}, {2, 0, 3},      {0, 5, 2},     {2, 5, 0}};
 
 const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min};
 
 // y, and sum |x| along the axis (the scale of a sum's rounding error). Accumulates in long double.
-std::vector<double> reference(ReduceOp op, const Shape& s, const double* x, std::vector<double>* abs_sum = nullptr) {
+std::vector<double> reference(ReduceOp op, const AxisShape& s, const double* x,
+                              std::vector<double>* abs_sum = nullptr) {
   std::vector<double> y(static_cast<size_t>(s.outer * s.inner));
   if (abs_sum) abs_sum->assign(y.size(), 0.0);
   for (int64_t o = 0; o < s.outer; ++o) {
@@ -62,12 +45,11 @@ std::vector<double> reference(ReduceOp op, const Shape& s, const double* x, std:
 
 template <typename T>
 class ReduceCpu : public ::testing::Test {};
-using FloatTypes = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(ReduceCpu, FloatTypes);
 
 TYPED_TEST(ReduceCpu, MatchesDoubleReference) {
   using T = TypeParam;
-  for (const Shape& s : kShapes) {
+  for (const AxisShape& s : kShapes) {
     const int64_t n = s.outer * s.size * s.inner;
     const std::vector<T> x = random_vector<T>(n, -1.0, 1.0, 3);
     const std::vector<double> xd(x.begin(), x.end());
@@ -94,7 +76,7 @@ TYPED_TEST(ReduceCpu, MatchesDoubleReference) {
 
 TYPED_TEST(ReduceCpu, IntegerValuedSumsAreExact) {
   using T = TypeParam;
-  for (const Shape& s : {Shape{3, 1023, 1}, Shape{2, 1001, 7}, Shape{1, 200003, 1}}) {
+  for (const AxisShape& s : {AxisShape{3, 1023, 1}, AxisShape{2, 1001, 7}, AxisShape{1, 200003, 1}}) {
     const int64_t n = s.outer * s.size * s.inner;
     std::vector<T> x(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) x[i] = T((i * 7919) % 7 - 3);
@@ -137,7 +119,8 @@ TEST(ReduceCpuDeterminism, SameBitsForAnyNumberOfThreads) {
     arena.execute([&] { reduce_cpu(ReduceOp::Sum, DType::Float32, outer, size, inner, x.data(), y.data()); });
     return y;
   };
-  for (const Shape& s : {Shape{1, 1200000, 1}, Shape{3, 400000, 1}, Shape{1, 400000, 3}, Shape{2, 600, 1000}}) {
+  for (const AxisShape& s :
+       {AxisShape{1, 1200000, 1}, AxisShape{3, 400000, 1}, AxisShape{1, 400000, 3}, AxisShape{2, 600, 1000}}) {
     const std::vector<float> one = run(1, s.outer, s.size, s.inner);
     for (int threads : {2, 3, 8}) {
       const std::vector<float> many = run(threads, s.outer, s.size, s.inner);
@@ -175,7 +158,7 @@ TYPED_TEST(ReduceCpu, SumOverEmptyAxisIsZero) {
 }
 
 // Reference argmax: first index of the maximum, NaN as the maximum.
-std::vector<int64_t> reference_argmax(const Shape& s, const double* x) {
+std::vector<int64_t> reference_argmax(const AxisShape& s, const double* x) {
   std::vector<int64_t> idx(static_cast<size_t>(s.outer * s.inner));
   for (int64_t o = 0; o < s.outer; ++o) {
     for (int64_t i = 0; i < s.inner; ++i) {
@@ -193,7 +176,7 @@ std::vector<int64_t> reference_argmax(const Shape& s, const double* x) {
 
 TYPED_TEST(ReduceCpu, ArgmaxMatchesReferenceWithTiesAndNaN) {
   using T = TypeParam;
-  for (const Shape& s : kShapes) {
+  for (const AxisShape& s : kShapes) {
     if (s.size == 0) continue;
     const int64_t n = s.outer * s.size * s.inner;
     // Few distinct values, so ties are everywhere; then a few NaNs in some rows.

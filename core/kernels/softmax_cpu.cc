@@ -18,7 +18,7 @@
 namespace dpe::kernels {
 namespace {
 
-using cpu_detail::parallel_tasks;
+using cpu_detail::parallel_column_tiles;
 using detail::check_softmax_args;
 using detail::dispatch_float;
 
@@ -28,11 +28,8 @@ constexpr int64_t kTile = 256;  // columns of `inner` processed together
 // calls body(offset of the task's first element, columns w) with rows `size` apart by `inner`.
 template <typename F>
 void for_each_slice(int64_t outer, int64_t size, int64_t inner, const F& body) {
-  const int64_t tiles = (inner + kTile - 1) / kTile;
-  parallel_tasks(outer * tiles, size * std::min(inner, kTile), [&](int64_t t) {
-    const int64_t o = t / tiles, c0 = t % tiles * kTile;
-    body(o * size * inner + c0, std::min(kTile, inner - c0));
-  });
+  parallel_column_tiles(outer, size, inner, kTile,
+                        [&](int64_t o, int64_t c0, int64_t w) { body(o * size * inner + c0, w); });
 }
 
 // x, y: (size) contiguous.

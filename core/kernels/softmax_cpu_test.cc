@@ -4,19 +4,14 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "core/error.h"
 #include "core/kernels/softmax.h"
+#include "tests/testing/kernel_test_util.h"
 
 namespace dpe::kernels {
 namespace {
-
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float> ? DType::Float32 : DType::Float64;
-}
 
 // float32 computes exp in float (a few ulps) and each output rounds once or twice.
 template <typename T>
@@ -24,28 +19,15 @@ double tolerance() {
   return std::is_same_v<T, float> ? 2e-6 : 1e-14;
 }
 
-template <typename T>
-std::vector<T> random_vector(int64_t n, double lo, double hi, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(lo, hi);
-  std::vector<T> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<T>(dist(gen));
-  return v;
-}
-
-struct Shape {
-  int64_t outer, size, inner;
-};
-
-const Shape kShapes[] = {{1, 1, 1},    {3, 7, 1},    {2, 10, 300}, {5, 1023, 1}, {64, 1000, 1},
-                         {2, 50, 700}, {3, 1, 4},    {0, 4, 4},    {2, 0, 3}};
+const AxisShape kShapes[] = {{1, 1, 1},    {3, 7, 1},    {2, 10, 300}, {5, 1023, 1}, {64, 1000, 1},
+                             {2, 50, 700}, {3, 1, 4},    {0, 4, 4},    {2, 0, 3}};
 const SoftmaxKind kKinds[] = {SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax};
 
-double at(const std::vector<double>& v, const Shape& s, int64_t o, int64_t k, int64_t i) {
+double at(const std::vector<double>& v, const AxisShape& s, int64_t o, int64_t k, int64_t i) {
   return v[(o * s.size + k) * s.inner + i];
 }
 
-std::vector<double> reference_forward(SoftmaxKind kind, const Shape& s, const std::vector<double>& x) {
+std::vector<double> reference_forward(SoftmaxKind kind, const AxisShape& s, const std::vector<double>& x) {
   std::vector<double> y(x.size());
   for (int64_t o = 0; o < s.outer; ++o) {
     for (int64_t i = 0; i < s.inner; ++i) {
@@ -61,7 +43,7 @@ std::vector<double> reference_forward(SoftmaxKind kind, const Shape& s, const st
   return y;
 }
 
-std::vector<double> reference_backward(SoftmaxKind kind, const Shape& s, const std::vector<double>& y,
+std::vector<double> reference_backward(SoftmaxKind kind, const AxisShape& s, const std::vector<double>& y,
                                        const std::vector<double>& dy) {
   std::vector<double> dx(y.size());
   for (int64_t o = 0; o < s.outer; ++o) {
@@ -81,12 +63,11 @@ std::vector<double> reference_backward(SoftmaxKind kind, const Shape& s, const s
 
 template <typename T>
 class SoftmaxCpu : public ::testing::Test {};
-using FloatTypes = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(SoftmaxCpu, FloatTypes);
 
 TYPED_TEST(SoftmaxCpu, ForwardMatchesDoubleReference) {
   using T = TypeParam;
-  for (const Shape& s : kShapes) {
+  for (const AxisShape& s : kShapes) {
     const int64_t n = s.outer * s.size * s.inner;
     const std::vector<T> x = random_vector<T>(n, -8.0, 8.0, 1);
     for (SoftmaxKind kind : kKinds) {
@@ -126,7 +107,7 @@ TYPED_TEST(SoftmaxCpu, ExactValuesAndStability) {
 TYPED_TEST(SoftmaxCpu, InPlace) {
   using T = TypeParam;
   for (SoftmaxKind kind : kKinds) {
-    for (const Shape& s : {Shape{3, 7, 1}, Shape{2, 5, 3}}) {
+    for (const AxisShape& s : {AxisShape{3, 7, 1}, AxisShape{2, 5, 3}}) {
       const int64_t n = s.outer * s.size * s.inner;
       std::vector<T> x = random_vector<T>(n, -3.0, 3.0, 2), y(static_cast<size_t>(n));
       softmax_cpu(kind, dtype_of<T>(), s.outer, s.size, s.inner, x.data(), y.data());
@@ -138,7 +119,7 @@ TYPED_TEST(SoftmaxCpu, InPlace) {
 
 TYPED_TEST(SoftmaxCpu, BackwardMatchesDoubleReference) {
   using T = TypeParam;
-  for (const Shape& s : kShapes) {
+  for (const AxisShape& s : kShapes) {
     const int64_t n = s.outer * s.size * s.inner;
     const std::vector<T> x = random_vector<T>(n, -4.0, 4.0, 3), dy = random_vector<T>(n, -1.0, 1.0, 4);
     for (SoftmaxKind kind : kKinds) {
@@ -164,7 +145,7 @@ TYPED_TEST(SoftmaxCpu, BackwardMatchesDoubleReference) {
 
 // The backward formulas are the gradient of L(x) = sum(dy * f(x)): central differences in float64.
 TEST(SoftmaxCpuGradient, BackwardIsTheGradient) {
-  const Shape s{2, 5, 3};
+  const AxisShape s{2, 5, 3};
   const int64_t n = s.outer * s.size * s.inner;
   const std::vector<double> x = random_vector<double>(n, -2.0, 2.0, 5), dy = random_vector<double>(n, -1.0, 1.0, 6);
   for (SoftmaxKind kind : kKinds) {
