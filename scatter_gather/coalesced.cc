@@ -101,36 +101,56 @@ TransferStats broadcast_coalesced_into(const std::vector<Tensor>& sources,
 }
 
 TransferStats reduce_add_coalesced_into(const std::vector<std::vector<Tensor>>& inputs,
-                                        const std::vector<Tensor>& outputs, size_t bucket_bytes) {
+                                        const std::vector<Tensor>& outputs, size_t bucket_bytes, ReduceInto mode) {
   NoGradGuard no_grad;
   TransferStats stats;
   DPE_CHECK(!inputs.empty(), "reduce_add_coalesced: no inputs");
   if (outputs.empty()) return stats;
   Device to = common_device(outputs, "reduce_add_coalesced");
-  for (const auto& in : inputs) check_matching(outputs, in, "reduce_add_coalesced");
+  for (const auto& in : inputs) {
+    DPE_CHECK(in.size() == outputs.size(), "reduce_add_coalesced: ", in.size(), " tensors vs ", outputs.size());
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].defined()) continue;
+      DPE_CHECK(in[i].shape() == outputs[i].shape() && in[i].dtype() == outputs[i].dtype(), "reduce_add_coalesced: tensor ",
+                i, " is ", shape_str(in[i].shape()), " ", in[i].dtype(), " in an input and ", shape_str(outputs[i].shape()),
+                " ", outputs[i].dtype(), " in the output");
+    }
+  }
   for (auto [first, last] : plan_buckets(outputs, bucket_bytes)) {
+    std::vector<bool> written(last - first, mode == ReduceInto::Accumulate);
     for (size_t k = 0; k < inputs.size(); ++k) {
-      Device from = common_device(inputs[k], "reduce_add_coalesced");
+      // The defined tensors of this bucket, and where they live.
+      std::vector<Tensor> present;
+      for (size_t i = first; i < last; ++i) {
+        if (inputs[k][i].defined()) present.push_back(inputs[k][i]);
+      }
+      if (present.empty()) continue;
+      Device from = common_device(present, "reduce_add_coalesced");
       bool direct = from == to || (from.is_cpu() && to.is_cpu());
-      Tensor flat;  // inputs[k]'s bucket on the destination device, packed (CUDA links only)
+      Tensor flat;  // the bucket's defined inputs packed and moved to the destination (CUDA links only)
       if (!direct) {
-        flat = pack(inputs[k], first, last).to(to);
+        flat = pack(present, 0, present.size()).to(to);
         stats.transfers += 1;
       } else if (from != to) {
-        stats.transfers += static_cast<int64_t>(last - first);
+        stats.transfers += static_cast<int64_t>(present.size());
       }
-      if (from != to) stats.bytes += bytes_of(inputs[k], first, last);
+      if (from != to) stats.bytes += bytes_of(present, 0, present.size());
       int64_t offset = 0;
       for (size_t i = first; i < last; ++i) {
-        const Tensor& out = outputs[i];
+        if (!inputs[k][i].defined()) continue;
+        Tensor out = outputs[i].detach();
         Tensor piece = direct ? inputs[k][i] : flat.narrow(0, offset, out.numel()).view(out.shape());
         offset += out.numel();
-        if (k == 0) {
-          out.detach().copy_(piece);
+        if (written[i - first]) {
+          out.add_(piece);
         } else {
-          out.detach().add_(piece);
+          out.copy_(piece);
+          written[i - first] = true;
         }
       }
+    }
+    for (size_t i = first; i < last; ++i) {
+      if (!written[i - first]) outputs[i].detach().zero_();  // no input had it: the sum is zero
     }
   }
   return stats;

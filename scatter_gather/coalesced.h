@@ -35,10 +35,13 @@ TransferStats broadcast_coalesced_into(const std::vector<Tensor>& sources,
                                        const std::vector<std::vector<Tensor>>& destinations,
                                        size_t bucket_bytes = kDefaultBucketBytes);
 
-// outputs[i] = sum over k of inputs[k][i]. inputs[k] all on one device each; outputs on one device.
-// Summation order is k = 0, 1, ... for every element (deterministic).
+// Overwrite: outputs[i] = sum over k of inputs[k][i]. Accumulate: outputs[i] += that sum (an undefined
+// input is skipped: a replica that produced no gradient for a parameter). inputs[k] all on one device each;
+// outputs on one device. Summation order is k = 0, 1, ... for every element (deterministic).
+enum class ReduceInto { Overwrite, Accumulate };
 TransferStats reduce_add_coalesced_into(const std::vector<std::vector<Tensor>>& inputs,
-                                        const std::vector<Tensor>& outputs, size_t bucket_bytes = kDefaultBucketBytes);
+                                        const std::vector<Tensor>& outputs, size_t bucket_bytes = kDefaultBucketBytes,
+                                        ReduceInto mode = ReduceInto::Overwrite);
 
 // result[k][i]: sources[i] on devices[k] (a device equal to the sources' returns the sources themselves).
 std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& sources,

@@ -1,7 +1,8 @@
 """Counts test cases in Bazel's gtest XML reports and prints "N passed, N failed, N skipped".
 
-Usage: test_summary.py TESTLOGS_DIR BAZEL_EXIT_STATUS. Exits non-zero when anything failed, including a
-test binary that crashed before writing its report (Bazel's exit status says so).
+Usage: test_summary.py TESTLOGS_DIR BAZEL_EXIT_STATUS TARGETS_FILE. TARGETS_FILE lists the test targets
+(`bazel query 'tests(//...)'`); only their reports are read. Exits non-zero when anything failed, including
+a test binary that crashed before writing its report (Bazel's exit status says so), or a target without one.
 """
 import pathlib
 import sys
@@ -9,11 +10,21 @@ import xml.etree.ElementTree as ET
 
 
 def main() -> int:
-    logs = pathlib.Path(sys.argv[1])
+    logs = pathlib.Path(sys.argv[1]).resolve()
     bazel_status = int(sys.argv[2])
+    targets = [t.strip() for t in pathlib.Path(sys.argv[3]).read_text().splitlines() if t.strip()]
     passed = failed = skipped = 0
     failures = []
-    for report in sorted(logs.resolve().rglob("test.xml")):
+    reports = []
+    for target in targets:  # //pkg/sub:name -> TESTLOGS/pkg/sub/name/test.xml
+        package, name = target[2:].split(":")
+        report = logs / package / name / "test.xml"
+        if report.exists():
+            reports.append(report)
+        else:
+            failed += 1
+            failures.append(f"{target}: no test report")
+    for report in reports:
         try:
             root = ET.parse(report).getroot()
         except ET.ParseError:

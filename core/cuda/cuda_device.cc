@@ -2,9 +2,9 @@
 //
 // Note [CUDA device mapping is frozen on first use]
 // The logical -> physical mapping may change only while no logical device has been used. The first call
-// that works on a logical device (physical_device, stream, cublas_handle, synchronize, DeviceGuard, hence
-// every allocation and copy) freezes it: after that, blocks in the caching allocators, streams and cuBLAS
-// handles belong to a particular physical GPU, and remapping would silently mix GPUs up.
+// that works on a logical device (physical_device, stream, cublas_handle, cudnn_handle, synchronize,
+// DeviceGuard, hence every allocation and copy) freezes it: after that, blocks in the caching allocators,
+// streams and cuBLAS/cuDNN handles belong to a particular physical GPU, and remapping would silently mix GPUs up.
 //
 // Streams and handles live until the process exits and are never destroyed: destroying them from a static
 // destructor can run after the CUDA runtime has been torn down (the allocators follow the same rule).
@@ -51,6 +51,8 @@ struct Slot {
   cudaStream_t stream = nullptr;
   std::once_flag cublas_once;
   cublasHandle_t cublas = nullptr;
+  std::once_flag cudnn_once;
+  cudnnHandle_t cudnn = nullptr;
 };
 
 struct Registry {
@@ -136,6 +138,19 @@ cublasHandle_t cublas_handle(int logical) {
     s.cublas = handle;
   });
   return s.cublas;
+}
+
+cudnnHandle_t cudnn_handle(int logical) {
+  Slot& s = slot(logical);
+  std::call_once(s.cudnn_once, [&] {
+    cudaStream_t st = stream(logical);
+    DeviceGuard guard(logical);
+    cudnnHandle_t handle = nullptr;
+    DPE_CUDNN_CHECK(cudnnCreate(&handle));
+    DPE_CUDNN_CHECK(cudnnSetStream(handle, st));
+    s.cudnn = handle;
+  });
+  return s.cudnn;
 }
 
 void synchronize(int logical) {

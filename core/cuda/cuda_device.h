@@ -2,14 +2,15 @@
 //
 // Logical device i maps onto a physical (visible) GPU: by default logical == physical; set_logical_devices
 // lets several logical devices share one GPU (multi-device tests on one GPU). Each logical device owns one
-// non-blocking compute stream and one cuBLAS handle bound to it, created on first use. Every kernel for
-// logical device i runs on stream(i): that single stream is what makes the caching allocator's reuse safe.
+// non-blocking compute stream and one cuBLAS and one cuDNN handle bound to it, created on first use. Every
+// kernel for logical device i runs on stream(i): that single stream is what makes the caching allocator's reuse safe.
 //
 // Thread-safety: all functions may be called from any thread; per-device resources are created once.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <cudnn.h>
 
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@ int physical_device(int logical);
 
 cudaStream_t stream(int logical);
 cublasHandle_t cublas_handle(int logical);
+// The device's cuDNN handle, created on first use and bound to stream(logical) (like cublas_handle).
+cudnnHandle_t cudnn_handle(int logical);
 void synchronize(int logical);  // waits for the device's stream
 
 // Makes the logical device's GPU current on this thread for the guard's lifetime.

@@ -7,6 +7,7 @@ DPE_COPTS = [
     "-Wextra",
     "-Wno-unused-parameter",
     "-Wno-sign-compare",
+    "-Wno-missing-field-initializers",  # options structs are built with designated initializers
 ]
 
 # sm_80 (A100), sm_90 (H100/H200) SASS, plus compute_90 PTX for newer GPUs.

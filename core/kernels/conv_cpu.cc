@@ -1,0 +1,358 @@
+// CPU 2-d convolution (core/kernels/conv.h).
+//
+// float32: oneDNN's convolution primitives (forward_training, backward_data, backward_weights) on plain
+// NCHW / OIHW (goihw for groups > 1) memory, so no reorder is needed; oneDNN JIT-compiles for the CPU it
+// finds. A primitive is built once per (kind, shape) and cached (Note [oneDNN primitive cache]).
+// float64: oneDNN has no f64 convolution, so im2col (a copy loop) + gemm_cpu (OpenBLAS dgemm); used by the
+// gradient checks, where speed does not matter but exactness does.
+//
+// Note [oneDNN primitive cache]
+// Building a oneDNN primitive JIT-compiles code (milliseconds), so primitives are kept in a map keyed by
+// every field of Conv2dShape plus the pass, behind a mutex; a training loop hits the same few shapes every
+// step. Primitives are immutable and their scratchpad is user-provided (scratchpad_mode::user, allocated
+// per call), so one primitive may execute on several threads at once (one per CPU device worker). Each
+// call makes its own dnnl::stream. oneDNN parallelises with OpenMP using the calling thread's
+// omp_get_max_threads() (each device worker sets its share, see DESIGN.md).
+//
+// Contract: outputs are overwritten, as conv.h says. Results do not depend on the number of threads for
+// float64 (GEMMs in a fixed order); oneDNN's float32 kernels are deterministic for a fixed thread count.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+#include "core/kernels/conv.h"
+#include "core/kernels/cpu_parallel.h"
+#include "core/kernels/matmul.h"
+
+namespace dpe::kernels {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------
+// float32: oneDNN.
+
+enum class Pass : int { Forward, ForwardNoBias, BackwardData, BackwardWeights };
+
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+Key key_of(Pass pass, const Conv2dShape& s) {
+  return {static_cast<int>(pass), s.n,        s.c_in,  s.h,     s.w,     s.c_out, s.kh,    s.kw,
+          s.stride_h,             s.stride_w, s.pad_h, s.pad_w, s.dil_h, s.dil_w, s.groups};
+}
+
+struct CachedPrimitive {
+  dnnl::primitive primitive;
+  size_t scratchpad_bytes = 0;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed
+  return *engine;
+}
+
+using dims = dnnl::memory::dims;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+struct Descs {
+  dnnl::memory::desc src, weights, bias, dst;
+  dims strides, dilates, pad_l, pad_r;
+};
+
+// Plain descriptors of conv.h's layouts. oneDNN's dilation counts the gaps (PyTorch's dilation - 1);
+// padding is symmetric, and oneDNN's output-size formula floors like PyTorch's.
+Descs descs_of(const Conv2dShape& s) {
+  Descs d;
+  d.src = dnnl::memory::desc({s.n, s.c_in, s.h, s.w}, dt::f32, tag::nchw);
+  if (s.groups == 1) {
+    d.weights = dnnl::memory::desc({s.c_out, s.c_in, s.kh, s.kw}, dt::f32, tag::oihw);
+  } else {
+    d.weights =
+        dnnl::memory::desc({s.groups, s.c_out / s.groups, s.c_in / s.groups, s.kh, s.kw}, dt::f32, tag::goihw);
+  }
+  d.bias = dnnl::memory::desc({s.c_out}, dt::f32, tag::x);
+  d.dst = dnnl::memory::desc({s.n, s.c_out, s.h_out(), s.w_out()}, dt::f32, tag::nchw);
+  d.strides = {s.stride_h, s.stride_w};
+  d.dilates = {s.dil_h - 1, s.dil_w - 1};
+  d.pad_l = {s.pad_h, s.pad_w};
+  d.pad_r = {s.pad_h, s.pad_w};
+  return d;
+}
+
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dShape& s, bool with_bias) {
+  Descs d = descs_of(s);
+  auto desc = with_bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                          dnnl::algorithm::convolution_direct, d.src, d.weights,
+                                                          d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
+                        : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                          dnnl::algorithm::convolution_direct, d.src, d.weights,
+                                                          d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
+  return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), cpu_engine());
+}
+
+CachedPrimitive build(Pass pass, const Conv2dShape& s) {
+  Descs d = descs_of(s);
+  switch (pass) {
+    case Pass::Forward:
+    case Pass::ForwardNoBias: {
+      auto pd = forward_pd(s, pass == Pass::Forward);
+      return {dnnl::convolution_forward(pd), pd.scratchpad_desc().get_size()};
+    }
+    case Pass::BackwardData: {
+      auto desc = dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst,
+                                                        d.strides, d.dilates, d.pad_l, d.pad_r);
+      dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), forward_pd(s, false));
+      return {dnnl::convolution_backward_data(pd), pd.scratchpad_desc().get_size()};
+    }
+    case Pass::BackwardWeights: {
+      auto desc = dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src, d.weights,
+                                                           d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
+      dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), cpu_engine(),
+                                                            forward_pd(s, false));
+      return {dnnl::convolution_backward_weights(pd), pd.scratchpad_desc().get_size()};
+    }
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown conv pass ", static_cast<int>(pass));
+}
+
+// Note [oneDNN primitive cache]. Grows without bound; a model has a handful of conv shapes.
+std::shared_ptr<const CachedPrimitive> primitive_for(Pass pass, const Conv2dShape& s) {
+  static std::mutex mutex;
+  static auto* cache = new std::map<Key, std::shared_ptr<const CachedPrimitive>>;  // never destroyed
+  const Key key = key_of(pass, s);
+  {
+    std::lock_guard lock(mutex);
+    auto it = cache->find(key);
+    if (it != cache->end()) return it->second;
+  }
+  // Built outside the lock (JIT compilation is slow); a race builds twice and keeps the first.
+  auto built = std::make_shared<const CachedPrimitive>(build(pass, s));
+  std::lock_guard lock(mutex);
+  return cache->emplace(key, std::move(built)).first->second;
+}
+
+// Runs the cached primitive of `pass` with the given (argument id, descriptor, pointer) triples.
+struct Arg {
+  int id;
+  dnnl::memory::desc desc;
+  const void* ptr;
+};
+
+void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initializer_list<Arg> args) {
+  try {
+    auto prim = primitive_for(pass, s);
+    std::vector<char> scratchpad(prim->scratchpad_bytes);
+    std::unordered_map<int, dnnl::memory> memories;
+    for (const Arg& a : args) memories.emplace(a.id, dnnl::memory(a.desc, cpu_engine(), const_cast<void*>(a.ptr)));
+    if (prim->scratchpad_bytes > 0) {
+      // The scratchpad descriptor is a plain byte buffer of that size.
+      memories.emplace(DNNL_ARG_SCRATCHPAD,
+                       dnnl::memory(dnnl::memory::desc({static_cast<int64_t>(prim->scratchpad_bytes)}, dt::u8, tag::x),
+                                    cpu_engine(), scratchpad.data()));
+    }
+    dnnl::stream stream(cpu_engine());
+    prim->primitive.execute(stream, memories);
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    // The shape was validated, so this is out of memory or an unsupported case in this oneDNN build.
+    DPE_CHECK(false, what, ": oneDNN failed: ", e.what(), " (status ", static_cast<int>(e.status), ") for N ", s.n,
+              ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ", s.c_out, ", kernel (", s.kh, ", ", s.kw,
+              "), groups ", s.groups);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// float64: im2col + GEMM.
+//
+// Per sample and group, the input patch matrix `cols` is (K, L) with K = C_in/g * kH * kW rows (one per
+// (channel, ki, kj) of the kernel, in the weight's memory order) and L = H_out * W_out columns; then
+//   forward:          y[n, g]  (C_out/g, L) = w[g] (C_out/g, K) @ cols (K, L)
+//   backward data:    dcols    (K, L)       = w[g]^T @ dy[n, g],  then col2im adds dcols into dx
+//   backward weights: dw[g]    (C_out/g, K) += dy[n, g] @ cols^T  (over n, in order)
+
+// x: (C_in/g, H, W) of one sample and group  cols: (K, L)
+template <typename T>
+void im2col(const Conv2dShape& s, const T* x, T* cols) {
+  const int64_t cg = s.c_in / s.groups, ho = s.h_out(), wo = s.w_out();
+  cpu_detail::parallel_tasks(cg * s.kh * s.kw, ho * wo, [&](int64_t row) {
+    const int64_t c = row / (s.kh * s.kw), ki = row / s.kw % s.kh, kj = row % s.kw;
+    T* out = cols + row * ho * wo;
+    const T* plane = x + c * s.h * s.w;
+    for (int64_t oi = 0; oi < ho; ++oi) {
+      const int64_t i = oi * s.stride_h - s.pad_h + ki * s.dil_h;
+      for (int64_t oj = 0; oj < wo; ++oj) {
+        const int64_t j = oj * s.stride_w - s.pad_w + kj * s.dil_w;
+        out[oi * wo + oj] = (i >= 0 && i < s.h && j >= 0 && j < s.w) ? plane[i * s.w + j] : T(0);
+      }
+    }
+  });
+}
+
+// cols: (K, L)  dx: (C_in/g, H, W) of one sample and group, accumulated (+=). Each channel's plane is
+// written by one task, its K/C_in rows added in a fixed order.
+template <typename T>
+void col2im(const Conv2dShape& s, const T* cols, T* dx) {
+  const int64_t cg = s.c_in / s.groups, ho = s.h_out(), wo = s.w_out();
+  cpu_detail::parallel_tasks(cg, s.kh * s.kw * ho * wo, [&](int64_t c) {
+    T* plane = dx + c * s.h * s.w;
+    for (int64_t ki = 0; ki < s.kh; ++ki) {
+      for (int64_t kj = 0; kj < s.kw; ++kj) {
+        const T* in = cols + ((c * s.kh + ki) * s.kw + kj) * ho * wo;
+        for (int64_t oi = 0; oi < ho; ++oi) {
+          const int64_t i = oi * s.stride_h - s.pad_h + ki * s.dil_h;
+          if (i < 0 || i >= s.h) continue;
+          for (int64_t oj = 0; oj < wo; ++oj) {
+            const int64_t j = oj * s.stride_w - s.pad_w + kj * s.dil_w;
+            if (j >= 0 && j < s.w) plane[i * s.w + j] += in[oi * wo + oj];
+          }
+        }
+      }
+    }
+  });
+}
+
+struct GroupDims {
+  int64_t cg_in, cg_out, k, l;  // C_in/g, C_out/g, K, L
+};
+
+GroupDims group_dims(const Conv2dShape& s) {
+  const int64_t cg_in = s.c_in / s.groups;
+  return {cg_in, s.c_out / s.groups, cg_in * s.kh * s.kw, s.h_out() * s.w_out()};
+}
+
+// c (m, n) = alpha * op(a) @ op(b) + beta * c, contiguous row-major operands.
+template <typename T>
+void gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, const T* a, const T* b, double beta, T* c) {
+  GemmArgs g;
+  g.dtype = DType::Float64;
+  static_assert(std::is_same_v<T, double>, "the im2col path is float64 only");
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = ta == Transpose::No ? k : m;
+  g.b = b;
+  g.ldb = tb == Transpose::No ? n : k;
+  g.beta = beta;
+  g.c = c;
+  g.ldc = n;
+  gemm_cpu(g);
+}
+
+// x: (N, C_in, H, W)  w: (C_out, C_in/g, kH, kW)  b: (C_out) or null  y: (N, C_out, H_out, W_out)
+void forward_im2col(const Conv2dShape& s, const double* x, const double* w, const double* b, double* y) {
+  const GroupDims d = group_dims(s);
+  std::vector<double> cols(static_cast<size_t>(d.k * d.l));
+  for (int64_t n = 0; n < s.n; ++n) {
+    for (int64_t g = 0; g < s.groups; ++g) {
+      im2col(s, x + (n * s.c_in + g * d.cg_in) * s.h * s.w, cols.data());
+      double* yg = y + (n * s.c_out + g * d.cg_out) * d.l;
+      gemm(Transpose::No, Transpose::No, d.cg_out, d.l, d.k, w + g * d.cg_out * d.k, cols.data(), 0.0, yg);
+    }
+    if (b != nullptr) {
+      for (int64_t c = 0; c < s.c_out; ++c) {
+        double* row = y + (n * s.c_out + c) * d.l;
+        for (int64_t i = 0; i < d.l; ++i) row[i] += b[c];
+      }
+    }
+  }
+}
+
+// dy: (N, C_out, H_out, W_out)  w: (C_out, C_in/g, kH, kW)  dx: (N, C_in, H, W)
+void backward_data_im2col(const Conv2dShape& s, const double* dy, const double* w, double* dx) {
+  const GroupDims d = group_dims(s);
+  std::fill(dx, dx + s.n * s.c_in * s.h * s.w, 0.0);
+  std::vector<double> cols(static_cast<size_t>(d.k * d.l));
+  for (int64_t n = 0; n < s.n; ++n) {
+    for (int64_t g = 0; g < s.groups; ++g) {
+      const double* dyg = dy + (n * s.c_out + g * d.cg_out) * d.l;
+      // w[g]: (cg_out, K) read transposed -> (K, cg_out); dy[n, g]: (cg_out, L).
+      gemm(Transpose::Yes, Transpose::No, d.k, d.l, d.cg_out, w + g * d.cg_out * d.k, dyg, 0.0, cols.data());
+      col2im(s, cols.data(), dx + (n * s.c_in + g * d.cg_in) * s.h * s.w);
+    }
+  }
+}
+
+// x: (N, C_in, H, W)  dy: (N, C_out, H_out, W_out)  dw: (C_out, C_in/g, kH, kW)
+void backward_weight_im2col(const Conv2dShape& s, const double* x, const double* dy, double* dw) {
+  const GroupDims d = group_dims(s);
+  std::fill(dw, dw + s.c_out * d.k, 0.0);
+  std::vector<double> cols(static_cast<size_t>(d.k * d.l));
+  for (int64_t n = 0; n < s.n; ++n) {
+    for (int64_t g = 0; g < s.groups; ++g) {
+      im2col(s, x + (n * s.c_in + g * d.cg_in) * s.h * s.w, cols.data());
+      const double* dyg = dy + (n * s.c_out + g * d.cg_out) * d.l;
+      // dy[n, g] (cg_out, L) @ cols^T (L, K), accumulated over the batch.
+      gemm(Transpose::No, Transpose::Yes, d.cg_out, d.k, d.l, dyg, cols.data(), 1.0, dw + g * d.cg_out * d.k);
+    }
+  }
+}
+
+}  // namespace
+
+void conv2d_forward_cpu(const Conv2dShape& s, const void* x, const void* w, const void* b, void* y) {
+  check_conv2d_shape("conv2d_forward_cpu", s);
+  if (s.n == 0) return;
+  if (s.dtype == DType::Float64) {
+    forward_im2col(s, static_cast<const double*>(x), static_cast<const double*>(w), static_cast<const double*>(b),
+                   static_cast<double*>(y));
+    return;
+  }
+  const Descs d = descs_of(s);
+  if (b != nullptr) {
+    run_onednn("conv2d_forward_cpu", Pass::Forward, s,
+               {{DNNL_ARG_SRC, d.src, x}, {DNNL_ARG_WEIGHTS, d.weights, w}, {DNNL_ARG_BIAS, d.bias, b},
+                {DNNL_ARG_DST, d.dst, y}});
+  } else {
+    run_onednn("conv2d_forward_cpu", Pass::ForwardNoBias, s,
+               {{DNNL_ARG_SRC, d.src, x}, {DNNL_ARG_WEIGHTS, d.weights, w}, {DNNL_ARG_DST, d.dst, y}});
+  }
+}
+
+void conv2d_backward_data_cpu(const Conv2dShape& s, const void* dy, const void* w, void* dx) {
+  check_conv2d_shape("conv2d_backward_data_cpu", s);
+  if (s.n == 0) return;
+  if (s.dtype == DType::Float64) {
+    backward_data_im2col(s, static_cast<const double*>(dy), static_cast<const double*>(w), static_cast<double*>(dx));
+    return;
+  }
+  const Descs d = descs_of(s);
+  run_onednn("conv2d_backward_data_cpu", Pass::BackwardData, s,
+             {{DNNL_ARG_DIFF_DST, d.dst, dy}, {DNNL_ARG_WEIGHTS, d.weights, w}, {DNNL_ARG_DIFF_SRC, d.src, dx}});
+}
+
+void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void* dy, void* dw) {
+  check_conv2d_shape("conv2d_backward_weight_cpu", s);
+  if (s.n == 0) {
+    // No samples: the gradient is zero (oneDNN is not asked about an empty batch).
+    const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);
+    std::memset(dw, 0, count * element_size(s.dtype));
+    return;
+  }
+  if (s.dtype == DType::Float64) {
+    backward_weight_im2col(s, static_cast<const double*>(x), static_cast<const double*>(dy), static_cast<double*>(dw));
+    return;
+  }
+  const Descs d = descs_of(s);
+  run_onednn("conv2d_backward_weight_cpu", Pass::BackwardWeights, s,
+             {{DNNL_ARG_SRC, d.src, x}, {DNNL_ARG_DIFF_DST, d.dst, dy}, {DNNL_ARG_DIFF_WEIGHTS, d.weights, dw}});
+}
+
+}  // namespace dpe::kernels

@@ -1,0 +1,279 @@
+// CUDA 2-d convolution on cuDNN (core/kernels/conv.h): cudnnConvolutionForward (+ cudnnAddTensor for the
+// bias), cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter, NCHW float32 / float64, groups.
+//
+// Note [cuDNN algorithm choice]
+// For each (pass, shape) the algorithm is chosen once, from cudnnGet*Algorithm_v7's ranked list, and cached
+// (a mutex-guarded map; a training loop hits the same shapes every step). The first entry that
+//   - cuDNN reports as usable (status success),
+//   - is deterministic (cuDNN's atomics-based backward-filter algorithms are not), and
+//   - does not use tensor cores (FMA math: no TF32 rounding of float32 inputs),
+// wins; if none is deterministic, the first usable FMA one is taken. So float32 results compare with the
+// CPU's to summation-order error, and a step repeats bit for bit on one GPU. Heuristics (not Find) keep
+// the choice free of timing noise and of the extra memory Find allocates.
+//
+// Workspace comes from the device's caching allocator and is released right after the call is enqueued:
+// every kernel of a device runs on its one stream, so a later user of the block runs after this call
+// (core/allocator.h). The device's cuDNN handle (cuda::cudnn_handle) is set to `stream` on every call.
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_device.h"
+#include "core/device.h"
+#include "core/kernels/conv.h"
+
+namespace dpe::kernels {
+namespace {
+
+cudnnDataType_t data_type(DType dtype) { return dtype == DType::Float64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT; }
+
+// cuDNN's descriptors take int sizes.
+int to_int(int64_t v, const char* what) {
+  DPE_CHECK(v <= INT32_MAX, what, ": size ", v, " does not fit cuDNN's int");
+  return static_cast<int>(v);
+}
+
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc() { DPE_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d)); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+};
+
+struct FilterDesc {
+  cudnnFilterDescriptor_t d = nullptr;
+  FilterDesc() { DPE_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d)); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+};
+
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  ConvDesc() { DPE_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d)); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+};
+
+// x: (N, C_in, H, W)  y: (N, C_out, H_out, W_out)  w: (C_out, C_in/g, kH, kW)  bias: (1, C_out, 1, 1)
+struct Descriptors {
+  TensorDesc x, y, bias;
+  FilterDesc w;
+  ConvDesc conv;
+
+  Descriptors(const char* what, const Conv2dShape& s) {
+    const cudnnDataType_t t = data_type(s.dtype);
+    DPE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.d, CUDNN_TENSOR_NCHW, t, to_int(s.n, what), to_int(s.c_in, what),
+                                               to_int(s.h, what), to_int(s.w, what)));
+    DPE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y.d, CUDNN_TENSOR_NCHW, t, to_int(s.n, what), to_int(s.c_out, what),
+                                               to_int(s.h_out(), what), to_int(s.w_out(), what)));
+    DPE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias.d, CUDNN_TENSOR_NCHW, t, 1, to_int(s.c_out, what), 1, 1));
+    DPE_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.d, t, CUDNN_TENSOR_NCHW, to_int(s.c_out, what),
+                                               to_int(s.c_in / s.groups, what), to_int(s.kh, what),
+                                               to_int(s.kw, what)));
+    DPE_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv.d, to_int(s.pad_h, what), to_int(s.pad_w, what),
+                                                    to_int(s.stride_h, what), to_int(s.stride_w, what),
+                                                    to_int(s.dil_h, what), to_int(s.dil_w, what),
+                                                    CUDNN_CROSS_CORRELATION, t));
+    DPE_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv.d, to_int(s.groups, what)));
+    DPE_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.d, CUDNN_FMA_MATH));
+  }
+};
+
+enum class Pass : int { Forward, BackwardData, BackwardFilter };
+
+// The algorithm of Note [cuDNN algorithm choice], as an int (the three enum types differ), and its math.
+struct Choice {
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_FMA_MATH;
+};
+
+using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+Key key_of(Pass pass, int device, const Conv2dShape& s) {
+  return {static_cast<int>(pass), device,   static_cast<int>(s.dtype), s.n,     s.c_in,  s.h,
+          s.w,                    s.c_out,  s.kh,                      s.kw,    s.stride_h, s.stride_w,
+          s.pad_h,                s.pad_w,  s.dil_h,                   s.dil_w, s.groups};
+}
+
+bool is_tensor_op(cudnnMathType_t m) {
+  return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+// Picks from cuDNN's ranked perf results (any of the three Perf structs).
+template <typename Perf>
+Choice pick(const char* what, const std::vector<Perf>& perf, int returned) {
+  const Perf* fallback = nullptr;
+  for (int i = 0; i < returned; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || is_tensor_op(p.mathType)) continue;
+    if (p.determinism == CUDNN_DETERMINISTIC) return {static_cast<int>(p.algo), p.mathType};
+    if (fallback == nullptr) fallback = &p;
+  }
+  DPE_CHECK(fallback != nullptr, what, ": cuDNN offers no usable non-tensor-core algorithm for this shape (",
+            returned, " candidates)");
+  return {static_cast<int>(fallback->algo), fallback->mathType};
+}
+
+Choice choose(const char* what, Pass pass, cudnnHandle_t handle, const Descriptors& d) {
+  int count = 0, returned = 0;
+  switch (pass) {
+    case Pass::Forward: {
+      DPE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &count));
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(count);
+      DPE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.d, d.w.d, d.conv.d, d.y.d, count, &returned,
+                                                             perf.data()));
+      return pick(what, perf, returned);
+    }
+    case Pass::BackwardData: {
+      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &count));
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(count);
+      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.d, d.y.d, d.conv.d, d.x.d, count,
+                                                                  &returned, perf.data()));
+      return pick(what, perf, returned);
+    }
+    case Pass::BackwardFilter: {
+      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &count));
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(count);
+      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x.d, d.y.d, d.conv.d, d.w.d, count,
+                                                                    &returned, perf.data()));
+      return pick(what, perf, returned);
+    }
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown conv pass ", static_cast<int>(pass));
+}
+
+// Note [cuDNN algorithm choice]: cached per (pass, device, shape); sets the chosen math on d.conv.
+Choice algorithm_for(const char* what, Pass pass, int device, cudnnHandle_t handle, const Conv2dShape& s,
+                     const Descriptors& d) {
+  static std::mutex mutex;
+  static auto* cache = new std::map<Key, Choice>;  // never destroyed (see core/cuda/cuda_device.cc)
+  const Key key = key_of(pass, device, s);
+  Choice choice;
+  bool found = false;
+  {
+    std::lock_guard lock(mutex);
+    auto it = cache->find(key);
+    if (it != cache->end()) {
+      choice = it->second;
+      found = true;
+    }
+  }
+  if (!found) {
+    choice = choose(what, pass, handle, d);
+    std::lock_guard lock(mutex);
+    cache->emplace(key, choice);
+  }
+  DPE_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
+  return choice;
+}
+
+// Device memory from the device's caching allocator for one call's workspace (see the file comment).
+class Workspace {
+ public:
+  Workspace(int device, size_t nbytes)
+      : allocator_(allocator_for(Device::cuda(device))),
+        nbytes_(nbytes),
+        ptr_(nbytes > 0 ? allocator_.allocate(nbytes) : nullptr) {}
+  ~Workspace() {
+    if (ptr_ != nullptr) allocator_.deallocate(ptr_, nbytes_);
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* get() const { return ptr_; }
+  size_t size() const { return nbytes_; }
+
+ private:
+  CachingAllocator& allocator_;
+  size_t nbytes_;
+  void* ptr_;
+};
+
+// alpha = 1, beta = 0 (and 1 for the bias add) in the dtype cuDNN expects for the scaling factors:
+// double for double data, float otherwise.
+struct Scalars {
+  float f0 = 0.0f, f1 = 1.0f;
+  double d0 = 0.0, d1 = 1.0;
+  const void* zero(DType t) const { return t == DType::Float64 ? static_cast<const void*>(&d0) : &f0; }
+  const void* one(DType t) const { return t == DType::Float64 ? static_cast<const void*>(&d1) : &f1; }
+};
+
+cudnnHandle_t handle_on(int device, cudaStream_t stream) {
+  cudnnHandle_t handle = cuda::cudnn_handle(device);
+  DPE_CUDNN_CHECK(cudnnSetStream(handle, stream));
+  return handle;
+}
+
+}  // namespace
+
+// x: (N, C_in, H, W)  w: (C_out, C_in/g, kH, kW)  b: (C_out) or null  y: (N, C_out, H_out, W_out)
+void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, const void* x, const void* w,
+                         const void* b, void* y) {
+  const char* what = "conv2d_forward_cuda";
+  check_conv2d_shape(what, s);
+  if (s.n == 0) return;
+  cudnnHandle_t handle = handle_on(device, stream);
+  Descriptors d(what, s);
+  const Choice c = algorithm_for(what, Pass::Forward, device, handle, s, d);
+  const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(c.algo);
+  size_t bytes = 0;
+  DPE_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.d, d.w.d, d.conv.d, d.y.d, algo, &bytes));
+  Workspace ws(device, bytes);
+  const Scalars k;
+  DPE_CUDNN_CHECK(cudnnConvolutionForward(handle, k.one(s.dtype), d.x.d, x, d.w.d, w, d.conv.d, algo, ws.get(),
+                                          ws.size(), k.zero(s.dtype), d.y.d, y));
+  if (b != nullptr) {
+    DPE_CUDNN_CHECK(cudnnAddTensor(handle, k.one(s.dtype), d.bias.d, b, k.one(s.dtype), d.y.d, y));
+  }
+}
+
+// dy: (N, C_out, H_out, W_out)  w: (C_out, C_in/g, kH, kW)  dx: (N, C_in, H, W)
+void conv2d_backward_data_cuda(cudaStream_t stream, int device, const Conv2dShape& s, const void* dy, const void* w,
+                               void* dx) {
+  const char* what = "conv2d_backward_data_cuda";
+  check_conv2d_shape(what, s);
+  if (s.n == 0) return;
+  cudnnHandle_t handle = handle_on(device, stream);
+  Descriptors d(what, s);
+  const Choice c = algorithm_for(what, Pass::BackwardData, device, handle, s, d);
+  const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo);
+  size_t bytes = 0;
+  DPE_CUDNN_CHECK(
+      cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.d, d.y.d, d.conv.d, d.x.d, algo, &bytes));
+  Workspace ws(device, bytes);
+  const Scalars k;
+  DPE_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, k.one(s.dtype), d.w.d, w, d.y.d, dy, d.conv.d, algo, ws.get(),
+                                               ws.size(), k.zero(s.dtype), d.x.d, dx));
+}
+
+// x: (N, C_in, H, W)  dy: (N, C_out, H_out, W_out)  dw: (C_out, C_in/g, kH, kW)
+void conv2d_backward_weight_cuda(cudaStream_t stream, int device, const Conv2dShape& s, const void* x,
+                                 const void* dy, void* dw) {
+  const char* what = "conv2d_backward_weight_cuda";
+  check_conv2d_shape(what, s);
+  if (s.n == 0) {
+    const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);
+    DPE_CUDA_CHECK(cudaMemsetAsync(dw, 0, count * element_size(s.dtype), stream));
+    return;
+  }
+  cudnnHandle_t handle = handle_on(device, stream);
+  Descriptors d(what, s);
+  const Choice c = algorithm_for(what, Pass::BackwardFilter, device, handle, s, d);
+  const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo);
+  size_t bytes = 0;
+  DPE_CUDNN_CHECK(
+      cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x.d, d.y.d, d.conv.d, d.w.d, algo, &bytes));
+  Workspace ws(device, bytes);
+  const Scalars k;
+  DPE_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, k.one(s.dtype), d.x.d, x, d.y.d, dy, d.conv.d, algo,
+                                                 ws.get(), ws.size(), k.zero(s.dtype), d.w.d, dw));
+}
+
+}  // namespace dpe::kernels

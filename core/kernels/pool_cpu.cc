@@ -1,0 +1,119 @@
+// CPU pooling (core/kernels/pool.h): loops over the shared per-element math of pool_math.h, one task per
+// (plane, output row) or (plane, input row) under oneTBB. Each element is computed independently, so
+// results do not depend on the thread count.
+#include "core/kernels/cpu_parallel.h"
+#include "core/kernels/dtype_dispatch.h"
+#include "core/kernels/pool.h"
+#include "core/kernels/pool_math.h"
+
+namespace dpe::kernels {
+namespace {
+
+using detail::dispatch_float;
+
+// Calls body(plane, row) for every row of `rows` rows in each of `planes` planes; `work_per_row` elements.
+template <typename F>
+void for_each_row(int64_t planes, int64_t rows, int64_t work_per_row, const F& body) {
+  cpu_detail::parallel_tasks(planes * rows, work_per_row, [&](int64_t t) { body(t / rows, t % rows); });
+}
+
+// Applies out[p, oi, oj] = f(in plane p, oi, oj) over (P, H_out, W_out).
+template <typename T, typename F>
+void map_outputs(const Pool2dShape& s, int64_t window_work, const void* x, void* y, const F& f) {
+  const T* xs = static_cast<const T*>(x);
+  T* ys = static_cast<T*>(y);
+  for_each_row(s.planes, s.h_out, s.w_out * window_work, [&](int64_t p, int64_t oi) {
+    const T* plane = xs + p * s.h * s.w;
+    T* row = ys + (p * s.h_out + oi) * s.w_out;
+    for (int64_t oj = 0; oj < s.w_out; ++oj) row[oj] = f(plane, p, oi, oj);
+  });
+}
+
+// Applies dx[p, i, j] = f(dy plane p, p, i, j) over (P, H, W).
+template <typename T, typename F>
+void map_inputs(const Pool2dShape& s, int64_t window_work, const void* dy, void* dx, const F& f) {
+  const T* dys = static_cast<const T*>(dy);
+  T* dxs = static_cast<T*>(dx);
+  for_each_row(s.planes, s.h, s.w * window_work, [&](int64_t p, int64_t i) {
+    const T* plane = dys + p * s.h_out * s.w_out;
+    T* row = dxs + (p * s.h + i) * s.w;
+    for (int64_t j = 0; j < s.w; ++j) row[j] = f(plane, p, i, j);
+  });
+}
+
+// Windows of a backward gather: about ceil(k / stride) outputs per direction.
+int64_t gather_work(const Pool2dShape& s) {
+  return ((s.kh + s.stride_h - 1) / s.stride_h) * ((s.kw + s.stride_w - 1) / s.stride_w);
+}
+
+}  // namespace
+
+// x: (P, H, W)  y, indices: (P, H_out, W_out)
+void max_pool2d_cpu(const Pool2dShape& s, const void* x, void* y, int64_t* indices) {
+  check_pool2d_shape("max_pool2d_cpu", s);
+  dispatch_float(s.dtype, "max_pool2d_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    map_outputs<T>(s, s.kh * s.kw, x, y, [&](const T* plane, int64_t p, int64_t oi, int64_t oj) {
+      return pool_detail::max_window(s, plane, oi, oj, indices + (p * s.h_out + oi) * s.w_out + oj);
+    });
+  });
+}
+
+// dy, indices: (P, H_out, W_out)  dx: (P, H, W)
+void max_pool2d_backward_cpu(const Pool2dShape& s, const void* dy, const int64_t* indices, void* dx) {
+  check_pool2d_shape("max_pool2d_backward_cpu", s);
+  dispatch_float(s.dtype, "max_pool2d_backward_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    map_inputs<T>(s, gather_work(s), dy, dx, [&](const T* plane, int64_t p, int64_t i, int64_t j) {
+      return pool_detail::max_backward_at(s, plane, indices + p * s.h_out * s.w_out, i, j);
+    });
+  });
+}
+
+// x: (P, H, W)  y: (P, H_out, W_out)
+void avg_pool2d_cpu(const Pool2dShape& s, const void* x, void* y) {
+  check_pool2d_shape("avg_pool2d_cpu", s);
+  dispatch_float(s.dtype, "avg_pool2d_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    map_outputs<T>(s, s.kh * s.kw, x, y, [&](const T* plane, int64_t, int64_t oi, int64_t oj) {
+      return pool_detail::avg_window(s, plane, oi, oj);
+    });
+  });
+}
+
+// dy: (P, H_out, W_out)  dx: (P, H, W)
+void avg_pool2d_backward_cpu(const Pool2dShape& s, const void* dy, void* dx) {
+  check_pool2d_shape("avg_pool2d_backward_cpu", s);
+  dispatch_float(s.dtype, "avg_pool2d_backward_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    map_inputs<T>(s, gather_work(s), dy, dx, [&](const T* plane, int64_t, int64_t i, int64_t j) {
+      return pool_detail::avg_backward_at(s, plane, i, j);
+    });
+  });
+}
+
+// x: (P, H, W)  y: (P, H_out, W_out)
+void adaptive_avg_pool2d_cpu(const Pool2dShape& s, const void* x, void* y) {
+  check_adaptive_shape("adaptive_avg_pool2d_cpu", s);
+  const int64_t window_work = (s.h / s.h_out + 2) * (s.w / s.w_out + 2);
+  dispatch_float(s.dtype, "adaptive_avg_pool2d_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    map_outputs<T>(s, window_work, x, y, [&](const T* plane, int64_t, int64_t oi, int64_t oj) {
+      return pool_detail::adaptive_avg_window(s, plane, oi, oj);
+    });
+  });
+}
+
+// dy: (P, H_out, W_out)  dx: (P, H, W)
+void adaptive_avg_pool2d_backward_cpu(const Pool2dShape& s, const void* dy, void* dx) {
+  check_adaptive_shape("adaptive_avg_pool2d_backward_cpu", s);
+  const int64_t window_work = (s.h_out / s.h + 2) * (s.w_out / s.w + 2);
+  dispatch_float(s.dtype, "adaptive_avg_pool2d_backward_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    map_inputs<T>(s, window_work, dy, dx, [&](const T* plane, int64_t, int64_t i, int64_t j) {
+      return pool_detail::adaptive_avg_backward_at(s, plane, i, j);
+    });
+  });
+}
+
+}  // namespace dpe::kernels

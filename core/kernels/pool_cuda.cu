@@ -1,0 +1,122 @@
+// CUDA pooling (core/kernels/pool.h): one thread per output element (forward) or per input element
+// (backward gathers), each running the same per-element code as the CPU (pool_math.h). No atomics, so
+// results are deterministic and, up to the compilers' a * b + c contraction, equal to the CPU's.
+// (cuDNN's pooling is not used: its max-pool backward recomputes the argmax from x instead of taking
+// PyTorch's saved indices, and adaptive pooling is not one of its modes.)
+#include <cstdint>
+
+#include "core/kernels/cuda_launch.cuh"
+#include "core/kernels/pool.h"
+#include "core/kernels/pool_math.h"
+
+namespace dpe::kernels {
+namespace {
+
+using cuda_detail::dispatch_compute_type;
+using cuda_detail::first_index;
+using cuda_detail::grid_for;
+using cuda_detail::grid_stride;
+using cuda_detail::kBlock;
+
+enum class Kind : int { Max, Avg, Adaptive };
+
+// x: (P, H, W)  y, indices: (P, H_out, W_out); indices only for Max.
+template <typename T, Kind kind>
+__global__ void pool_forward_kernel(Pool2dShape s, const T* x, T* y, int64_t* indices) {
+  const int64_t total = s.planes * s.h_out * s.w_out;
+  for (int64_t idx = first_index(); idx < total; idx += grid_stride()) {
+    const int64_t oj = idx % s.w_out, oi = idx / s.w_out % s.h_out, p = idx / (s.w_out * s.h_out);
+    const T* plane = x + p * s.h * s.w;
+    if constexpr (kind == Kind::Max) {
+      y[idx] = pool_detail::max_window(s, plane, oi, oj, indices + idx);
+    } else if constexpr (kind == Kind::Avg) {
+      y[idx] = pool_detail::avg_window(s, plane, oi, oj);
+    } else {
+      y[idx] = pool_detail::adaptive_avg_window(s, plane, oi, oj);
+    }
+  }
+}
+
+// dy, indices: (P, H_out, W_out)  dx: (P, H, W); indices only for Max.
+template <typename T, Kind kind>
+__global__ void pool_backward_kernel(Pool2dShape s, const T* dy, const int64_t* indices, T* dx) {
+  const int64_t total = s.planes * s.h * s.w;
+  for (int64_t idx = first_index(); idx < total; idx += grid_stride()) {
+    const int64_t j = idx % s.w, i = idx / s.w % s.h, p = idx / (s.w * s.h);
+    const T* plane = dy + p * s.h_out * s.w_out;
+    if constexpr (kind == Kind::Max) {
+      dx[idx] = pool_detail::max_backward_at(s, plane, indices + p * s.h_out * s.w_out, i, j);
+    } else if constexpr (kind == Kind::Avg) {
+      dx[idx] = pool_detail::avg_backward_at(s, plane, i, j);
+    } else {
+      dx[idx] = pool_detail::adaptive_avg_backward_at(s, plane, i, j);
+    }
+  }
+}
+
+template <Kind kind>
+void launch_forward(cudaStream_t stream, const char* what, const Pool2dShape& s, const void* x, void* y,
+                    int64_t* indices) {
+  const int64_t total = s.planes * s.h_out * s.w_out;
+  if (total == 0) return;
+  dispatch_compute_type(s.dtype, what, [&](auto tag) {
+    using T = decltype(tag);
+    pool_forward_kernel<T, kind><<<grid_for(total), kBlock, 0, stream>>>(s, static_cast<const T*>(x),
+                                                                          static_cast<T*>(y), indices);
+    DPE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+template <Kind kind>
+void launch_backward(cudaStream_t stream, const char* what, const Pool2dShape& s, const void* dy,
+                     const int64_t* indices, void* dx) {
+  const int64_t total = s.planes * s.h * s.w;
+  if (total == 0) return;
+  dispatch_compute_type(s.dtype, what, [&](auto tag) {
+    using T = decltype(tag);
+    pool_backward_kernel<T, kind><<<grid_for(total), kBlock, 0, stream>>>(s, static_cast<const T*>(dy), indices,
+                                                                           static_cast<T*>(dx));
+    DPE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+// x: (P, H, W)  y, indices: (P, H_out, W_out)
+void max_pool2d_cuda(cudaStream_t stream, const Pool2dShape& s, const void* x, void* y, int64_t* indices) {
+  check_pool2d_shape("max_pool2d_cuda", s);
+  launch_forward<Kind::Max>(stream, "max_pool2d_cuda", s, x, y, indices);
+}
+
+// dy, indices: (P, H_out, W_out)  dx: (P, H, W)
+void max_pool2d_backward_cuda(cudaStream_t stream, const Pool2dShape& s, const void* dy, const int64_t* indices,
+                              void* dx) {
+  check_pool2d_shape("max_pool2d_backward_cuda", s);
+  launch_backward<Kind::Max>(stream, "max_pool2d_backward_cuda", s, dy, indices, dx);
+}
+
+// x: (P, H, W)  y: (P, H_out, W_out)
+void avg_pool2d_cuda(cudaStream_t stream, const Pool2dShape& s, const void* x, void* y) {
+  check_pool2d_shape("avg_pool2d_cuda", s);
+  launch_forward<Kind::Avg>(stream, "avg_pool2d_cuda", s, x, y, nullptr);
+}
+
+// dy: (P, H_out, W_out)  dx: (P, H, W)
+void avg_pool2d_backward_cuda(cudaStream_t stream, const Pool2dShape& s, const void* dy, void* dx) {
+  check_pool2d_shape("avg_pool2d_backward_cuda", s);
+  launch_backward<Kind::Avg>(stream, "avg_pool2d_backward_cuda", s, dy, nullptr, dx);
+}
+
+// x: (P, H, W)  y: (P, H_out, W_out)
+void adaptive_avg_pool2d_cuda(cudaStream_t stream, const Pool2dShape& s, const void* x, void* y) {
+  check_adaptive_shape("adaptive_avg_pool2d_cuda", s);
+  launch_forward<Kind::Adaptive>(stream, "adaptive_avg_pool2d_cuda", s, x, y, nullptr);
+}
+
+// dy: (P, H_out, W_out)  dx: (P, H, W)
+void adaptive_avg_pool2d_backward_cuda(cudaStream_t stream, const Pool2dShape& s, const void* dy, void* dx) {
+  check_adaptive_shape("adaptive_avg_pool2d_backward_cuda", s);
+  launch_backward<Kind::Adaptive>(stream, "adaptive_avg_pool2d_backward_cuda", s, dy, nullptr, dx);
+}
+
+}  // namespace dpe::kernels

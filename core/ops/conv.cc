@@ -1,0 +1,126 @@
+// conv2d: input checks, dispatch to the conv kernels (core/kernels/conv.h), and backward.
+#include "core/ops/conv.h"
+
+#include "core/autograd/function.h"
+#include "core/dispatch.h"
+#include "core/kernels/conv.h"
+#include "core/ops.h"
+#include "core/ops/op_checks.h"
+
+namespace dpe {
+
+using ops_detail::check_compute_dtype;
+using ops_detail::options_of;
+
+namespace {
+
+// The checked kernel shape of conv2d(x (N, C_in, H, W), weight (C_out, C_in/groups, kH, kW)).
+kernels::Conv2dShape conv_shape(const Tensor& x, const Tensor& weight, std::array<int64_t, 2> stride,
+                                std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+  kernels::Conv2dShape s;
+  s.dtype = x.dtype();
+  s.n = x.size(0);
+  s.c_in = x.size(1);
+  s.h = x.size(2);
+  s.w = x.size(3);
+  s.c_out = weight.size(0);
+  s.kh = weight.size(2);
+  s.kw = weight.size(3);
+  s.stride_h = stride[0];
+  s.stride_w = stride[1];
+  s.pad_h = padding[0];
+  s.pad_w = padding[1];
+  s.dil_h = dilation[0];
+  s.dil_w = dilation[1];
+  s.groups = groups;
+  return s;
+}
+
+// dy: (N, C_out, H_out, W_out)  weight: (C_out, C_in/g, kH, kW)  -> dx: (N, C_in, H, W)
+Tensor conv2d_backward_data(const kernels::Conv2dShape& s, const Tensor& dy, const Tensor& weight) {
+  Tensor dx = Tensor::empty({s.n, s.c_in, s.h, s.w}, options_of(weight));
+  dispatch(
+      weight.device(), [&] { kernels::conv2d_backward_data_cpu(s, dy.data_ptr(), weight.data_ptr(), dx.data_ptr()); },
+      [&](auto stream) {
+        kernels::conv2d_backward_data_cuda(stream, weight.device().index, s, dy.data_ptr(), weight.data_ptr(),
+                                           dx.data_ptr());
+      });
+  return dx;
+}
+
+// x: (N, C_in, H, W)  dy: (N, C_out, H_out, W_out)  -> dw: (C_out, C_in/g, kH, kW)
+Tensor conv2d_backward_weight(const kernels::Conv2dShape& s, const Tensor& x, const Tensor& dy) {
+  Tensor dw = Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, options_of(x));
+  dispatch(
+      x.device(), [&] { kernels::conv2d_backward_weight_cpu(s, x.data_ptr(), dy.data_ptr(), dw.data_ptr()); },
+      [&](auto stream) {
+        kernels::conv2d_backward_weight_cuda(stream, x.device().index, s, x.data_ptr(), dy.data_ptr(),
+                                             dw.data_ptr());
+      });
+  return dw;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
+              std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+  ops_detail::check_same_device_and_dtype(x, weight, "conv2d");
+  check_compute_dtype(x, "conv2d");
+  if (bias.defined()) ops_detail::check_same_device_and_dtype(x, bias, "conv2d");
+  DPE_CHECK(weight.dim() == 4, "conv2d: expected weight (C_out, C_in/groups, kH, kW), got ",
+            shape_str(weight.shape()));
+  DPE_CHECK(groups > 0, "conv2d: groups must be positive, got ", groups);
+  DPE_CHECK(stride[0] > 0 && stride[1] > 0, "conv2d: stride must be positive, got (", stride[0], ", ", stride[1], ")");
+  DPE_CHECK(dilation[0] > 0 && dilation[1] > 0, "conv2d: dilation must be positive, got (", dilation[0], ", ",
+            dilation[1], ")");
+  DPE_CHECK(padding[0] >= 0 && padding[1] >= 0, "conv2d: padding must be non-negative, got (", padding[0], ", ",
+            padding[1], ")");
+  const int64_t c_out = weight.size(0), c_in = weight.size(1) * groups;
+  DPE_CHECK(c_out > 0 && weight.size(1) > 0 && weight.size(2) > 0 && weight.size(3) > 0,
+            "conv2d: weight has an empty dimension: ", shape_str(weight.shape()));
+  DPE_CHECK(c_out % groups == 0, "conv2d: C_out=", c_out, " (weight ", shape_str(weight.shape()),
+            ") is not divisible by groups=", groups);
+  if (x.dim() == 3) {
+    // Unbatched (C_in, H, W): a batch of one, through differentiable views.
+    DPE_CHECK(x.size(0) == c_in, "conv2d: expected input (C_in=", c_in, ", H, W), got ", shape_str(x.shape()));
+    return conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
+  }
+  DPE_CHECK(x.dim() == 4 && x.size(1) == c_in, "conv2d: expected input (N, C_in=", c_in, ", H, W), got ",
+            shape_str(x.shape()), groups > 1 ? " (C_in = weight.size(1) * groups)" : "");
+  if (bias.defined()) {
+    DPE_CHECK(bias.dim() == 1 && bias.size(0) == c_out, "conv2d: expected bias (C_out=", c_out, "), got ",
+              shape_str(bias.shape()));
+  }
+  const int64_t kh_eff = dilation[0] * (weight.size(2) - 1) + 1, kw_eff = dilation[1] * (weight.size(3) - 1) + 1;
+  DPE_CHECK(x.size(2) > 0 && x.size(3) > 0 && x.size(2) + 2 * padding[0] >= kh_eff &&
+                x.size(3) + 2 * padding[1] >= kw_eff,
+            "conv2d: input ", shape_str(x.shape()), " padded by (", padding[0], ", ", padding[1],
+            ") is smaller than the dilated kernel (", kh_eff, ", ", kw_eff, ")");
+
+  const kernels::Conv2dShape s = conv_shape(x, weight, stride, padding, dilation, groups);
+  Tensor xc = x.detach().contiguous(), wc = weight.detach().contiguous();
+  Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
+  Tensor y = Tensor::empty({s.n, s.c_out, s.h_out(), s.w_out()}, options_of(x));
+  const void* b_ptr = bc.defined() ? bc.data_ptr() : nullptr;
+  dispatch(
+      x.device(), [&] { kernels::conv2d_forward_cpu(s, xc.data_ptr(), wc.data_ptr(), b_ptr, y.data_ptr()); },
+      [&](auto stream) {
+        kernels::conv2d_forward_cuda(stream, x.device().index, s, xc.data_ptr(), wc.data_ptr(), b_ptr, y.data_ptr());
+      });
+
+  const bool grad_x = x.requires_grad(), grad_w = weight.requires_grad();
+  const bool grad_b = bias.defined() && bias.requires_grad();
+  // Saved only where a gradient needs them: dx needs the weight, dw needs the input.
+  Tensor saved_x = grad_w ? xc : Tensor(), saved_w = grad_x ? wc : Tensor();
+  autograd::record(y, {x, weight, bias}, "Conv2dBackward",
+                   [s, saved_x, saved_w, grad_x, grad_w, grad_b](const Tensor& g) -> std::vector<Tensor> {
+                     Tensor dy = g.contiguous();
+                     Tensor dx = grad_x ? conv2d_backward_data(s, dy, saved_w) : Tensor();
+                     Tensor dw = grad_w ? conv2d_backward_weight(s, saved_x, dy) : Tensor();
+                     Tensor db = grad_b ? sum(dy, std::vector<int64_t>{0, 2, 3}) : Tensor();
+                     return {dx, dw, db};
+                   });
+  return y;
+}
+
+}  // namespace dpe

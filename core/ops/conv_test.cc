@@ -1,0 +1,316 @@
+// conv2d and the pooling ops: hand-checked values, float32 (oneDNN) against float64 (im2col + GEMM),
+// numerical gradient checks, input errors, and CUDA against CPU (skipped without a GPU).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/ops/conv.h"
+#include "core/ops/pool.h"
+#include "tests/testing/gradcheck.h"
+
+namespace dpe {
+namespace {
+
+using testing::gradcheck;
+using testing::randn_leaf;
+
+Tensor f64(std::vector<double> v, const Shape& shape) { return Tensor::from_vector(v, shape); }
+Tensor arange_f64(const Shape& shape) { return arange(shape_numel(shape), DType::Float64).reshape(shape); }
+
+// Expects `f` to throw dpe::Error whose message contains `part`.
+template <typename F>
+void expect_error(F&& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << part;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+struct ConvConfig {
+  int64_t n, c_in, h, w, c_out, kh, kw;
+  std::array<int64_t, 2> stride, padding, dilation;
+  int64_t groups;
+  bool bias;
+};
+
+// Small configurations covering stride, padding, dilation, groups (incl. depthwise), non-square kernels
+// and bias on/off.
+const ConvConfig kConfigs[] = {
+    {2, 3, 5, 6, 4, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1, true},
+    {1, 2, 7, 5, 3, 3, 2, {2, 1}, {1, 0}, {1, 1}, 1, false},
+    {2, 4, 6, 6, 6, 3, 3, {1, 2}, {2, 1}, {2, 1}, 2, true},
+    {1, 3, 5, 5, 3, 3, 3, {1, 1}, {1, 1}, {1, 1}, 3, true},   // depthwise
+    {2, 4, 4, 5, 2, 1, 1, {1, 1}, {0, 0}, {1, 1}, 2, false},  // 1x1, grouped
+    {1, 2, 8, 7, 4, 2, 3, {3, 2}, {1, 1}, {2, 2}, 1, true},
+};
+
+std::string describe(const ConvConfig& c) {
+  return detail::str_cat("x (", c.n, ", ", c.c_in, ", ", c.h, ", ", c.w, ") C_out ", c.c_out, " k (", c.kh, ", ",
+                         c.kw, ") stride (", c.stride[0], ", ", c.stride[1], ") pad (", c.padding[0], ", ",
+                         c.padding[1], ") dil (", c.dilation[0], ", ", c.dilation[1], ") groups ", c.groups,
+                         c.bias ? " bias" : " no bias");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// conv2d values
+
+TEST(Conv2dTest, HandCheckedValues) {
+  // x = 1..9 as 3x3, a 2x2 kernel of ones: each output sums a 2x2 block.
+  Tensor x = add(arange_f64({1, 1, 3, 3}), 1.0);
+  Tensor w = ones({1, 1, 2, 2}, DType::Float64);
+  EXPECT_EQ(conv2d(x, w).to_vector<double>(), (std::vector<double>{12, 16, 24, 28}));
+  EXPECT_EQ(conv2d(x, w, f64({10}, {1})).to_vector<double>(), (std::vector<double>{22, 26, 34, 38}));
+  // 3x3 ones, padding 1, stride 2: the corners' 2x2 blocks.
+  Tensor y = conv2d(x, ones({1, 1, 3, 3}, DType::Float64), {}, {2, 2}, {1, 1});
+  EXPECT_EQ(y.shape(), (Shape{1, 1, 2, 2}));
+  EXPECT_EQ(y.to_vector<double>(), (std::vector<double>{12, 16, 24, 28}));
+  // Dilation 2 on 3x3 with a 2x2 kernel: the four corners 1 + 3 + 7 + 9.
+  EXPECT_EQ(conv2d(x, w, {}, {1, 1}, {0, 0}, {2, 2}).to_vector<double>(), (std::vector<double>{20}));
+  // Cross-correlation, not convolution: a kernel [[1, 0], [0, 0]] picks the top-left element.
+  Tensor pick = f64({1, 0, 0, 0}, {1, 1, 2, 2});
+  EXPECT_EQ(conv2d(x, pick).to_vector<double>(), (std::vector<double>{1, 2, 4, 5}));
+  // Unbatched input gives an unbatched output.
+  EXPECT_EQ(conv2d(x.reshape({1, 3, 3}), w).shape(), (Shape{1, 2, 2}));
+}
+
+TEST(Conv2dTest, GroupsAreIndependentConvolutions) {
+  Tensor x = randn_leaf({2, 4, 5, 5}, 3), w = randn_leaf({6, 2, 3, 3}, 4), b = randn_leaf({6}, 5);
+  Tensor y = conv2d(x, w, b, {1, 1}, {1, 1}, {1, 1}, 2);
+  Tensor y0 = conv2d(x.narrow(1, 0, 2), w.narrow(0, 0, 3), b.narrow(0, 0, 3), {1, 1}, {1, 1});
+  Tensor y1 = conv2d(x.narrow(1, 2, 2), w.narrow(0, 3, 3), b.narrow(0, 3, 3), {1, 1}, {1, 1});
+  EXPECT_LT(max_abs_diff(y, cat({y0, y1}, 1)), 1e-12);
+}
+
+// float32 runs on oneDNN, float64 on im2col + GEMM: the two must agree (forward and both gradients).
+TEST(Conv2dTest, Float32OneDnnMatchesFloat64Im2col) {
+  for (const ConvConfig& c : kConfigs) {
+    SCOPED_TRACE(describe(c));
+    Tensor x = randn_leaf({c.n, c.c_in, c.h, c.w}, 11), w = randn_leaf({c.c_out, c.c_in / c.groups, c.kh, c.kw}, 12);
+    Tensor b = c.bias ? randn_leaf({c.c_out}, 13) : Tensor();
+    Tensor x32 = x.detach().to(DType::Float32).set_requires_grad(true);
+    Tensor w32 = w.detach().to(DType::Float32).set_requires_grad(true);
+    Tensor b32 = c.bias ? b.detach().to(DType::Float32).set_requires_grad(true) : Tensor();
+    Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+    Tensor y32 = conv2d(x32, w32, b32, c.stride, c.padding, c.dilation, c.groups);
+    ASSERT_EQ(y.shape(), y32.shape());
+    Tensor dy = randn_leaf(y.shape(), 14).detach();
+    y.backward(dy);
+    y32.backward(dy.to(DType::Float32));
+    // float32 products summed over K <= 36 terms of N(0,1) values: errors ~1e-6 absolute.
+    EXPECT_LT(max_abs_diff(y32.to(DType::Float64), y), 1e-4);
+    EXPECT_LT(max_abs_diff(x32.grad().to(DType::Float64), x.grad()), 1e-4);
+    EXPECT_LT(max_abs_diff(w32.grad().to(DType::Float64), w.grad()), 1e-4);
+    if (c.bias) {
+      EXPECT_LT(max_abs_diff(b32.grad().to(DType::Float64), b.grad()), 1e-4);
+    }
+  }
+}
+
+TEST(Conv2dTest, EmptyBatch) {
+  Tensor x = zeros({0, 2, 4, 4}), w = ones({3, 2, 3, 3}).set_requires_grad(true);
+  Tensor y = conv2d(x, w);
+  EXPECT_EQ(y.shape(), (Shape{0, 3, 2, 2}));
+  sum(y).backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(54, 0.0f));
+}
+
+TEST(Conv2dTest, Gradcheck) {
+  for (const ConvConfig& c : kConfigs) {
+    SCOPED_TRACE(describe(c));
+    Tensor x = randn_leaf({c.n, c.c_in, c.h, c.w}, 21), w = randn_leaf({c.c_out, c.c_in / c.groups, c.kh, c.kw}, 22);
+    std::vector<Tensor> inputs = {x, w};
+    if (c.bias) inputs.push_back(randn_leaf({c.c_out}, 23));
+    EXPECT_EQ(gradcheck(
+                  [&](const std::vector<Tensor>& in) {
+                    return conv2d(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), c.stride, c.padding, c.dilation,
+                                  c.groups);
+                  },
+                  inputs),
+              "");
+  }
+}
+
+TEST(Conv2dTest, GradcheckInputOnly) {
+  // Only x requires grad: the weight is not saved for a gradient nobody asks for, and vice versa.
+  Tensor x = randn_leaf({1, 2, 4, 4}, 31);
+  Tensor w = randn_leaf({2, 2, 3, 3}, 32).detach();
+  EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return conv2d(in[0], w, {}, {1, 1}, {1, 1}); }, {x}), "");
+  Tensor x2 = randn_leaf({1, 2, 4, 4}, 33).detach();
+  Tensor w2 = randn_leaf({2, 2, 3, 3}, 34);
+  EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return conv2d(x2, in[0], {}, {2, 1}); }, {w2}), "");
+}
+
+TEST(Conv2dTest, Errors) {
+  Tensor x = zeros({2, 4, 8, 8}), w = zeros({5, 3, 3, 3});
+  expect_error([&] { conv2d(x, w); }, "conv2d: expected input (N, C_in=3, H, W), got [2, 4, 8, 8]");
+  expect_error([&] { conv2d(zeros({4, 8, 8, 1, 1}), w); },
+               "conv2d: expected input (N, C_in=3, H, W), got [4, 8, 8, 1, 1]");
+  expect_error([&] { conv2d(zeros({4, 8, 8}), w); }, "conv2d: expected input (C_in=3, H, W), got [4, 8, 8]");
+  expect_error([&] { conv2d(x, zeros({5, 3, 3})); },
+               "conv2d: expected weight (C_out, C_in/groups, kH, kW), got [5, 3, 3]");
+  expect_error([&] { conv2d(x, zeros({5, 2, 3, 3}), {}, {1, 1}, {0, 0}, {1, 1}, 2); },
+               "conv2d: C_out=5 (weight [5, 2, 3, 3]) is not divisible by groups=2");
+  expect_error([&] { conv2d(x, zeros({6, 2, 3, 3}), {}, {1, 1}, {0, 0}, {1, 1}, 3); },
+               "conv2d: expected input (N, C_in=6, H, W), got [2, 4, 8, 8]");
+  expect_error([&] { conv2d(zeros({2, 3, 8, 8}), w, zeros({4})); }, "conv2d: expected bias (C_out=5), got [4]");
+  expect_error([&] { conv2d(zeros({2, 3, 2, 2}), w); },
+               "conv2d: input [2, 3, 2, 2] padded by (0, 0) is smaller than the dilated kernel (3, 3)");
+  expect_error([&] { conv2d(zeros({2, 3, 8, 8}), w, {}, {0, 1}); }, "conv2d: stride must be positive, got (0, 1)");
+  expect_error([&] { conv2d(zeros({2, 3, 8, 8}), w, {}, {1, 1}, {-1, 0}); }, "conv2d: padding must be non-negative");
+  expect_error([&] { conv2d(zeros({2, 3, 8, 8}), w, {}, {1, 1}, {0, 0}, {1, 0}); },
+               "conv2d: dilation must be positive");
+  expect_error([&] { conv2d(zeros({2, 3, 8, 8}), zeros({5, 3, 3, 3}, DType::Float64)); }, "conv2d: dtypes differ");
+  expect_error([&] { conv2d(zeros({2, 3, 8, 8}, DType::Int64), zeros({5, 3, 3, 3}, DType::Int64)); },
+               "conv2d: expected a float32 or float64 tensor");
+  expect_error([&] { conv2d(zeros({2, 3, 8, 8}), w.to(Device::cpu(1))); },
+               "conv2d: tensors are on different devices");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// pooling values
+
+TEST(PoolTest, MaxPoolValuesAndIndices) {
+  Tensor x = arange_f64({1, 1, 4, 4});
+  ValuesIndices r = max_pool2d_with_indices(x, {2, 2}, {2, 2});
+  EXPECT_EQ(r.values.to_vector<double>(), (std::vector<double>{5, 7, 13, 15}));
+  EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{5, 7, 13, 15}));
+  // Padding is -inf: with all-negative inputs the padded border never wins.
+  Tensor neg_x = add(neg(x), -1.0);  // -1 .. -16
+  Tensor y = max_pool2d(neg_x, {3, 3}, {2, 2}, {1, 1});
+  EXPECT_EQ(y.shape(), (Shape{1, 1, 2, 2}));
+  EXPECT_EQ(y.to_vector<double>(), (std::vector<double>{-1, -2, -5, -6}));
+  // The gradient goes to each window's maximum, summed where windows share it (stride 1).
+  Tensor xl = f64({1, 9, 2, 3, 4, 5, 6, 7, 8}, {1, 1, 3, 3}).set_requires_grad(true);
+  sum(max_pool2d(xl, {2, 2}, {1, 1})).backward();
+  EXPECT_EQ(xl.grad().to_vector<double>(), (std::vector<double>{0, 2, 0, 0, 0, 0, 0, 1, 1}));
+  // Default stride is the kernel size; unbatched input stays unbatched.
+  EXPECT_EQ(max_pool2d(zeros({3, 6, 6}), {2, 3}).shape(), (Shape{3, 3, 2}));
+}
+
+TEST(PoolTest, AvgPoolCountsPadding) {
+  // 2x2 ones, kernel 2, stride 1, padding 1: corners see one element of four, edges two, the centre four.
+  Tensor x = ones({1, 1, 2, 2}, DType::Float64);
+  Tensor y = avg_pool2d(x, {2, 2}, {1, 1}, {1, 1});
+  EXPECT_EQ(y.to_vector<double>(), (std::vector<double>{0.25, 0.5, 0.25, 0.5, 1, 0.5, 0.25, 0.5, 0.25}));
+  EXPECT_EQ(avg_pool2d(arange_f64({1, 1, 4, 4}), {2, 2}).to_vector<double>(),
+            (std::vector<double>{2.5, 4.5, 10.5, 12.5}));
+  // Backward spreads dy / divisor over each window.
+  Tensor xl = ones({1, 1, 2, 2}, DType::Float64).set_requires_grad(true);
+  sum(avg_pool2d(xl, {2, 2}, {1, 1}, {1, 1})).backward();
+  EXPECT_EQ(xl.grad().to_vector<double>(), (std::vector<double>{1, 1, 1, 1}));  // 4 windows * 1/4 each
+}
+
+TEST(PoolTest, AdaptiveAvgPoolWindows) {
+  // 5 -> 2: rows [0, 3) and [2, 5) (overlapping), likewise columns.
+  Tensor y = adaptive_avg_pool2d(arange_f64({1, 1, 5, 5}), {2, 2});
+  EXPECT_EQ(y.to_vector<double>(), (std::vector<double>{6, 8, 16, 18}));
+  // Global pooling.
+  EXPECT_EQ(adaptive_avg_pool2d(arange_f64({2, 3, 4}), {1, 1}).to_vector<double>(), (std::vector<double>{5.5, 17.5}));
+  // Upsampling (output larger than input) repeats elements.
+  EXPECT_EQ(adaptive_avg_pool2d(arange_f64({1, 1, 2}), {2, 4}).to_vector<double>(),
+            (std::vector<double>{0, 0, 1, 1, 0, 0, 1, 1}));
+}
+
+TEST(PoolTest, Gradcheck) {
+  // N(0,1) values: ties inside a max window have probability 0.
+  Tensor x = randn_leaf({2, 3, 7, 6}, 41);
+  const std::array<int64_t, 2> k33{3, 3}, k23{2, 3}, s21{2, 1}, s11{1, 1}, p11{1, 1}, p01{0, 1};
+  EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return max_pool2d(in[0], k33, s21, p11); }, {x}), "");
+  EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return max_pool2d(in[0], k23, s11, p01); }, {x}), "");
+  EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return max_pool2d(in[0], {2, 2}); }, {x}), "");
+  EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return avg_pool2d(in[0], k33, s21, p11); }, {x}), "");
+  EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return avg_pool2d(in[0], k23, s11, p01); }, {x}), "");
+  for (std::array<int64_t, 2> out : {std::array<int64_t, 2>{3, 4}, {1, 1}, {7, 6}, {4, 5}, {9, 8}}) {
+    SCOPED_TRACE(detail::str_cat("adaptive output (", out[0], ", ", out[1], ")"));
+    EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return adaptive_avg_pool2d(in[0], out); }, {x}), "");
+  }
+}
+
+TEST(PoolTest, Errors) {
+  Tensor x = zeros({2, 3, 8, 8});
+  expect_error([&] { max_pool2d(zeros({8, 8}), {2, 2}); },
+               "max_pool2d: expected input (N, C, H, W) or (C, H, W) with H, W > 0, got [8, 8]");
+  expect_error([&] { max_pool2d(x, {2, 2}, {2, 2}, {2, 0}); },
+               "max_pool2d: padding (2, 0) must be >= 0 and at most half the kernel size (2, 2)");
+  expect_error([&] { avg_pool2d(x, {0, 2}); }, "avg_pool2d: kernel size must be positive, got (0, 2)");
+  expect_error([&] { avg_pool2d(x, {2, 2}, {0, 1}); }, "avg_pool2d: stride must be positive, got (0, 1)");
+  expect_error([&] { max_pool2d(zeros({1, 1, 2, 2}), {3, 3}); },
+               "max_pool2d: input [1, 1, 2, 2] padded by (0, 0) is smaller than the kernel (3, 3)");
+  expect_error([&] { adaptive_avg_pool2d(x, {0, 2}); },
+               "adaptive_avg_pool2d: output_size must be positive, got (0, 2)");
+  expect_error([&] { adaptive_avg_pool2d(zeros({2, 3, 0, 4}), {1, 1}); }, "adaptive_avg_pool2d: expected input");
+  expect_error([&] { avg_pool2d(zeros({1, 1, 4, 4}, DType::Int64), {2, 2}); },
+               "avg_pool2d: expected a float32 or float64 tensor");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// CUDA against CPU (cuDNN convolution, pooling kernels).
+
+// Runs f on CPU and on cuda:0 with the same inputs (requires_grad), backward with the same dy, and
+// compares outputs and input gradients within tol.
+void expect_cuda_matches_cpu(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                             const std::vector<Tensor>& cpu_inputs, double tol) {
+  std::vector<Tensor> cuda_inputs;
+  for (const Tensor& t : cpu_inputs) cuda_inputs.push_back(t.detach().to(Device::cuda(0)).set_requires_grad(true));
+  Tensor y_cpu = f(cpu_inputs), y_cuda = f(cuda_inputs);
+  ASSERT_EQ(y_cpu.shape(), y_cuda.shape());
+  Tensor dy = randn(y_cpu.shape(), y_cpu.dtype());
+  y_cpu.backward(dy);
+  y_cuda.backward(dy.to(Device::cuda(0)));
+  EXPECT_LT(max_abs_diff(y_cuda.to(Device::cpu(0)), y_cpu), tol);
+  for (size_t i = 0; i < cpu_inputs.size(); ++i) {
+    SCOPED_TRACE(detail::str_cat("input ", i));
+    EXPECT_LT(max_abs_diff(cuda_inputs[i].grad().to(Device::cpu(0)), cpu_inputs[i].grad()), tol);
+  }
+}
+
+std::vector<Tensor> leaves(std::vector<Tensor> ts, DType dtype) {
+  for (Tensor& t : ts) t = t.detach().to(dtype).set_requires_grad(true);
+  return ts;
+}
+
+TEST(ConvCudaTest, Conv2dMatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (const ConvConfig& c : kConfigs) {
+      SCOPED_TRACE(describe(c) + (dtype == DType::Float32 ? " float32" : " float64"));
+      std::vector<Tensor> in = leaves({randn_leaf({c.n, c.c_in, c.h, c.w}, 51),
+                                       randn_leaf({c.c_out, c.c_in / c.groups, c.kh, c.kw}, 52)},
+                                      dtype);
+      if (c.bias) in.push_back(leaves({randn_leaf({c.c_out}, 53)}, dtype)[0]);
+      // float32: cuDNN (FMA math, no TF32) and oneDNN sum <= 36 products in different orders: ~1e-6
+      // absolute on N(0,1) data; the batch sum of dw adds a few more terms. float64: ~1e-15.
+      expect_cuda_matches_cpu(
+          [&](const std::vector<Tensor>& t) {
+            return conv2d(t[0], t[1], t.size() > 2 ? t[2] : Tensor(), c.stride, c.padding, c.dilation, c.groups);
+          },
+          in, dtype == DType::Float32 ? 1e-4 : 1e-12);
+    }
+  }
+}
+
+TEST(ConvCudaTest, PoolsMatchCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    std::vector<Tensor> in = leaves({randn_leaf({2, 3, 9, 7}, 61)}, dtype);
+    // Pooling runs the same per-element code (pool_math.h) in the same order on both sides: only the
+    // compilers' contraction of a * b + c may differ, a few ulps.
+    const double tol = dtype == DType::Float32 ? 1e-5 : 1e-13;
+    expect_cuda_matches_cpu([](const std::vector<Tensor>& t) { return max_pool2d(t[0], {3, 3}, {2, 2}, {1, 1}); }, in,
+                            tol);
+    expect_cuda_matches_cpu([](const std::vector<Tensor>& t) { return avg_pool2d(t[0], {3, 2}, {1, 2}, {1, 1}); }, in,
+                            tol);
+    expect_cuda_matches_cpu([](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], {4, 5}); }, in, tol);
+    expect_cuda_matches_cpu([](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], {1, 1}); }, in, tol);
+  }
+}
+
+}  // namespace
+}  // namespace dpe

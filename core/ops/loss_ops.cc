@@ -1,0 +1,102 @@
+// nll_per_position: checks, the nll kernels (core/kernels/nll.h) and the backward.
+#include "core/ops/loss_ops.h"
+
+#include <vector>
+
+#include "core/autograd/function.h"
+#include "core/dispatch.h"
+#include "core/kernels/nll.h"
+#include "core/ops.h"
+#include "core/ops/op_checks.h"
+
+namespace dpe {
+namespace {
+
+struct Axes {
+  int64_t outer = 1, classes = 1, inner = 1;
+};
+
+// log_probs viewed as (N, C, inner = d1 * d2 * ...).
+Axes axes_of(const Tensor& log_probs) {
+  Axes a;
+  a.outer = log_probs.size(0);
+  a.classes = log_probs.size(1);
+  for (int64_t d = 2; d < log_probs.dim(); ++d) a.inner *= log_probs.size(d);
+  return a;
+}
+
+// The contract of core/kernels/nll.h for CUDA targets: checked here, on a host copy, before the launch.
+void check_targets_on_host(const Tensor& target, int64_t classes, int64_t ignore_index, const char* op) {
+  for (int64_t t : target.to_vector<int64_t>()) {
+    DPE_CHECK(t == ignore_index || (t >= 0 && t < classes), op, ": target ", t, " is out of bounds for ", classes,
+              " classes (expected a value in [0, ", classes, ") or ignore_index ", ignore_index, ")");
+  }
+}
+
+// grad_loss, target: (N, d1, ...) contiguous  ->  grad_log_probs: log_probs' shape
+Tensor nll_backward(const Tensor& grad_loss, const Tensor& target, const Shape& log_probs_shape,
+                    int64_t ignore_index) {
+  Tensor g = grad_loss.contiguous();
+  Tensor dx = Tensor::empty(log_probs_shape, ops_detail::options_of(g));
+  Axes a;
+  a.outer = log_probs_shape[0];
+  a.classes = log_probs_shape[1];
+  for (size_t d = 2; d < log_probs_shape.size(); ++d) a.inner *= log_probs_shape[d];
+  dispatch(
+      dx.device(),
+      [&] {
+        kernels::nll_backward_cpu(dx.dtype(), a.outer, a.classes, a.inner, target.data<int64_t>(), ignore_index,
+                                  g.data_ptr(), dx.data_ptr());
+      },
+      [&](auto stream) {
+        kernels::nll_backward_cuda(stream, dx.dtype(), a.outer, a.classes, a.inner, target.data<int64_t>(),
+                                   ignore_index, g.data_ptr(), dx.data_ptr());
+      });
+  return dx;
+}
+
+}  // namespace
+
+NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                                const char* op) {
+  ops_detail::check_compute_dtype(log_probs, op);
+  ops_detail::check_defined(target, op);
+  DPE_CHECK(target.dtype() == DType::Int64, op, ": target must be int64 class indices, got ", target.dtype());
+  DPE_CHECK(log_probs.device() == target.device(), op, ": input is on ", log_probs.device(), " but target is on ",
+            target.device(), "; move one with to()");
+  DPE_CHECK(log_probs.dim() >= 2, op, ": input ", shape_str(log_probs.shape()),
+            " must have at least 2 dimensions (N, C, d1, ...)");
+  Shape expected{log_probs.size(0)};
+  for (int64_t d = 2; d < log_probs.dim(); ++d) expected.push_back(log_probs.size(d));
+  DPE_CHECK(target.shape() == expected, op, ": target ", shape_str(target.shape()), " does not match input ",
+            shape_str(log_probs.shape()), " (expected target ", shape_str(expected), ")");
+
+  const Axes a = axes_of(log_probs);
+  Tensor lp = log_probs.contiguous();
+  Tensor tc = target.contiguous();
+  if (tc.device().is_cuda()) check_targets_on_host(tc, a.classes, ignore_index, op);
+  NllPerPosition out;
+  out.loss = Tensor::empty(expected, ops_detail::options_of(log_probs));
+  out.valid = Tensor::empty(expected, ops_detail::options_of(log_probs));
+  if (out.loss.numel() > 0) {
+    dispatch(
+        lp.device(),
+        [&] {
+          kernels::nll_forward_cpu(lp.dtype(), a.outer, a.classes, a.inner, lp.data_ptr(), tc.data<int64_t>(),
+                                   ignore_index, out.loss.data_ptr(), out.valid.data_ptr());
+        },
+        [&](auto stream) {
+          kernels::nll_forward_cuda(stream, lp.dtype(), a.outer, a.classes, a.inner, lp.data_ptr(),
+                                    tc.data<int64_t>(), ignore_index, out.loss.data_ptr(), out.valid.data_ptr());
+        });
+  }
+  Tensor saved_target = tc.detach();
+  Shape shape = log_probs.shape();
+  autograd::record(out.loss, {log_probs}, "NllLossBackward",
+                   [saved_target, shape, ignore_index](const Tensor& g) -> std::vector<Tensor> {
+                     return {nll_backward(g, saved_target, shape, ignore_index)};
+                   });
+  return out;
+}
+
+}  // namespace dpe

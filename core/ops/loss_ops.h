@@ -1,0 +1,22 @@
+// The differentiable gather behind nll_loss / cross_entropy (layers/loss.h builds the reductions on top).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace dpe {
+
+struct NllPerPosition {
+  Tensor loss;   // (N, d1, ...): -log_probs[n, target[n, ...], ...], 0 where the target is ignored
+  Tensor valid;  // (N, d1, ...), log_probs' dtype: 1 where the target is not ignore_index, else 0 (no grad)
+};
+
+// log_probs: (N, C, d1, ...) float32/float64; target: (N, d1, ...) int64 on the same device.
+// Every target must be ignore_index or in [0, C): otherwise throws naming the value and C (for CUDA tensors
+// the targets are copied to the host and checked before the launch). Differentiable in log_probs: the
+// gradient scatters -grad_loss into the target positions (ignored positions get 0).
+NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                                const char* op = "nll_loss");
+
+}  // namespace dpe

@@ -1,0 +1,143 @@
+// batch_norm / layer_norm / rms_norm ops: gradchecks, running-stat updates, errors, CUDA parity.
+// (Module-level and PyTorch golden tests: layers/batchnorm_test.cc, layers/normalization_test.cc.)
+#include "core/ops/norm.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/ops.h"
+#include "tests/testing/gradcheck.h"
+
+namespace dpe {
+namespace {
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Tensor f64(const std::vector<double>& v, const Shape& s) { return Tensor::from_vector(v, s); }
+
+TEST(NormOpsTest, BatchNormGradcheckTraining) {
+  Tensor w = testing::randn_leaf({3}, 1), b = testing::randn_leaf({3}, 2);
+  for (Shape shape : {Shape{4, 3}, Shape{2, 3, 5}, Shape{2, 3, 2, 3}}) {
+    SCOPED_TRACE(shape_str(shape));
+    Tensor x = testing::randn_leaf(shape, 3);
+    Tensor rm = zeros({3}, DType::Float64), rv = ones({3}, DType::Float64);
+    EXPECT_EQ(testing::gradcheck(
+                  [&](const std::vector<Tensor>& in) { return batch_norm(in[0], rm, rv, in[1], in[2], true, 0.1, 1e-5); },
+                  {x, w, b}),
+              "");
+    // Without running stats, and without affine parameters.
+    EXPECT_EQ(testing::gradcheck(
+                  [&](const std::vector<Tensor>& in) {
+                    return batch_norm(in[0], Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5);
+                  },
+                  {x}),
+              "");
+  }
+}
+
+TEST(NormOpsTest, BatchNormGradcheckEval) {
+  Tensor w = testing::randn_leaf({2}, 4), b = testing::randn_leaf({2}, 5);
+  Tensor rm = f64({0.5, -1}, {2}), rv = f64({2, 0.3}, {2});
+  for (Shape shape : {Shape{3, 2}, Shape{2, 2, 3, 2}}) {
+    Tensor x = testing::randn_leaf(shape, 6);
+    EXPECT_EQ(testing::gradcheck(
+                  [&](const std::vector<Tensor>& in) { return batch_norm(in[0], rm, rv, in[1], in[2], false, 0.1, 1e-5); },
+                  {x, w, b}),
+              "");
+  }
+}
+
+TEST(NormOpsTest, BatchNormUpdatesRunningStatsInPlace) {
+  // Channel 0 over (N, L): {1, 3, 5, 7} -> mean 4, unbiased var 20/3; channel 1: {0, 0, 2, 2} -> 1, 4/3.
+  Tensor x = f64({1, 3, 0, 0, 5, 7, 2, 2}, {2, 2, 2});
+  Tensor rm = f64({1, 1}, {2}), rv = f64({1, 1}, {2});
+  Tensor rm_handle = rm;  // the update is in place: every handle sees it
+  batch_norm(x, rm, rv, Tensor(), Tensor(), true, 0.5, 1e-5);
+  std::vector<double> m = rm_handle.to_vector<double>(), v = rv.to_vector<double>();
+  EXPECT_NEAR(m[0], 0.5 * 1 + 0.5 * 4, 1e-12);
+  EXPECT_NEAR(m[1], 0.5 * 1 + 0.5 * 1, 1e-12);
+  EXPECT_NEAR(v[0], 0.5 * 1 + 0.5 * 20.0 / 3.0, 1e-12);
+  EXPECT_NEAR(v[1], 0.5 * 1 + 0.5 * 4.0 / 3.0, 1e-12);
+  // Eval leaves them alone.
+  batch_norm(x, rm, rv, Tensor(), Tensor(), false, 0.5, 1e-5);
+  EXPECT_EQ(rm.to_vector<double>(), m);
+}
+
+TEST(NormOpsTest, BatchNormErrors) {
+  Tensor x = zeros({4, 3});
+  EXPECT_NE(error_of([&] { batch_norm(zeros({4}), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5); })
+                .find("at least 2 dims"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { batch_norm(x, zeros({2}), ones({2}), Tensor(), Tensor(), true, 0.1, 1e-5); })
+                .find("running_mean has shape [2], expected [3]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { batch_norm(x, zeros({3}), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5); })
+                .find("both be given"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { batch_norm(x, Tensor(), Tensor(), ones({3}, DType::Float64), Tensor(), true, 0.1, 1e-5); })
+                .find("weight is float64 but the input is float32"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { batch_norm(zeros({1, 3, 1}), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5); })
+                .find("expected more than 1 value per channel when training"),
+            std::string::npos);
+}
+
+TEST(NormOpsTest, LayerNormGradcheck) {
+  Tensor x = testing::randn_leaf({2, 3, 4}, 7);
+  Tensor w = testing::randn_leaf({4}, 8), b = testing::randn_leaf({4}, 9);
+  EXPECT_EQ(testing::gradcheck([&](const std::vector<Tensor>& in) { return layer_norm(in[0], {4}, in[1], in[2], 1e-5); },
+                               {x, w, b}),
+            "");
+  Tensor w2 = testing::randn_leaf({3, 4}, 10);
+  EXPECT_EQ(
+      testing::gradcheck([&](const std::vector<Tensor>& in) { return layer_norm(in[0], {3, 4}, in[1], Tensor(), 1e-5); },
+                         {x, w2}),
+      "");
+  // A non-contiguous input goes through reshape's copy.
+  Tensor xt = testing::randn_leaf({4, 3}, 11);
+  EXPECT_EQ(testing::gradcheck([&](const std::vector<Tensor>& in) { return layer_norm(in[0].t(), {4}, Tensor(), Tensor(), 1e-5); },
+                               {xt}),
+            "");
+}
+
+TEST(NormOpsTest, RmsNormGradcheckAndErrors) {
+  Tensor x = testing::randn_leaf({3, 5}, 12), w = testing::randn_leaf({5}, 13);
+  EXPECT_EQ(testing::gradcheck([&](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1], 1e-6); }, {x, w}), "");
+  EXPECT_EQ(testing::gradcheck([&](const std::vector<Tensor>& in) { return rms_norm(in[0], Tensor(), 1e-6); }, {x}), "");
+  EXPECT_NE(error_of([&] { rms_norm(zeros({2, 5}), zeros({4}), 1e-6); }).find("weight has shape [4], expected [5]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { layer_norm(zeros({2, 5}), {4}, Tensor(), Tensor(), 1e-5); })
+                .find("input [2, 5] does not end with normalized_shape [4]"),
+            std::string::npos);
+}
+
+TEST(NormOpsTest, CudaMatchesCpu) {
+  if (!dpe::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  Tensor x = randn({4, 3, 5, 5}) * 2.0 + 0.5;
+  Tensor w = randn({3}), b = randn({3});
+  Tensor rm = zeros({3}), rv = ones({3});
+  Tensor rm_g = rm.to(gpu), rv_g = rv.to(gpu);
+  Tensor y = batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5);
+  Tensor y_g = batch_norm(x.to(gpu), rm_g, rv_g, w.to(gpu), b.to(gpu), true, 0.1, 1e-5);
+  // float32 with different summation orders on the two backends: a few ulps of the channel sums.
+  EXPECT_LT(max_abs_diff(y_g.to(Device::cpu(0)), y), 1e-4);
+  EXPECT_LT(max_abs_diff(rm_g.to(Device::cpu(0)), rm), 1e-5);
+  EXPECT_LT(max_abs_diff(rv_g.to(Device::cpu(0)), rv), 1e-5);
+  Tensor h = randn({6, 32});
+  EXPECT_LT(max_abs_diff(layer_norm(h.to(gpu), {32}, Tensor(), Tensor(), 1e-5).to(Device::cpu(0)),
+                         layer_norm(h, {32}, Tensor(), Tensor(), 1e-5)),
+            1e-5);
+  EXPECT_LT(max_abs_diff(rms_norm(h.to(gpu), Tensor(), 1e-6).to(Device::cpu(0)), rms_norm(h, Tensor(), 1e-6)), 1e-5);
+}
+
+}  // namespace
+}  // namespace dpe

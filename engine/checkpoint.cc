@@ -1,0 +1,502 @@
+#include "engine/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/ops.h"
+#include "engine/json.h"
+
+namespace dpe::engine {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; dpe writes tensors' bytes as they are in memory");
+
+namespace {
+
+constexpr const char* kOptimizerPrefix = "optimizer.";
+constexpr const char* kOptimizerStatePrefix = "optimizer.state.";
+// A header larger than this is treated as corrupt (safetensors' own reader caps it at 100 MB).
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::Float32: return "F32";
+    case DType::Float64: return "F64";
+    case DType::Float16: return "F16";
+    case DType::BFloat16: return "BF16";
+    case DType::Int64: return "I64";
+    case DType::Int32: return "I32";
+    case DType::UInt8: return "U8";
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown dtype ", static_cast<int>(t));
+}
+
+bool parse_safetensors_dtype(const std::string& s, DType* out) {
+  static const std::pair<const char*, DType> kTable[] = {
+      {"F32", DType::Float32}, {"F64", DType::Float64}, {"F16", DType::Float16}, {"BF16", DType::BFloat16},
+      {"I64", DType::Int64},   {"I32", DType::Int32},   {"U8", DType::UInt8}};
+  for (const auto& [name, dtype] : kTable) {
+    if (s == name) {
+      *out = dtype;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string strip_module_prefix(const std::string& name) {
+  return name.rfind("module.", 0) == 0 ? name.substr(7) : name;
+}
+
+std::string format_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+// ---- writing ----
+
+struct Entry {
+  std::string name;
+  Tensor host;  // contiguous, on cpu:0
+};
+
+void write_all(int fd, const char* data, size_t n, const std::string& tmp) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    DPE_CHECK(w > 0, "save_checkpoint: writing ", tmp, " failed: ", std::strerror(errno));
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Writes `bytes` to path.tmp, fsyncs, renames over path, fsyncs the directory.
+void write_atomically(const std::string& path, const std::string& header_block, const std::vector<Entry>& entries) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  DPE_CHECK(fd >= 0, "save_checkpoint: cannot create ", tmp, ": ", std::strerror(errno));
+  try {
+    write_all(fd, header_block.data(), header_block.size(), tmp);
+    for (const Entry& e : entries) {
+      write_all(fd, static_cast<const char*>(e.host.data_ptr()), e.host.nbytes(), tmp);
+    }
+    DPE_CHECK(::fsync(fd) == 0, "save_checkpoint: fsync of ", tmp, " failed: ", std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  const bool closed = ::close(fd) == 0;
+  if (!closed) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    DPE_CHECK(false, "save_checkpoint: closing ", tmp, " failed: ", std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    DPE_CHECK(false, "save_checkpoint: renaming ", tmp, " to ", path, " failed: ", std::strerror(err));
+  }
+  // Make the rename itself durable.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+Tensor to_host_contiguous(const Tensor& t) {
+  return t.detach().to(Device::cpu(0)).contiguous();
+}
+
+// ---- reading ----
+
+// Throws "load_checkpoint: <path>: <message>".
+template <typename... Args>
+[[noreturn]] void fail(const std::string& path, const Args&... args) {
+  DPE_CHECK(false, "load_checkpoint: ", path, ": ", args...);
+  __builtin_unreachable();
+}
+
+struct FileTensor {
+  DType dtype = DType::Float32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;  // within the data section
+};
+
+struct ParsedFile {
+  std::string bytes;         // the whole file
+  uint64_t data_start = 0;   // 8 + header length
+  std::map<std::string, FileTensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+ParsedFile read_and_validate(const std::string& path) {
+  ParsedFile f;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(path, "cannot open the file (", std::strerror(errno), ")");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    if (in.bad()) fail(path, "read error");
+    f.bytes = ss.str();
+  }
+  const uint64_t size = f.bytes.size();
+  if (size < 8) fail(path, "truncated: ", size, " bytes, shorter than the 8-byte header length");
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, f.bytes.data(), 8);  // little-endian (static_assert above)
+  if (header_len > kMaxHeaderBytes) fail(path, "bad header length ", header_len, " (more than 100 MB: corrupt?)");
+  if (header_len > size - 8) {
+    fail(path, "truncated or bad header length: the header claims ", header_len, " bytes but only ", size - 8,
+         " follow the length field");
+  }
+  f.data_start = 8 + header_len;
+  const uint64_t data_size = size - f.data_start;
+  json::Value header;
+  try {
+    header = json::parse(std::string_view(f.bytes).substr(8, header_len));
+  } catch (const Error& e) {
+    fail(path, "malformed JSON header: ", e.what());
+  }
+  if (!header.is_object()) fail(path, "the JSON header is a ", json::kind_name(header.kind()), ", not an object");
+  for (const auto& [name, v] : header.members()) {
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail(path, "__metadata__ is not an object");
+      for (const auto& [k, s] : v.members()) {
+        if (!s.is_string()) fail(path, "__metadata__ value of '", k, "' is a ", json::kind_name(s.kind()), ", not a string");
+        f.metadata[k] = s.as_string();
+      }
+      continue;
+    }
+    if (!v.is_object()) fail(path, "entry '", name, "' is not an object");
+    const json::Value* dtype = v.find("dtype");
+    const json::Value* shape = v.find("shape");
+    const json::Value* offsets = v.find("data_offsets");
+    if (!dtype || !shape || !offsets) fail(path, "entry '", name, "' lacks dtype, shape or data_offsets");
+    FileTensor t;
+    if (!dtype->is_string() || !parse_safetensors_dtype(dtype->as_string(), &t.dtype)) {
+      fail(path, "entry '", name, "' has unsupported dtype ",
+           dtype->is_string() ? dtype->as_string() : std::string(json::kind_name(dtype->kind())),
+           " (supported: F32, F64, F16, BF16, I64, I32, U8)");
+    }
+    if (!shape->is_array()) fail(path, "entry '", name, "': shape is not an array");
+    uint64_t numel = 1;
+    for (const json::Value& d : shape->items()) {
+      if (!d.is_int() || d.as_int() < 0) fail(path, "entry '", name, "': shape has a non-integer or negative size");
+      const uint64_t n = static_cast<uint64_t>(d.as_int());
+      if (n != 0 && numel > (uint64_t(1) << 62) / n) fail(path, "entry '", name, "': shape is too large");
+      numel *= n;
+      t.shape.push_back(d.as_int());
+    }
+    if (!offsets->is_array() || offsets->items().size() != 2 || !offsets->items()[0].is_int() ||
+        !offsets->items()[1].is_int()) {
+      fail(path, "entry '", name, "': data_offsets is not [begin, end]");
+    }
+    const int64_t b = offsets->items()[0].as_int(), e = offsets->items()[1].as_int();
+    if (b < 0 || e < b) fail(path, "entry '", name, "': invalid data_offsets [", b, ", ", e, "]");
+    t.begin = static_cast<uint64_t>(b);
+    t.end = static_cast<uint64_t>(e);
+    if (t.end > data_size) {
+      fail(path, "entry '", name, "': data_offsets [", b, ", ", e, "] lie outside the ", data_size,
+           "-byte data section (truncated file?)");
+    }
+    const uint64_t expected = numel * element_size(t.dtype);
+    if (t.end - t.begin != expected) {
+      fail(path, "entry '", name, "': data_offsets cover ", t.end - t.begin, " bytes but ", dtype->as_string(), " ",
+           shape_str(t.shape), " needs ", expected);
+    }
+    f.tensors[name] = std::move(t);
+  }
+  return f;
+}
+
+Tensor materialize(const ParsedFile& f, const FileTensor& t) {
+  Tensor out = Tensor::empty(t.shape, TensorOptions(t.dtype));
+  if (t.end > t.begin) std::memcpy(out.data_ptr(), f.bytes.data() + f.data_start + t.begin, t.end - t.begin);
+  return out;
+}
+
+const std::string& require_meta(const std::string& path, const ParsedFile& f, const std::string& key) {
+  auto it = f.metadata.find(key);
+  if (it == f.metadata.end()) fail(path, "__metadata__ lacks '", key, "'");
+  return it->second;
+}
+
+int64_t parse_int(const std::string& path, const std::string& key, const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || errno != 0 || *end != '\0') fail(path, "__metadata__ '", key, "' = '", s, "' is not an integer");
+  return v;
+}
+
+uint64_t parse_uint(const std::string& path, const std::string& key, const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || s[0] == '-' || errno != 0 || *end != '\0') {
+    fail(path, "__metadata__ '", key, "' = '", s, "' is not an unsigned integer");
+  }
+  return v;
+}
+
+double parse_double(const std::string& path, const std::string& key, const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || errno == ERANGE || *end != '\0') fail(path, "__metadata__ '", key, "' = '", s, "' is not a number");
+  return v;
+}
+
+// "a.b.c" after `prefix` split at the first dot: index and rest.
+bool split_index(const std::string& s, size_t from, int64_t* index, std::string* rest) {
+  const size_t dot = s.find('.', from);
+  if (dot == std::string::npos || dot == from) return false;
+  const std::string digits = s.substr(from, dot - from);
+  for (char c : digits) {
+    if (c < '0' || c > '9') return false;
+  }
+  if (digits.size() > 18) return false;
+  *index = std::stoll(digits);
+  *rest = s.substr(dot + 1);
+  return !rest->empty();
+}
+
+optim::OptimizerStateDict read_optimizer_state(const std::string& path, const ParsedFile& f) {
+  optim::OptimizerStateDict sd;
+  sd.type = require_meta(path, f, "optimizer.type");
+  const int64_t groups = parse_int(path, "optimizer.param_groups", require_meta(path, f, "optimizer.param_groups"));
+  if (groups < 0 || groups > 1000000) fail(path, "optimizer.param_groups = ", groups, " is not a valid count");
+  for (int64_t g = 0; g < groups; ++g) {
+    const std::string prefix = "optimizer.param_groups." + std::to_string(g) + ".";
+    optim::OptimizerStateDict::Group group;
+    group.lr = parse_double(path, prefix + "lr", require_meta(path, f, prefix + "lr"));
+    const std::string& params = require_meta(path, f, prefix + "params");
+    std::stringstream ss(params);
+    for (std::string item; std::getline(ss, item, ',');) group.params.push_back(parse_int(path, prefix + "params", item));
+    sd.param_groups.push_back(std::move(group));
+  }
+  // Group options: every other "optimizer.param_groups.<g>.<name>" key.
+  for (const auto& [key, value] : f.metadata) {
+    const std::string gp = "optimizer.param_groups.";
+    if (key.rfind(gp, 0) != 0) continue;
+    int64_t g = 0;
+    std::string name;
+    if (!split_index(key, gp.size(), &g, &name)) fail(path, "malformed optimizer metadata key '", key, "'");
+    if (g >= groups) fail(path, "'", key, "' names param group ", g, " but there are ", groups);
+    if (name == "lr" || name == "params") continue;
+    sd.param_groups[g].options[name] = parse_double(path, key, value);
+  }
+  for (const auto& [key, value] : f.metadata) {
+    if (key.rfind(kOptimizerStatePrefix, 0) != 0) continue;
+    int64_t i = 0;
+    std::string name;
+    if (!split_index(key, std::strlen(kOptimizerStatePrefix), &i, &name)) {
+      fail(path, "malformed optimizer metadata key '", key, "'");
+    }
+    sd.scalars[i][name] = parse_double(path, key, value);
+  }
+  for (const auto& [key, t] : f.tensors) {
+    if (key.rfind(kOptimizerPrefix, 0) != 0) continue;
+    int64_t i = 0;
+    std::string name;
+    if (key.rfind(kOptimizerStatePrefix, 0) != 0 || !split_index(key, std::strlen(kOptimizerStatePrefix), &i, &name)) {
+      fail(path, "unexpected optimizer tensor '", key, "' (expected optimizer.state.<index>.<name>)");
+    }
+    sd.tensors[i][name] = materialize(f, t);
+  }
+  return sd;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
+  return out;
+}
+
+}  // namespace
+
+std::vector<GeneratorState> capture_rng_state() {
+  std::vector<GeneratorState> out;
+  for (DeviceKind kind : {DeviceKind::CPU, DeviceKind::CUDA}) {
+    for (const Device& d : all_devices(kind)) {
+      Generator& g = default_generator(d);
+      out.push_back({d.str(), g.seed(), g.offset()});
+    }
+  }
+  return out;
+}
+
+void restore_rng_state(const std::vector<GeneratorState>& rng) {
+  for (DeviceKind kind : {DeviceKind::CPU, DeviceKind::CUDA}) {
+    for (const Device& d : all_devices(kind)) {
+      for (const GeneratorState& s : rng) {
+        if (s.device != d.str()) continue;
+        Generator& g = default_generator(d);
+        g.manual_seed(s.seed);
+        g.set_offset(s.offset);
+      }
+    }
+  }
+}
+
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer* optimizer,
+                     const TrainingState& state) {
+  std::vector<Entry> entries;
+  std::set<std::string> names;
+  for (const auto& [name, t] : model.state_dict()) {
+    std::string n = strip_module_prefix(name);
+    DPE_CHECK(n.rfind(kOptimizerPrefix, 0) != 0, "save_checkpoint: model tensor '", name,
+              "' uses the reserved prefix 'optimizer.'");
+    DPE_CHECK(n != "__metadata__" && names.insert(n).second, "save_checkpoint: duplicate or reserved tensor name '",
+              n, "'");
+    entries.push_back({n, to_host_contiguous(t)});
+  }
+  json::Value meta = json::Value::object();
+  meta.set("format", json::Value::string("pt"));
+  meta.set("dpe.checkpoint_version", json::Value::string("1"));
+  meta.set("training.epoch", json::Value::string(std::to_string(state.epoch)));
+  meta.set("training.step", json::Value::string(std::to_string(state.step)));
+  const std::vector<GeneratorState> rng = state.rng.empty() ? capture_rng_state() : state.rng;
+  for (const GeneratorState& g : rng) {
+    meta.set("training.rng." + g.device, json::Value::string(std::to_string(g.seed) + "," + std::to_string(g.offset)));
+  }
+  for (const auto& [k, v] : state.metadata) meta.set("user." + k, json::Value::string(v));
+  if (optimizer != nullptr) {
+    const optim::OptimizerStateDict sd = optimizer->state_dict();
+    meta.set("optimizer.type", json::Value::string(sd.type));
+    meta.set("optimizer.param_groups", json::Value::string(std::to_string(sd.param_groups.size())));
+    for (size_t g = 0; g < sd.param_groups.size(); ++g) {
+      const std::string prefix = "optimizer.param_groups." + std::to_string(g) + ".";
+      const auto& group = sd.param_groups[g];
+      meta.set(prefix + "lr", json::Value::string(format_double(group.lr)));
+      std::string params;
+      for (size_t i = 0; i < group.params.size(); ++i) params += (i ? "," : "") + std::to_string(group.params[i]);
+      meta.set(prefix + "params", json::Value::string(params));
+      for (const auto& [k, v] : group.options) meta.set(prefix + k, json::Value::string(format_double(v)));
+    }
+    for (const auto& [i, named] : sd.scalars) {
+      for (const auto& [k, v] : named) {
+        meta.set(std::string(kOptimizerStatePrefix) + std::to_string(i) + "." + k,
+                 json::Value::string(format_double(v)));
+      }
+    }
+    for (const auto& [i, named] : sd.tensors) {
+      for (const auto& [k, t] : named) {
+        entries.push_back({std::string(kOptimizerStatePrefix) + std::to_string(i) + "." + k, to_host_contiguous(t)});
+      }
+    }
+  }
+  json::Value header = json::Value::object();
+  uint64_t offset = 0;
+  for (const Entry& e : entries) {
+    json::Value shape = json::Value::array();
+    for (int64_t d : e.host.shape()) shape.push_back(json::Value::integer(d));
+    json::Value info = json::Value::object();
+    info.set("dtype", json::Value::string(safetensors_dtype(e.host.dtype())));
+    info.set("shape", std::move(shape));
+    const uint64_t end = offset + e.host.nbytes();
+    info.set("data_offsets", json::Value::array({json::Value::integer(static_cast<int64_t>(offset)),
+                                                 json::Value::integer(static_cast<int64_t>(end))}));
+    header.set(e.name, std::move(info));
+    offset = end;
+  }
+  header.set("__metadata__", std::move(meta));
+  std::string text = json::dump(header);
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned (8 + N is a multiple of 8)
+  std::string block(8, '\0');
+  const uint64_t n = text.size();
+  std::memcpy(block.data(), &n, 8);
+  block += text;
+  write_atomically(path, block, entries);
+}
+
+void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer, TrainingState* state) {
+  const ParsedFile f = read_and_validate(path);
+
+  // Model: exactly the model's keys (optimizer.* entries aside), same shapes and dtypes.
+  nn::StateDict incoming;
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::set<std::string> model_names;
+  for (const auto& [name, t] : model.state_dict()) {
+    const std::string n = strip_module_prefix(name);
+    model_names.insert(n);
+    auto it = f.tensors.find(n);
+    if (it == f.tensors.end()) {
+      missing.push_back(n);
+      continue;
+    }
+    if (it->second.shape != t.shape() || it->second.dtype != t.dtype()) {
+      std::ostringstream os;
+      os << n << " (file " << it->second.dtype << " " << shape_str(it->second.shape) << ", model " << t.dtype()
+         << " " << shape_str(t.shape()) << ")";
+      mismatched.push_back(os.str());
+      continue;
+    }
+    incoming.emplace_back(name, materialize(f, it->second));
+  }
+  for (const auto& [name, t] : f.tensors) {
+    if (name.rfind(kOptimizerPrefix, 0) != 0 && !model_names.count(name)) unexpected.push_back(name);
+  }
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    fail(path, "does not match the ", model.type_name(), " model:",
+         missing.empty() ? "" : " missing keys: " + join(missing) + ";",
+         unexpected.empty() ? "" : " unexpected keys: " + join(unexpected) + ";",
+         mismatched.empty() ? "" : " dtype/shape mismatch: " + join(mismatched) + ";", " nothing was loaded");
+  }
+
+  // Optimizer: parsed and checked against the optimizer before anything is modified.
+  optim::OptimizerStateDict opt_state;
+  if (optimizer != nullptr) {
+    if (!f.metadata.count("optimizer.type")) fail(path, "holds no optimizer state, but an optimizer was given");
+    opt_state = read_optimizer_state(path, f);
+    try {
+      optimizer->check_state_dict(opt_state);
+    } catch (const Error& e) {
+      fail(path, "optimizer state does not fit: ", e.what());
+    }
+  }
+
+  // Training state.
+  TrainingState loaded;
+  if (state != nullptr) {
+    loaded.epoch = parse_int(path, "training.epoch", require_meta(path, f, "training.epoch"));
+    loaded.step = parse_int(path, "training.step", require_meta(path, f, "training.step"));
+    const std::string rng_prefix = "training.rng.";
+    const std::string user_prefix = "user.";
+    for (const auto& [key, value] : f.metadata) {
+      if (key.rfind(rng_prefix, 0) == 0) {
+        const size_t comma = value.find(',');
+        if (comma == std::string::npos) fail(path, "__metadata__ '", key, "' = '", value, "' is not '<seed>,<offset>'");
+        loaded.rng.push_back({key.substr(rng_prefix.size()), parse_uint(path, key, value.substr(0, comma)),
+                              parse_uint(path, key, value.substr(comma + 1))});
+      } else if (key.rfind(user_prefix, 0) == 0) {
+        loaded.metadata[key.substr(user_prefix.size())] = value;
+      }
+    }
+  }
+
+  // Everything is valid: apply.
+  model.load_state_dict(incoming, /*strict=*/true);
+  if (optimizer != nullptr) optimizer->load_state_dict(opt_state);
+  if (state != nullptr) {
+    restore_rng_state(loaded.rng);
+    *state = std::move(loaded);
+  }
+}
+
+}  // namespace dpe::engine

@@ -1,0 +1,354 @@
+#include "engine/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/autograd/grad_mode.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "tests/testing/golden.h"
+
+namespace dpe::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// fc1: Linear(4, 3), relu, fc2: Linear(3, 2); optionally an int64 buffer (checkpoints keep every dtype).
+class Mlp : public nn::Cloneable<Mlp> {
+ public:
+  explicit Mlp(DType dtype = DType::Float64, bool with_buffer = false)
+      : Cloneable("Mlp"), dtype_(dtype), with_buffer_(with_buffer) {
+    reset();
+  }
+  void reset() override {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(nn::LinearOptions{4, 3, true, TensorOptions(dtype_)}));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(nn::LinearOptions{3, 2, true, TensorOptions(dtype_)}));
+    if (with_buffer_) count = register_buffer("count", Tensor::from_vector(std::vector<int64_t>{7, -1}, {2}));
+  }
+  Tensor forward(const Tensor& x) override { return fc2->forward(relu(fc1->forward(x))); }
+
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  Tensor count;
+
+ private:
+  DType dtype_;
+  bool with_buffer_;
+};
+
+std::string temp_path(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return (fs::path(dir ? dir : fs::temp_directory_path().string()) / name).string();
+}
+
+std::vector<Tensor> snapshot(const nn::Module& m) {
+  std::vector<Tensor> out;
+  for (const auto& [name, t] : m.state_dict()) out.push_back(t.detach().clone());
+  return out;
+}
+
+bool same_state(const nn::Module& m, const std::vector<Tensor>& snap) {
+  nn::StateDict sd = m.state_dict();
+  if (sd.size() != snap.size()) return false;
+  for (size_t i = 0; i < sd.size(); ++i) {
+    if (!equal(sd[i].second, snap[i])) return false;
+  }
+  return true;
+}
+
+// One cross-entropy training step on a fixed batch.
+void train_step(Mlp& model, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
+  opt.zero_grad();
+  Tensor loss = nn::functional::cross_entropy(model.forward(x), y);
+  loss.backward();
+  opt.step();
+}
+
+struct Batch {
+  Tensor x, y;
+};
+Batch make_batch() {
+  Generator gen(123);
+  return {randn({8, 4}, TensorOptions(DType::Float64), &gen),
+          Tensor::from_vector(std::vector<int64_t>{0, 1, 1, 0, 1, 0, 0, 1}, {8})};
+}
+
+TEST(CheckpointTest, RoundTripIsBitExact) {
+  manual_seed(1);
+  Mlp model(DType::Float64, /*with_buffer=*/true);
+  optim::AdamW opt(model.parameters(), {.lr = 0.01});
+  Batch b = make_batch();
+  train_step(model, opt, b.x, b.y);
+  train_step(model, opt, b.x, b.y);
+  rand({5});  // move the cpu:0 generator off its initial offset
+  TrainingState st{.epoch = 3, .step = 17, .rng = {}, .metadata = {{"note", "h\xc3\xa9 \"quoted\"\n\\"}, {"k", ""}}};
+  const std::string path = temp_path("roundtrip.safetensors");
+  save_checkpoint(path, model, &opt, st);
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  const std::vector<double> next_random = rand({4}, TensorOptions(DType::Float64)).to_vector<double>();
+
+  manual_seed(99);  // different init and generator state
+  Mlp fresh(DType::Float64, true);
+  {
+    NoGradGuard no_grad;
+    fresh.count.fill_(0);
+  }
+  optim::AdamW fresh_opt(fresh.parameters(), {.lr = 0.5});
+  TrainingState loaded;
+  load_checkpoint(path, fresh, &fresh_opt, &loaded);
+
+  const nn::StateDict a = model.state_dict(), c = fresh.state_dict();
+  ASSERT_EQ(a.size(), c.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, c[i].first);
+    EXPECT_EQ(c[i].second.dtype(), a[i].second.dtype());
+    EXPECT_TRUE(equal(a[i].second, c[i].second)) << a[i].first;
+  }
+  const optim::OptimizerStateDict s1 = opt.state_dict(), s2 = fresh_opt.state_dict();
+  EXPECT_EQ(s2.param_groups[0].lr, 0.01);
+  EXPECT_EQ(s2.param_groups[0].options, s1.param_groups[0].options);
+  EXPECT_EQ(s2.scalars, s1.scalars);
+  ASSERT_EQ(s2.tensors.size(), s1.tensors.size());
+  for (const auto& [i, named] : s1.tensors) {
+    for (const auto& [name, t] : named) EXPECT_TRUE(equal(s2.tensors.at(i).at(name), t)) << i << " " << name;
+  }
+  EXPECT_EQ(loaded.epoch, 3);
+  EXPECT_EQ(loaded.step, 17);
+  EXPECT_EQ(loaded.metadata, st.metadata);
+  EXPECT_EQ(loaded.rng.size(), capture_rng_state().size());
+  // The generators continue where they were at save time.
+  EXPECT_EQ(rand({4}, TensorOptions(DType::Float64)).to_vector<double>(), next_random);
+}
+
+TEST(CheckpointTest, HeaderIsValidSafetensors) {
+  Mlp model(DType::Float32);
+  const std::string path = temp_path("layout.safetensors");
+  save_checkpoint(path, model, nullptr);
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ((8 + n) % 8, 0u);  // data 8-byte aligned
+  const std::string header = bytes.substr(8, n);
+  EXPECT_NE(header.find(R"("fc1.weight":{"dtype":"F32","shape":[3,4],"data_offsets":[0,48]})"), std::string::npos)
+      << header;
+  EXPECT_NE(header.find(R"("format":"pt")"), std::string::npos);
+  // 4*3 + 3 + 3*2 + 2 floats of data.
+  EXPECT_EQ(bytes.size() - 8 - n, (12u + 3 + 6 + 2) * 4);
+}
+
+// Train 2N steps = train N, save, load into fresh objects, train N: bit-identical parameters.
+template <typename MakeOpt>
+void check_resume(MakeOpt make_opt, const std::string& name) {
+  const int N = 3;
+  Batch b = make_batch();
+  manual_seed(5);
+  Mlp straight;
+  auto opt = make_opt(straight);
+  for (int i = 0; i < 2 * N; ++i) train_step(straight, *opt, b.x, b.y);
+
+  manual_seed(5);
+  Mlp first;
+  auto opt1 = make_opt(first);
+  for (int i = 0; i < N; ++i) train_step(first, *opt1, b.x, b.y);
+  const std::string path = temp_path(name + ".safetensors");
+  save_checkpoint(path, first, opt1.get(), {.epoch = 0, .step = N});
+
+  manual_seed(77);
+  Mlp resumed;
+  auto opt2 = make_opt(resumed);
+  TrainingState st;
+  load_checkpoint(path, resumed, opt2.get(), &st);
+  EXPECT_EQ(st.step, N);
+  for (int i = 0; i < N; ++i) train_step(resumed, *opt2, b.x, b.y);
+  const nn::StateDict a = straight.state_dict(), c = resumed.state_dict();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(equal(a[i].second, c[i].second)) << name << " " << a[i].first;
+}
+
+TEST(CheckpointTest, ResumeEquivalenceSgdMomentum) {
+  check_resume(
+      [](Mlp& m) {
+        return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+      },
+      "sgd");
+}
+
+TEST(CheckpointTest, ResumeEquivalenceAdamW) {
+  check_resume(
+      [](Mlp& m) {
+        return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+      },
+      "adamw");
+}
+
+// ---- corrupt and mismatched files ----
+
+// A file with the given header text and data bytes (length prefix computed unless overridden).
+void write_raw(const std::string& path, const std::string& header, const std::string& data,
+               std::optional<uint64_t> length = std::nullopt) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const uint64_t n = length.value_or(header.size());
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header << data;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+class CorruptFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    good_ = temp_path("good.safetensors");
+    Mlp source(DType::Float32);
+    optim::SGD opt(source.parameters(), {.lr = 0.1, .momentum = 0.9});
+    Batch b = make_batch();
+    save_checkpoint(good_, source, nullptr);
+    model_ = std::make_unique<Mlp>(DType::Float32);
+    opt_ = std::make_unique<optim::SGD>(model_->parameters(), optim::SGDOptions{.lr = 0.3, .momentum = 0.5});
+    before_ = snapshot(*model_);
+  }
+
+  // Loads `path` into the model and returns the error ("" if none); checks the model is untouched.
+  std::string load_error(const std::string& path, bool with_optimizer = false) {
+    std::string message;
+    try {
+      TrainingState st;
+      load_checkpoint(path, *model_, with_optimizer ? opt_.get() : nullptr, &st);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_TRUE(same_state(*model_, before_)) << "model modified by a failed load of " << path;
+    EXPECT_EQ(opt_->param_groups()[0].lr, 0.3);
+    EXPECT_NE(message.find("load_checkpoint: " + path + ": "), std::string::npos) << message;
+    return message;
+  }
+
+  std::string good_;
+  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<optim::SGD> opt_;
+  std::vector<Tensor> before_;
+};
+
+TEST_F(CorruptFileTest, MissingFile) {
+  EXPECT_NE(load_error(temp_path("does_not_exist.safetensors")).find("cannot open"), std::string::npos);
+}
+
+TEST_F(CorruptFileTest, TruncatedFiles) {
+  const std::string bytes = read_bytes(good_);
+  const std::string p = temp_path("truncated.safetensors");
+  write_bytes(p, bytes.substr(0, 5));
+  EXPECT_NE(load_error(p).find("truncated: 5 bytes"), std::string::npos);
+  write_bytes(p, bytes.substr(0, 40));
+  EXPECT_NE(load_error(p).find("truncated or bad header length"), std::string::npos);
+  write_bytes(p, bytes.substr(0, bytes.size() - 3));  // cut inside the last tensor's data
+  EXPECT_NE(load_error(p).find("lie outside the"), std::string::npos);
+}
+
+TEST_F(CorruptFileTest, BadHeaderLength) {
+  const std::string p = temp_path("badlen.safetensors");
+  write_raw(p, "{}", "", uint64_t(1) << 60);
+  EXPECT_NE(load_error(p).find("bad header length"), std::string::npos);
+}
+
+TEST_F(CorruptFileTest, MalformedJson) {
+  const std::string p = temp_path("badjson.safetensors");
+  write_raw(p, R"({"fc1.weight": {"dtype": "F32", )", "");
+  EXPECT_NE(load_error(p).find("malformed JSON header"), std::string::npos);
+  write_raw(p, "[1, 2]", "");
+  EXPECT_NE(load_error(p).find("not an object"), std::string::npos);
+}
+
+TEST_F(CorruptFileTest, OffsetsOutsideTheFileOrWrongSize) {
+  const std::string p = temp_path("offsets.safetensors");
+  write_raw(p, R"({"fc1.weight": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]}})", std::string(20, 'x'));
+  EXPECT_NE(load_error(p).find("data_offsets [0, 48] lie outside the 20-byte data section"), std::string::npos);
+  write_raw(p, R"({"fc1.weight": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 40]}})", std::string(48, 'x'));
+  EXPECT_NE(load_error(p).find("cover 40 bytes but F32 [3, 4] needs 48"), std::string::npos);
+  write_raw(p, R"({"w": {"dtype": "Q8", "shape": [1], "data_offsets": [0, 1]}})", "x");
+  EXPECT_NE(load_error(p).find("unsupported dtype Q8"), std::string::npos);
+}
+
+TEST_F(CorruptFileTest, DtypeShapeAndKeyMismatches) {
+  const std::string p = temp_path("mismatch.safetensors");
+  Mlp f64(DType::Float64);
+  save_checkpoint(p, f64, nullptr);
+  EXPECT_NE(load_error(p).find("fc1.weight (file float64 [3, 4], model float32 [3, 4])"), std::string::npos);
+
+  class Wide : public nn::Cloneable<Wide> {
+   public:
+    Wide() : Cloneable("Wide") { reset(); }
+    void reset() override {
+      fc1 = register_module("fc1", std::make_shared<nn::Linear>(5, 3));
+      fc2 = register_module("fc2", std::make_shared<nn::Linear>(3, 2));
+      extra = register_parameter("extra", zeros({1}));
+    }
+    std::shared_ptr<nn::Linear> fc1, fc2;
+    Tensor extra;
+  };
+  Wide wide;
+  save_checkpoint(p, wide, nullptr);
+  const std::string e = load_error(p);
+  EXPECT_NE(e.find("unexpected keys: extra"), std::string::npos) << e;
+  EXPECT_NE(e.find("fc1.weight (file float32 [3, 5], model float32 [3, 4])"), std::string::npos) << e;
+
+  nn::Linear lone(4, 3);
+  save_checkpoint(p, lone, nullptr);  // "weight", "bias": every Mlp key missing
+  EXPECT_NE(load_error(p).find("missing keys: fc1.weight, fc1.bias, fc2.weight, fc2.bias"), std::string::npos);
+}
+
+TEST_F(CorruptFileTest, OptimizerMismatches) {
+  // No optimizer state in the file, but an optimizer given.
+  EXPECT_NE(load_error(good_, /*with_optimizer=*/true).find("holds no optimizer state"), std::string::npos);
+  // Adam state into SGD.
+  const std::string p = temp_path("adam.safetensors");
+  Mlp source(DType::Float32);
+  optim::Adam adam(source.parameters(), {.lr = 0.1});
+  save_checkpoint(p, source, &adam);
+  EXPECT_NE(load_error(p, true).find("belongs to a Adam optimizer, not SGD"), std::string::npos);
+}
+
+TEST(CheckpointTest, SaveOverwritesAtomicallyAndReportsBadPaths) {
+  Mlp model(DType::Float32);
+  const std::string path = temp_path("overwrite.safetensors");
+  save_checkpoint(path, model, nullptr, {.epoch = 1});
+  save_checkpoint(path, model, nullptr, {.epoch = 2});
+  TrainingState st;
+  load_checkpoint(path, model, nullptr, &st);
+  EXPECT_EQ(st.epoch, 2);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  try {
+    save_checkpoint(temp_path("no/such/dir/x.safetensors"), model, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckpointTest, ReadsAFileWrittenByPython) {
+  // engine/testdata/torch_mlp.safetensors and its values: tests/golden/gen_checkpoint.py.
+  testing::Golden g = testing::load_golden("checkpoint_torch");
+  Mlp model(DType::Float32);
+  load_checkpoint("engine/testdata/torch_mlp.safetensors", model);
+  EXPECT_TRUE(equal(model.fc1->weight, g.tensor("fc1_weight")));
+  EXPECT_TRUE(equal(model.fc1->bias, g.tensor("fc1_bias")));
+  EXPECT_TRUE(equal(model.fc2->weight, g.tensor("fc2_weight")));
+  EXPECT_TRUE(equal(model.fc2->bias, g.tensor("fc2_bias")));
+}
+
+}  // namespace
+}  // namespace dpe::engine

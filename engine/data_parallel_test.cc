@@ -1,0 +1,265 @@
+#include "engine/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include "core/autograd/grad_mode.h"
+#include "core/ops.h"
+#include "layers/containers.h"
+#include "layers/linear.h"
+
+namespace dpe {
+namespace {
+
+using nn::Cloneable;
+using nn::Linear;
+
+std::vector<Device> cpus(int n) {
+  set_num_cpu_devices(std::max(num_cpu_devices(), n));
+  std::vector<Device> d;
+  for (int i = 0; i < n; ++i) d.push_back(Device::cpu(i));
+  return d;
+}
+
+class Mlp : public Cloneable<Mlp> {
+ public:
+  Mlp() : Cloneable("Mlp") { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", std::make_shared<Linear>(6, 16));
+    fc2 = register_module("fc2", std::make_shared<Linear>(16, 3));
+  }
+  Tensor forward(const Tensor& x) override { return fc2->forward(relu(fc1->forward(x))); }
+  std::shared_ptr<Linear> fc1, fc2;
+};
+
+// A module whose buffer counts the rows it has seen (a stand-in for BatchNorm's running stats).
+class Counter : public Cloneable<Counter> {
+ public:
+  Counter() : Cloneable("Counter") { reset(); }
+  void reset() override {
+    fc = register_module("fc", std::make_shared<Linear>(2, 2));
+    seen = register_buffer("seen", zeros({1}));
+  }
+  Tensor forward(const Tensor& x) override {
+    {
+      NoGradGuard no_grad;
+      seen.add_(full({1}, static_cast<double>(x.size(0))));
+    }
+    return fc->forward(x);
+  }
+  std::shared_ptr<Linear> fc;
+  Tensor seen;
+};
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// max |a - b| relative to the tensor's scale max |b|: float32 sums taken in a different order (per chunk, then
+// across devices) differ by a few ulps of the largest terms, which an elementwise ratio would inflate on
+// entries that are sums of cancelling terms.
+double max_relative_diff(const Tensor& a, const Tensor& b) {
+  std::vector<float> x = a.to_vector<float>(), y = b.to_vector<float>();
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(x[i] - y[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(y[i])));
+  }
+  return worst / (scale + 1e-12);
+}
+
+TEST(DataParallelTest, GradientsEqualTheSingleDeviceFullBatch) {
+  auto devices = cpus(4);
+  for (auto [batch, n] : std::vector<std::pair<int64_t, int>>{{5, 3}, {4, 3}, {7, 2}, {8, 4}, {10, 4}, {1, 4}}) {
+    manual_seed(batch * 10 + n);
+    auto model = std::make_shared<Mlp>();
+    auto reference = nn::clone_module(*model, Device::cpu(0));
+    Tensor x = randn({batch, 6});
+    Tensor target = randn({batch, 3});
+    DataParallel dp(model, {.device_ids = std::vector<Device>(devices.begin(), devices.begin() + n),
+                            .bucket_bytes = 256});  // small buckets: several reductions, some overlapped
+    Tensor out = dp.forward(x);
+    Tensor expected_out = reference->forward(x);
+    EXPECT_LT(max_relative_diff(out, expected_out), 1e-6) << batch << "/" << n;  // rows in input order
+    mean(square(out - target)).backward();
+    mean(square(expected_out - target)).backward();
+    auto got = model->named_parameters(), want = reference->named_parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].second.grad().defined()) << got[i].first;
+      EXPECT_LT(max_relative_diff(got[i].second.grad(), want[i].second.grad()), 1e-5)
+          << got[i].first << " batch " << batch << " on " << n << " devices";
+    }
+    EXPECT_EQ(dp.last_step().used_devices.size(), compute_chunk_sizes(batch, n).size());
+  }
+}
+
+TEST(DataParallelTest, SgdStepsMatchSingleDevice) {
+  auto devices = cpus(2);
+  manual_seed(1);
+  auto model = std::make_shared<Mlp>();
+  auto reference = nn::clone_module(*model, Device::cpu(0));
+  DataParallel dp(model, {.device_ids = devices});
+  for (int step = 0; step < 4; ++step) {
+    Tensor x = randn({6, 6}), target = randn({6, 3});
+    mean(square(dp.forward(x) - target)).backward();
+    mean(square(reference->forward(x) - target)).backward();
+    NoGradGuard no_grad;
+    for (auto* m : {static_cast<nn::Module*>(model.get()), static_cast<nn::Module*>(reference.get())}) {
+      for (Tensor p : m->parameters()) p.add_(p.grad(), -0.1);
+      m->zero_grad();
+    }
+  }
+  auto got = model->parameters(), want = reference->parameters();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_LT(max_relative_diff(got[i], want[i]), 1e-5);
+  EXPECT_EQ(dp.replicas_created(), 1);  // built once, at construction
+  EXPECT_EQ(dp.threads_created(), 2);   // no thread per step
+}
+
+TEST(DataParallelTest, MasterGradAccumulatesAcrossBackwardsLikePyTorch) {
+  auto devices = cpus(2);
+  auto model = std::make_shared<Mlp>();
+  auto reference = nn::clone_module(*model, Device::cpu(0));
+  DataParallel dp(model, {.device_ids = devices});
+  Tensor x = randn({4, 6});
+  for (int k = 0; k < 2; ++k) {
+    sum(dp.forward(x)).backward();
+    sum(reference->forward(x)).backward();
+  }
+  EXPECT_LT(max_relative_diff(model->fc1->weight.grad(), reference->fc1->weight.grad()), 1e-5);
+}
+
+TEST(DataParallelTest, InputGradientsAndOutputDevice) {
+  auto devices = cpus(3);
+  auto model = std::make_shared<Mlp>();
+  auto reference = nn::clone_module(*model, Device::cpu(0));
+  DataParallel dp(model, {.device_ids = devices, .output_device = Device::cpu(2)});
+  Tensor x = randn({5, 6}).set_requires_grad(true);
+  Tensor x_ref = x.detach().clone().set_requires_grad(true);
+  Tensor out = dp.forward(x);
+  EXPECT_EQ(out.device(), Device::cpu(2));
+  sum(out).backward();
+  sum(reference->forward(x_ref)).backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().device(), Device::cpu(0));
+  EXPECT_LT(max_relative_diff(x.grad(), x_ref.grad()), 1e-5);
+}
+
+TEST(DataParallelTest, SingleDeviceIsTheModuleItself) {
+  auto devices = cpus(1);
+  auto model = std::make_shared<Mlp>();
+  auto reference = nn::clone_module(*model, Device::cpu(0));
+  DataParallel dp(model, {.device_ids = std::vector<Device>{Device::cpu(0)}});
+  Tensor x = randn({5, 6});
+  Tensor out = dp.forward(x);
+  EXPECT_TRUE(equal(out, reference->forward(x)));  // bit for bit
+  sum(out).backward();
+  sum(reference->forward(x)).backward();
+  EXPECT_TRUE(equal(model->fc1->weight.grad(), reference->fc1->weight.grad()));
+  EXPECT_EQ(dp.replicas_created(), 0);
+  EXPECT_EQ(dp.last_step().broadcast.bytes, 0);
+  EXPECT_EQ(dp.last_step().reduce.bytes, 0);
+}
+
+TEST(DataParallelTest, EvalForwardBuildsNoGraph) {
+  auto devices = cpus(2);
+  auto model = std::make_shared<Mlp>();
+  DataParallel dp(model, {.device_ids = devices});
+  NoGradGuard no_grad;
+  Tensor out = dp.forward(randn({4, 6}));
+  EXPECT_FALSE(out.requires_grad());
+  EXPECT_EQ(out.grad_fn(), nullptr);
+}
+
+TEST(DataParallelTest, BufferPolicies) {
+  auto devices = cpus(2);
+  {
+    auto model = std::make_shared<Counter>();
+    DataParallel dp(model, {.device_ids = devices});
+    dp.forward(randn({5, 2}));  // chunks 3, 2
+    EXPECT_EQ(model->seen.item(), 3.0);  // PyTorch: replica 0's update persists, the others' are lost
+    dp.forward(randn({5, 2}));
+    EXPECT_EQ(model->seen.item(), 6.0);  // replicas start each step from the master's buffers
+  }
+  {
+    auto model = std::make_shared<Counter>();
+    DataParallel dp(model, {.device_ids = devices, .buffers = BufferPolicy::Average});
+    dp.forward(randn({5, 2}));
+    EXPECT_EQ(model->seen.item(), 2.5);  // (3 + 2) / 2
+  }
+}
+
+TEST(DataParallelTest, ReportsChunksBytesAndMemory) {
+  auto devices = cpus(3);
+  auto model = std::make_shared<Mlp>();
+  DataParallel dp(model, {.device_ids = devices, .split = SplitRule::Balanced});
+  Tensor out = dp.forward(randn({4, 6}));
+  sum(out).backward();
+  const StepReport& r = dp.last_step();
+  EXPECT_EQ(r.chunk_sizes, (std::vector<int64_t>{2, 1, 1}));
+  EXPECT_EQ(r.used_devices.size(), 3u);
+  int64_t param_bytes = (6 * 16 + 16 + 16 * 3 + 3) * 4;
+  EXPECT_EQ(r.broadcast.bytes, 2 * param_bytes);  // to each of the 2 other replicas
+  EXPECT_EQ(r.reduce.bytes, 2 * param_bytes);     // from each of them
+  EXPECT_EQ(r.memory.size(), 3u);
+  EXPECT_GT(r.memory[0].second.peak_allocated_bytes, 0);
+  EXPECT_GE(r.buckets, 1);
+}
+
+TEST(DataParallelTest, DeviceValidation) {
+  cpus(2);
+  auto model = std::make_shared<Mlp>();
+  EXPECT_NE(error_of([&] { DataParallel(model, {.device_ids = std::vector<Device>{}}); }).find("device_ids is empty"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              DataParallel(model, {.device_ids = std::vector<Device>{Device::cpu(0), Device::cpu(1), Device::cpu(0)}});
+            }).find("contains cpu:0 more than once"),
+            std::string::npos);
+  std::string out_of_range = error_of([&] { DataParallel(model, {.device_ids = std::vector<Device>{Device::cpu(0), Device::cpu(500)}}); });
+  EXPECT_NE(out_of_range.find("cpu:500 does not exist"), std::string::npos) << out_of_range;
+  EXPECT_NE(error_of([&] {
+              DataParallel(model, {.device_ids = std::vector<Device>{Device::cpu(0), Device::cuda(0)}});
+            }).find("mixes cpu:0 and cuda:0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { DataParallel(model, {.device_ids = std::vector<Device>{Device::cpu(0)}, .output_device = Device::cpu(77)}); })
+                .find("output_device"),
+            std::string::npos);
+  auto elsewhere = std::make_shared<Mlp>();
+  elsewhere->to(Device::cpu(1));
+  std::string placement = error_of([&] { DataParallel(elsewhere, {.device_ids = std::vector<Device>{Device::cpu(0), Device::cpu(1)}}); });
+  EXPECT_NE(placement.find("device_ids[0] = cpu:0 but 'fc1.weight' is on cpu:1"), std::string::npos) << placement;
+}
+
+class FailsOnSmallChunks : public Cloneable<FailsOnSmallChunks> {
+ public:
+  FailsOnSmallChunks() : Cloneable("FailsOnSmallChunks") { reset(); }
+  void reset() override { fc = register_module("fc", std::make_shared<Linear>(2, 2)); }
+  Tensor forward(const Tensor& x) override {
+    DPE_CHECK(x.size(0) > 1, "chunk of ", x.size(0), " rows is too small");
+    return fc->forward(x);
+  }
+  std::shared_ptr<Linear> fc;
+};
+
+TEST(DataParallelTest, ReplicaFailureIsReportedOnceAndTheNextStepWorks) {
+  auto devices = cpus(2);
+  DataParallel dp(std::make_shared<FailsOnSmallChunks>(), {.device_ids = devices});
+  try {
+    dp.forward(randn({3, 2}));  // chunks 2, 1
+    ADD_FAILURE();
+  } catch (const ReplicaError& e) {
+    EXPECT_EQ(e.replica(), 1);
+    EXPECT_NE(std::string(e.what()).find("replica 1 on cpu:1: chunk of 1 rows is too small"), std::string::npos)
+        << e.what();
+  }
+  Tensor out = dp.forward(randn({4, 2}));
+  sum(out).backward();
+  EXPECT_EQ(out.size(0), 4);
+}
+
+}  // namespace
+}  // namespace dpe

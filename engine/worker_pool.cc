@@ -1,0 +1,164 @@
+#include "engine/worker_pool.h"
+
+#include <omp.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "core/autograd/grad_mode.h"
+
+#if DPE_WITH_CUDA
+#include "core/cuda/cuda_device.h"
+#endif
+
+namespace dpe {
+
+ReplicaError::ReplicaError(int replica, Device device, const std::string& message)
+    : Error(detail::str_cat("replica ", replica, " on ", device, ": ", message)), replica_(replica), device_(device) {}
+
+namespace {
+
+// Runs `fn` and returns the exception it threw, if any, as a message.
+std::exception_ptr capture(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+struct DeviceWorkerPool::Impl {
+  struct Worker {
+    Device device;
+    std::thread thread;
+    std::function<void()> task;  // set by run(), cleared by the worker when done
+    std::exception_ptr error;
+  };
+
+  std::vector<Device> devices;
+  std::vector<std::unique_ptr<Worker>> workers;
+  int cpu_threads = 1;
+  int64_t threads_created = 0;
+
+  std::mutex mutex;
+  std::condition_variable work_ready;
+  std::condition_variable work_done;
+  uint64_t generation = 0;  // bumped by each run(); a worker runs its task once per generation
+  size_t pending = 0;
+  bool stopping = false;
+
+  void loop(Worker& w) {
+    std::unique_ptr<tbb::task_arena> arena;
+    if (w.device.is_cpu()) {
+      omp_set_num_threads(cpu_threads);
+      arena = std::make_unique<tbb::task_arena>(cpu_threads);
+    }
+    uint64_t seen = 0;
+    while (true) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mutex);
+        work_ready.wait(lock, [&] { return stopping || (generation != seen && w.task); });
+        if (stopping) return;
+        seen = generation;
+        task = std::move(w.task);
+        w.task = nullptr;
+      }
+      std::exception_ptr error = capture([&] {
+#if DPE_WITH_CUDA
+        std::unique_ptr<cuda::DeviceGuard> guard;
+        if (w.device.is_cuda()) guard = std::make_unique<cuda::DeviceGuard>(w.device.index);
+#endif
+        if (arena) {
+          arena->execute(task);
+        } else {
+          task();
+        }
+      });
+      std::lock_guard lock(mutex);
+      w.error = error;
+      if (--pending == 0) work_done.notify_all();
+    }
+  }
+};
+
+DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices) : impl_(std::make_unique<Impl>()) {
+  DPE_CHECK(!devices.empty(), "DeviceWorkerPool: no devices");
+  impl_->devices = std::move(devices);
+  int cpu_devices = static_cast<int>(
+      std::count_if(impl_->devices.begin(), impl_->devices.end(), [](const Device& d) { return d.is_cpu(); }));
+  int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  impl_->cpu_threads = std::max(1, cpu_devices > 0 ? cores / cpu_devices : 1);
+  for (const Device& d : impl_->devices) {
+    auto worker = std::make_unique<Impl::Worker>();
+    worker->device = d;
+    impl_->workers.push_back(std::move(worker));
+  }
+  for (auto& worker : impl_->workers) {
+    Impl::Worker* w = worker.get();
+    w->thread = std::thread([this, w] { impl_->loop(*w); });
+    ++impl_->threads_created;
+  }
+}
+
+DeviceWorkerPool::~DeviceWorkerPool() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->work_ready.notify_all();
+  for (auto& w : impl_->workers) w->thread.join();
+}
+
+size_t DeviceWorkerPool::size() const { return impl_->workers.size(); }
+const std::vector<Device>& DeviceWorkerPool::devices() const { return impl_->devices; }
+int64_t DeviceWorkerPool::threads_created() const { return impl_->threads_created; }
+int DeviceWorkerPool::cpu_threads_per_device() const { return impl_->cpu_threads; }
+
+void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica)>& fn) {
+  DPE_CHECK(count <= size(), "DeviceWorkerPool::run: ", count, " replicas for ", size(), " workers");
+  if (count == 0) return;
+  bool grad_enabled = GradMode::is_enabled();
+  {
+    std::unique_lock lock(impl_->mutex);
+    DPE_INTERNAL_ASSERT(impl_->pending == 0, "DeviceWorkerPool::run is not reentrant");
+    ++impl_->generation;
+    impl_->pending = count;
+    for (size_t i = 0; i < count; ++i) {
+      impl_->workers[i]->error = nullptr;
+      impl_->workers[i]->task = [&fn, i, grad_enabled] {
+        GradMode::set_enabled(grad_enabled);
+        fn(i);
+      };
+    }
+  }
+  impl_->work_ready.notify_all();
+  std::unique_lock lock(impl_->mutex);
+  impl_->work_done.wait(lock, [&] { return impl_->pending == 0; });
+  for (size_t i = 0; i < count; ++i) {
+    if (impl_->workers[i]->error) {
+      std::exception_ptr error = impl_->workers[i]->error;
+      impl_->workers[i]->error = nullptr;
+      throw ReplicaError(static_cast<int>(i), impl_->devices[i], message_of(error));
+    }
+  }
+}
+
+}  // namespace dpe

@@ -1,0 +1,59 @@
+// One persistent worker thread per device (DESIGN.md "Threads, streams, errors").
+//
+// run(count, fn) runs fn(i) on worker i for i in [0, count) at the same time and returns when all have
+// finished. A worker that throws does not stop the others: every exception is caught, tagged with the
+// replica index and device, and after all workers have finished the lowest-index one is rethrown in the
+// caller as ReplicaError. No thread is created after construction (threads_created() stays constant).
+//
+// CPU workers get their share of the cores (hardware threads / number of CPU devices in the pool, at least
+// 1) for intra-op parallelism: each runs its tasks inside its own oneTBB task_arena of that size and sets its
+// OpenMP thread count (oneDNN's runtime) to it, so devices do not oversubscribe the machine.
+// The caller's grad mode is carried into the worker for the duration of the task.
+//
+// Thread-safety: run() may be called from one thread at a time, never from a worker of the same pool.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/device.h"
+#include "core/error.h"
+
+namespace dpe {
+
+// An exception raised in a replica, rethrown in the caller: "replica 1 on cpu:1: <original message>".
+class ReplicaError : public Error {
+ public:
+  ReplicaError(int replica, Device device, const std::string& message);
+  int replica() const { return replica_; }
+  const Device& device() const { return device_; }
+
+ private:
+  int replica_;
+  Device device_;
+};
+
+class DeviceWorkerPool {
+ public:
+  explicit DeviceWorkerPool(std::vector<Device> devices);
+  ~DeviceWorkerPool();
+  DeviceWorkerPool(const DeviceWorkerPool&) = delete;
+  DeviceWorkerPool& operator=(const DeviceWorkerPool&) = delete;
+
+  size_t size() const;
+  const std::vector<Device>& devices() const;
+  // Runs fn(i) on workers 0..count-1 (count <= size()) and waits for all of them.
+  void run(size_t count, const std::function<void(size_t replica)>& fn);
+  // Total threads this pool ever started (tests: constant after construction).
+  int64_t threads_created() const;
+  // Intra-op threads each CPU worker uses.
+  int cpu_threads_per_device() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dpe

@@ -1,0 +1,152 @@
+#include "layers/attention.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace dpe::nn {
+
+namespace functional {
+
+RotaryTables rotary_tables(int64_t seq_len, int64_t head_dim, double theta, TensorOptions options) {
+  // cos, sin: (T, head_dim); column i and i + head_dim/2 share the frequency theta^(-2i/head_dim).
+  DPE_CHECK(seq_len >= 0 && head_dim > 0 && head_dim % 2 == 0, "rotary_tables: need seq_len >= 0 and an even head_dim > 0, got seq_len ",
+            seq_len, ", head_dim ", head_dim);
+  DPE_CHECK(theta > 0, "rotary_tables: theta must be positive, got ", theta);
+  const int64_t half = head_dim / 2;
+  std::vector<double> c(static_cast<size_t>(seq_len * head_dim)), s(c.size());
+  for (int64_t i = 0; i < half; ++i) {
+    double inv_freq = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+    for (int64_t t = 0; t < seq_len; ++t) {
+      double angle = static_cast<double>(t) * inv_freq;
+      c[t * head_dim + i] = c[t * head_dim + i + half] = std::cos(angle);
+      s[t * head_dim + i] = s[t * head_dim + i + half] = std::sin(angle);
+    }
+  }
+  TensorOptions opts = options.with_requires_grad(false);
+  return {Tensor::from_vector(c, {seq_len, head_dim}, opts), Tensor::from_vector(s, {seq_len, head_dim}, opts)};
+}
+
+Tensor apply_rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  // x: (..., T, d)  cos, sin: (T, d)  ->  x * cos + rotate_half(x) * sin
+  DPE_CHECK(x.dim() >= 2, "apply_rotary_emb: expected x of shape (..., T, head_dim), got ", shape_str(x.shape()));
+  const int64_t T = x.size(-2), d = x.size(-1);
+  DPE_CHECK(d % 2 == 0, "apply_rotary_emb: head_dim must be even, got x ", shape_str(x.shape()));
+  DPE_CHECK(cos.shape() == (Shape{T, d}) && sin.shape() == (Shape{T, d}), "apply_rotary_emb: x ", shape_str(x.shape()),
+            " needs cos and sin of shape [", T, ", ", d, "], got ", shape_str(cos.shape()), " and ",
+            shape_str(sin.shape()));
+  const int64_t half = d / 2;
+  Tensor rotated = cat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+AttentionMasks attention_masks(int64_t T, const Tensor& key_padding_mask, TensorOptions options) {
+  // key_padding_mask: (B, T) or undefined  ->  additive: (B, 1, T, T) or (T, T); keep: (B, 1, T, 1) or undefined
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  TensorOptions opts = options.with_requires_grad(false);
+  if (!key_padding_mask.defined()) {
+    std::vector<double> add(static_cast<size_t>(T * T), 0.0);
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = i + 1; j < T; ++j) add[i * T + j] = neg_inf;
+    return {Tensor::from_vector(add, {T, T}, opts), Tensor()};
+  }
+  DPE_CHECK(key_padding_mask.dim() == 2 && key_padding_mask.size(1) == T,
+            "attention_masks: expected key_padding_mask of shape (B, ", T, "), got ",
+            shape_str(key_padding_mask.shape()));
+  const int64_t B = key_padding_mask.size(0);
+  std::vector<double> real = key_padding_mask.to_vector<double>();
+  std::vector<double> add(static_cast<size_t>(B * T * T), 0.0), keep(static_cast<size_t>(B * T), 1.0);
+  bool all_rows_kept = true;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < T; ++i) {
+      double* row = add.data() + (b * T + i) * T;
+      bool any_visible = false;
+      for (int64_t j = 0; j < T; ++j) {
+        bool visible = j <= i && real[b * T + j] != 0.0;
+        row[j] = visible ? 0.0 : neg_inf;
+        any_visible = any_visible || visible;
+      }
+      if (!any_visible) {
+        // No visible key: a finite row (softmax stays finite), zeroed afterwards by `keep`.
+        std::fill(row, row + T, 0.0);
+        keep[b * T + i] = 0.0;
+        all_rows_kept = false;
+      }
+    }
+  }
+  AttentionMasks masks;
+  masks.additive = Tensor::from_vector(add, {B, 1, T, T}, opts);
+  if (!all_rows_kept) masks.keep = Tensor::from_vector(keep, {B, 1, T, 1}, opts);
+  return masks;
+}
+
+}  // namespace functional
+
+CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t num_heads, double rope_theta)
+    : Cloneable("CausalSelfAttention"), dim_(dim), num_heads_(num_heads), rope_theta_(rope_theta) {
+  DPE_CHECK(dim > 0 && num_heads > 0, "CausalSelfAttention(", dim, ", ", num_heads,
+            "): dim and num_heads must be positive");
+  DPE_CHECK(dim % num_heads == 0, "CausalSelfAttention: dim ", dim, " is not divisible by num_heads ", num_heads);
+  DPE_CHECK((dim / num_heads) % 2 == 0, "CausalSelfAttention: head_dim ", dim / num_heads,
+            " (dim ", dim, " / num_heads ", num_heads, ") must be even for rotary embeddings");
+  DPE_CHECK(rope_theta > 0, "CausalSelfAttention: rope_theta must be positive, got ", rope_theta);
+  reset();
+}
+
+void CausalSelfAttention::reset() {
+  wq = register_module("wq", std::make_shared<Linear>(dim_, dim_, /*bias=*/false));
+  wk = register_module("wk", std::make_shared<Linear>(dim_, dim_, /*bias=*/false));
+  wv = register_module("wv", std::make_shared<Linear>(dim_, dim_, /*bias=*/false));
+  wo = register_module("wo", std::make_shared<Linear>(dim_, dim_, /*bias=*/false));
+  tables_ = {};
+  tables_len_ = -1;
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) { return forward_impl(x, Tensor()); }
+
+Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& key_padding_mask) {
+  DPE_CHECK(key_padding_mask.defined(), "CausalSelfAttention: key_padding_mask is undefined (use forward(x))");
+  return forward_impl(x, key_padding_mask);
+}
+
+const functional::RotaryTables& CausalSelfAttention::tables_for(int64_t T, const Tensor& x) {
+  if (tables_len_ != T || tables_.cos.dtype() != x.dtype() || tables_.cos.device() != x.device()) {
+    tables_ = functional::rotary_tables(T, head_dim(), rope_theta_, TensorOptions(x.dtype()).with_device(x.device()));
+    tables_len_ = T;
+  }
+  return tables_;
+}
+
+Tensor CausalSelfAttention::forward_impl(const Tensor& x, const Tensor& key_padding_mask) {
+  // x: (B, T, dim)  key_padding_mask: (B, T) or undefined  ->  (B, T, dim)
+  DPE_CHECK(x.dim() == 3 && x.size(2) == dim_, "CausalSelfAttention(dim ", dim_, ", heads ", num_heads_,
+            "): expected x of shape (B, T, ", dim_, "), got ", shape_str(x.shape()));
+  const int64_t B = x.size(0), T = x.size(1), H = num_heads_, hd = head_dim();
+  if (key_padding_mask.defined()) {
+    DPE_CHECK(key_padding_mask.shape() == (Shape{B, T}), "CausalSelfAttention: key_padding_mask must be (B, T) = [", B,
+              ", ", T, "] for x ", shape_str(x.shape()), ", got ", shape_str(key_padding_mask.shape()));
+  }
+  const functional::RotaryTables& rope = tables_for(T, x);
+
+  // (B, T, dim) -> (B, H, T, hd)
+  auto heads = [&](const Tensor& t) { return t.view({B, T, H, hd}).permute({0, 2, 1, 3}); };
+  Tensor q = functional::apply_rotary_emb(heads(wq->forward(x)), rope.cos, rope.sin).reshape({B * H, T, hd});
+  Tensor k = functional::apply_rotary_emb(heads(wk->forward(x)), rope.cos, rope.sin).reshape({B * H, T, hd});
+  Tensor v = heads(wv->forward(x)).reshape({B * H, T, hd});
+
+  // scores: (B*H, T, T) -> (B, H, T, T), masked, softmax over keys.
+  Tensor scores = bmm(q, k.transpose(1, 2)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+  functional::AttentionMasks masks =
+      functional::attention_masks(T, key_padding_mask, TensorOptions(x.dtype()).with_device(x.device()));
+  Tensor probs = softmax(scores.view({B, H, T, T}) + masks.additive, -1);
+  if (masks.keep.defined()) probs = probs * masks.keep;  // rows without a visible key -> 0
+
+  // (B*H, T, T) @ (B*H, T, hd) -> (B, H, T, hd) -> (B, T, H*hd)
+  Tensor out = bmm(probs.reshape({B * H, T, T}), v).view({B, H, T, hd}).permute({0, 2, 1, 3}).reshape({B, T, dim_});
+  return wo->forward(out);
+}
+
+}  // namespace dpe::nn

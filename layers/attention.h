@@ -1,0 +1,82 @@
+// Causal multi-head self-attention with rotary position embeddings (RoPE) and an optional key padding mask,
+// as in Llama (no biases). See docs/LAYERS.md, "Attention and the Llama model".
+//
+// Rotary convention: HF Llama's "rotate_half" (GPT-NeoX) layout. For head_dim d and frequency
+// inv_freq[i] = theta^(-2i/d), i < d/2, element i of a head is rotated together with element i + d/2:
+//   rope(x)[t] = x[t] * cos[t] + rotate_half(x[t]) * sin[t]
+//   rotate_half(x) = cat(-x[d/2:], x[:d/2]),  cos[t] = cat(cos(t inv_freq), cos(t inv_freq)), same for sin.
+// Positions are 0..T-1 whatever the padding; RoPE scores depend only on position differences, so a
+// left-padded sequence attends like the unpadded one (up to rounding). Tables are computed in double on the
+// host and cast to x's dtype (HF computes them in float32; the golden script uses double, like dpe).
+//
+// Masks: key j is visible to query i iff j <= i and key_padding_mask[b, j] != 0. Masked scores get -inf
+// before the softmax. A query row with no visible key (a padded query in a left-padded sequence) outputs
+// zeros and passes zero gradient, never NaN (PyTorch's SDPA gives NaN there).
+// The softmax runs in x's compute dtype (float32 or float64; storage types must be cast first, as everywhere).
+#pragma once
+
+#include <memory>
+
+#include "layers/linear.h"
+#include "layers/module.h"
+
+namespace dpe::nn {
+
+namespace functional {
+
+struct RotaryTables {
+  Tensor cos;  // (T, head_dim)
+  Tensor sin;  // (T, head_dim)
+};
+
+// cos/sin tables for positions 0..seq_len-1 (see the file comment), in `options`' dtype and device.
+RotaryTables rotary_tables(int64_t seq_len, int64_t head_dim, double theta, TensorOptions options = {});
+
+// x: (..., T, head_dim)  cos, sin: (T, head_dim)  ->  (..., T, head_dim). Differentiable in x.
+Tensor apply_rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin);
+
+// The additive attention mask and the row mask described in the file comment, built on the host.
+//   key_padding_mask: (B, T) any dtype, nonzero = real token; may be undefined (causal only).
+//   additive: (B, 1, T, T), or (T, T) without a padding mask: 0 where visible, -inf where masked; a row
+//             with no visible key is all 0 (its softmax is finite and then zeroed by `keep`).
+//   keep:     (B, 1, T, 1) 1 for rows with a visible key, else 0; undefined when every row has one.
+struct AttentionMasks {
+  Tensor additive;
+  Tensor keep;
+};
+AttentionMasks attention_masks(int64_t T, const Tensor& key_padding_mask, TensorOptions options = {});
+
+}  // namespace functional
+
+class CausalSelfAttention : public Cloneable<CausalSelfAttention> {
+ public:
+  CausalSelfAttention(int64_t dim, int64_t num_heads, double rope_theta = 10000.0);
+
+  void reset() override;
+  // x: (B, T, dim) -> (B, T, dim); causal mask only.
+  Tensor forward(const Tensor& x) override;
+  // x: (B, T, dim)  key_padding_mask: (B, T), 1 = real token, 0 = padding (any dtype, any device; read on
+  // the host)  ->  (B, T, dim)
+  Tensor forward(const Tensor& x, const Tensor& key_padding_mask);
+
+  int64_t dim() const { return dim_; }
+  int64_t num_heads() const { return num_heads_; }
+  int64_t head_dim() const { return dim_ / num_heads_; }
+  double rope_theta() const { return rope_theta_; }
+
+  // Projections (dim -> dim, no bias): names "wq", "wk", "wv", "wo" in the state dict (Meta's Llama names).
+  std::shared_ptr<Linear> wq, wk, wv, wo;
+
+ private:
+  Tensor forward_impl(const Tensor& x, const Tensor& key_padding_mask);
+  const functional::RotaryTables& tables_for(int64_t T, const Tensor& x);
+
+  int64_t dim_;
+  int64_t num_heads_;
+  double rope_theta_;
+  // Cache of the last RoPE tables (keyed by length, dtype, device); a module is used by one thread at a time.
+  functional::RotaryTables tables_;
+  int64_t tables_len_ = -1;
+};
+
+}  // namespace dpe::nn

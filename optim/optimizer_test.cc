@@ -1,0 +1,212 @@
+// SGD / Adam / AdamW against PyTorch trajectories (tests/golden/gen_optim.py), state_dict round trips and
+// errors.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+
+#include "core/autograd/grad_mode.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "tests/testing/golden.h"
+
+namespace dpe::optim {
+namespace {
+
+constexpr int kSteps = 5;
+constexpr int kParams = 3;
+
+using MakeOptimizer = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>;
+
+struct Config {
+  std::string name;
+  MakeOptimizer make;
+};
+
+std::vector<Config> configs() {
+  return {
+      {"sgd", [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1}); }},
+      {"sgd_momentum", [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1, .momentum = 0.9}); }},
+      {"sgd_dampening",
+       [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.3}); }},
+      {"sgd_nesterov",
+       [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true}); }},
+      {"sgd_wd",
+       [](auto ps) {
+         return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1, .momentum = 0.5, .weight_decay = 0.01});
+       }},
+      {"adam", [](auto ps) { return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01}); }},
+      {"adam_wd",
+       [](auto ps) {
+         return std::make_unique<Adam>(
+             ps, AdamOptions{.lr = 0.01, .betas = {0.8, 0.99}, .eps = 1e-6, .weight_decay = 0.1});
+       }},
+      {"adamw", [](auto ps) { return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01, .weight_decay = 0.1}); }},
+  };
+}
+
+std::vector<Tensor> initial_params(const testing::Golden& g) {
+  std::vector<Tensor> ps;
+  for (int i = 0; i < kParams; ++i) ps.push_back(g.tensor("p" + std::to_string(i)).clone().set_requires_grad(true));
+  return ps;
+}
+
+// Step s's gradients, as gen_optim.py sets them (parameter 2 has none at step 2).
+void set_grads(const testing::Golden& g, Optimizer& opt, const std::vector<Tensor>& ps, int s) {
+  opt.zero_grad();
+  for (int i = 0; i < kParams; ++i) {
+    if (s == 2 && i == 2) continue;
+    ps[i].set_grad(g.tensor("g" + std::to_string(s) + "_" + std::to_string(i)).clone());
+  }
+}
+
+TEST(OptimizerTest, MatchesPyTorchTrajectories) {
+  testing::Golden g = testing::load_golden("optim");
+  for (const Config& c : configs()) {
+    SCOPED_TRACE(c.name);
+    std::vector<Tensor> ps = initial_params(g);
+    auto opt = c.make(ps);
+    for (int s = 0; s < kSteps; ++s) {
+      set_grads(g, *opt, ps, s);
+      opt->step();
+      for (int i = 0; i < kParams; ++i) {
+        const std::string key = c.name + "_s" + std::to_string(s) + "_p" + std::to_string(i);
+        // float64 on both sides; PyTorch fuses some products (addcmul, addcdiv): a few ulps.
+        EXPECT_LT(testing::max_relative_error(ps[i], g.tensor(key)), 1e-10) << key;
+      }
+    }
+  }
+}
+
+TEST(OptimizerTest, SgdUnitStepAndMomentumFirstStepIsGrad) {
+  Tensor w = Tensor::from_vector(std::vector<double>{1, 2}, {2}).set_requires_grad(true);
+  SGD opt({w}, {.lr = 0.5, .momentum = 0.9, .dampening = 0.5});
+  w.set_grad(Tensor::from_vector(std::vector<double>{2, 4}, {2}));
+  opt.step();  // buf = g (no dampening on the first step)
+  EXPECT_EQ(w.to_vector<double>(), (std::vector<double>{0, 0}));
+  opt.step();  // buf = 0.9 * g + 0.5 * g = 1.4 g
+  EXPECT_EQ(w.to_vector<double>(), (std::vector<double>{-1.4, -2.8}));
+}
+
+TEST(OptimizerTest, ZeroGradAndSkipsParamsWithoutGrad) {
+  Tensor a = ones({2}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  Tensor b = ones({2}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  SGD opt({a, b}, {.lr = 1.0});
+  a.set_grad(ones({2}, TensorOptions(DType::Float64)));
+  opt.step();
+  EXPECT_EQ(a.to_vector<double>(), (std::vector<double>{0, 0}));
+  EXPECT_EQ(b.to_vector<double>(), (std::vector<double>{1, 1}));
+  opt.zero_grad(/*set_to_none=*/false);
+  ASSERT_TRUE(a.grad().defined());
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{0, 0}));
+  opt.zero_grad();
+  EXPECT_FALSE(a.grad().defined());
+}
+
+TEST(OptimizerTest, PerGroupLearningRates) {
+  Tensor a = ones({1}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  Tensor b = ones({1}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  SGD opt({a}, {.lr = 0.1});
+  opt.add_param_group({{b}, 0.5, {}});
+  EXPECT_EQ(opt.param_groups()[1].options.at("momentum"), 0.0);  // defaults filled in
+  a.set_grad(ones({1}, TensorOptions(DType::Float64)));
+  b.set_grad(ones({1}, TensorOptions(DType::Float64)));
+  opt.step();
+  EXPECT_DOUBLE_EQ(a.item(), 0.9);
+  EXPECT_DOUBLE_EQ(b.item(), 0.5);
+  EXPECT_THROW(opt.add_param_group({{a}, 0.1, {}}), Error);  // already in group 0
+  EXPECT_THROW(opt.add_param_group({{ones({1})}, 0.1, {{"betas", 1}}}), Error);
+}
+
+// Train 3 steps, save, load into a new optimizer on fresh parameter copies, continue: same as uninterrupted.
+TEST(OptimizerTest, StateDictRoundTripContinuesTheSameTrajectory) {
+  testing::Golden g = testing::load_golden("optim");
+  for (const Config& c : configs()) {
+    SCOPED_TRACE(c.name);
+    std::vector<Tensor> ps = initial_params(g);
+    auto opt = c.make(ps);
+    for (int s = 0; s < 3; ++s) {
+      set_grads(g, *opt, ps, s);
+      opt->step();
+    }
+    OptimizerStateDict saved = opt->state_dict();
+    std::vector<Tensor> resumed;
+    for (const Tensor& p : ps) resumed.push_back(p.detach().clone().set_requires_grad(true));
+    auto opt2 = c.make(resumed);
+    opt2->load_state_dict(saved);
+    for (int s = 3; s < kSteps; ++s) {
+      set_grads(g, *opt, ps, s);
+      opt->step();
+      set_grads(g, *opt2, resumed, s);
+      opt2->step();
+    }
+    for (int i = 0; i < kParams; ++i) EXPECT_TRUE(equal(ps[i], resumed[i])) << i;
+  }
+}
+
+TEST(OptimizerTest, StateDictIsASnapshot) {
+  Tensor w = ones({2}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  SGD opt({w}, {.lr = 0.1, .momentum = 0.9});
+  w.set_grad(ones({2}, TensorOptions(DType::Float64)));
+  opt.step();
+  OptimizerStateDict sd = opt.state_dict();
+  opt.step();
+  EXPECT_EQ(sd.tensors.at(0).at("momentum_buffer").to_vector<double>(), (std::vector<double>{1, 1}));
+}
+
+std::string load_error(Optimizer& opt, const OptimizerStateDict& sd) {
+  try {
+    opt.load_state_dict(sd);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OptimizerTest, LoadStateDictMismatchesAreClearErrorsAndChangeNothing) {
+  Tensor w = ones({2, 3}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  AdamW opt({w}, {.lr = 0.1});
+  w.set_grad(ones({2, 3}, TensorOptions(DType::Float64)));
+  opt.step();
+  const OptimizerStateDict good = opt.state_dict();
+
+  Tensor v = ones({2, 3}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  SGD sgd({v}, {.lr = 0.1});
+  EXPECT_NE(load_error(sgd, good).find("belongs to a AdamW optimizer, not SGD"), std::string::npos);
+
+  Tensor u = ones({3, 2}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  AdamW other({u}, {.lr = 0.5});
+  EXPECT_NE(load_error(other, good).find("has shape [2, 3] but the parameter has shape [3, 2]"), std::string::npos);
+  EXPECT_EQ(other.param_groups()[0].lr, 0.5);  // untouched
+
+  OptimizerStateDict extra = good;
+  extra.tensors[5]["exp_avg"] = ones({2, 3});
+  EXPECT_NE(load_error(opt, extra).find("state for parameter 5 but the optimizer has 1 parameters"),
+            std::string::npos);
+  OptimizerStateDict unknown = good;
+  unknown.tensors[0]["momentum_buffer"] = ones({2, 3});
+  EXPECT_NE(load_error(opt, unknown).find("unknown state tensor 'momentum_buffer'"), std::string::npos);
+  OptimizerStateDict partial = good;
+  partial.tensors[0].erase("exp_avg_sq");
+  EXPECT_NE(load_error(opt, partial).find("parameter 0 has state but lacks state tensor 'exp_avg_sq'"),
+            std::string::npos);
+  OptimizerStateDict no_step = good;
+  no_step.scalars.clear();
+  EXPECT_NE(load_error(opt, no_step).find("lacks state scalar 'step'"), std::string::npos);
+  OptimizerStateDict groups = good;
+  groups.param_groups.push_back(groups.param_groups[0]);
+  EXPECT_NE(load_error(opt, groups).find("the state has 2 param groups, the optimizer 1"), std::string::npos);
+}
+
+TEST(OptimizerTest, InvalidOptionsAreErrors) {
+  Tensor w = ones({1}).set_requires_grad(true);
+  EXPECT_THROW(SGD({w}, {.lr = 0.1, .nesterov = true}), Error);
+  EXPECT_THROW(SGD({w}, {.lr = -1}), Error);
+  EXPECT_THROW(Adam({w}, {.betas = {1.0, 0.9}}), Error);
+  EXPECT_THROW(SGD({w, w}, {.lr = 0.1}), Error);  // duplicate parameter
+}
+
+}  // namespace
+}  // namespace dpe::optim
