@@ -131,14 +131,14 @@ void DataParallel::validate_devices() {
     try {
       check_device_exists(d);
     } catch (const Error& e) {
-      DPE_CHECK(false, "DataParallel: device_ids: ", e.what());
+      throw Error(detail::str_cat("DataParallel: device_ids: ", e.what()));  // keeps the original's location
     }
   }
   output_device_ = options_.output_device.value_or(device_ids_[0]);
   try {
     check_device_exists(output_device_);
   } catch (const Error& e) {
-    DPE_CHECK(false, "DataParallel: output_device: ", e.what());
+    throw Error(detail::str_cat("DataParallel: output_device: ", e.what()));
   }
   DPE_CHECK(options_.split != SplitRule::Weighted || options_.split_weights.size() == device_ids_.size(),
             "DataParallel: the weighted split needs one weight per device (", device_ids_.size(), "), got ",

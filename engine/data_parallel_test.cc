@@ -4,8 +4,11 @@
 
 #include "core/autograd/grad_mode.h"
 #include "core/ops.h"
+#include "layers/activation.h"
 #include "layers/containers.h"
+#include "layers/conv.h"
 #include "layers/linear.h"
+#include "layers/pooling.h"
 
 namespace dpe {
 namespace {
@@ -95,6 +98,27 @@ TEST(DataParallelTest, GradientsEqualTheSingleDeviceFullBatch) {
           << got[i].first << " batch " << batch << " on " << n << " devices";
     }
     EXPECT_EQ(dp.last_step().used_devices.size(), compute_chunk_sizes(batch, n).size());
+  }
+}
+
+TEST(DataParallelTest, CnnGradientsEqualTheSingleDeviceFullBatch) {
+  auto devices = cpus(3);
+  manual_seed(5);
+  auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+      std::make_shared<nn::Flatten>(), std::make_shared<Linear>(4 * 4 * 4, 5)});
+  auto reference = model->clone(Device::cpu(0));
+  Tensor x = randn({7, 1, 8, 8});  // chunks 3, 3, 1
+  DataParallel dp(model, {.device_ids = devices});
+  Tensor out = dp.forward(x);
+  Tensor expected = reference->forward(x);
+  EXPECT_LT(max_relative_diff(out, expected), 1e-6);
+  sum(square(out)).backward();
+  sum(square(expected)).backward();
+  auto got = model->named_parameters(), want = reference->named_parameters();
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LT(max_relative_diff(got[i].second.grad(), want[i].second.grad()), 1e-5) << got[i].first;
   }
 }
 

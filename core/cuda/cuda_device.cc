@@ -117,6 +117,26 @@ void set_logical_devices(const std::vector<int>& physical_ordinals) {
 
 int physical_device(int logical) { return slot(logical).physical; }
 
+GpuInfo gpu_info(int logical) {
+  DeviceGuard guard(logical);
+  cudaDeviceProp prop{};
+  DPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, physical_device(logical)));
+  GpuInfo info;
+  info.name = prop.name;
+  info.compute_major = prop.major;
+  info.compute_minor = prop.minor;
+  DPE_CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+  return info;
+}
+
+bool can_access_peer(int a, int b) {
+  int pa = physical_device(a), pb = physical_device(b);
+  if (pa == pb) return true;
+  int can = 0;
+  DPE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, pa, pb));
+  return can != 0;
+}
+
 cudaStream_t stream(int logical) {
   Slot& s = slot(logical);
   std::call_once(s.stream_once, [&] {

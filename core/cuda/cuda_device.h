@@ -23,6 +23,16 @@ int logical_device_count();
 void set_logical_devices(const std::vector<int>& physical_ordinals);  // throws on an invalid ordinal
 int physical_device(int logical);
 
+// What `dpe devices` shows of a logical device's GPU.
+struct GpuInfo {
+  std::string name;
+  int compute_major = 0, compute_minor = 0;
+  size_t total_bytes = 0, free_bytes = 0;
+};
+GpuInfo gpu_info(int logical);
+// True when logical devices a and b may copy peer to peer (same physical GPU counts as true).
+bool can_access_peer(int a, int b);
+
 cudaStream_t stream(int logical);
 cublasHandle_t cublas_handle(int logical);
 // The device's cuDNN handle, created on first use and bound to stream(logical) (like cublas_handle).

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Checks dpe_devices' verdicts and messages on good and bad configurations.
+set -uo pipefail
+bin="$1"
+export DPE_NUM_CPU_DEVICES=3
+fail=0
+expect() {  # expect STATUS PATTERN ARGS...
+  local want_status="$1" pattern="$2"
+  shift 2
+  out=$("$bin" "$@" 2>&1)
+  status=$?
+  if [[ $status -ne $want_status ]] || ! grep -q -- "$pattern" <<<"$out"; then
+    echo "FAILED: dpe_devices $* -> status $status (want $want_status), output:"
+    echo "$out"
+    fail=1
+  fi
+}
+expect 0 "cpu:2" 
+expect 0 "chunk sizes 2 2 1 -> 3 of 3 devices used: cpu:0 cpu:1 cpu:2" --device-ids cpu:0,cpu:1,cpu:2 --batch 5
+expect 0 "chunk sizes 2 2 -> 2 of 3 devices used" --device-ids cpu:0,cpu:1,cpu:2 --batch 4
+expect 0 "chunk sizes 2 1 1" --device-ids cpu:0,cpu:1,cpu:2 --batch 4 --split balanced
+expect 0 "output_device = cpu:2" --device-ids cpu:0,cpu:1 --output-device cpu:2
+expect 2 "contains cpu:1 more than once" --device-ids cpu:0,cpu:1,cpu:1
+expect 2 "cpu:7 does not exist: 3 cpu devices are available (cpu:0..cpu:2)" --device-ids cpu:0,cpu:7
+expect 2 "device_ids is empty" --device-ids ,
+expect 2 "mixes cpu:0 and cuda:0" --device-ids cpu:0,cuda:0
+expect 2 "invalid device string 'gpu:0'" --device-ids gpu:0
+expect 2 "output_device" --device-ids cpu:0 --output-device cpu:9
+expect 2 "unknown argument" --frobnicate
+exit $fail
