@@ -5,6 +5,7 @@
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "tests/testing/errors.h"
 
 namespace dpe {
 namespace {
@@ -15,15 +16,7 @@ Tensor iota(const Shape& shape, DType dtype = DType::Float32) {
 
 std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dpe::testing::error_of;
 
 TEST(TensorTest, CreationAndMetadata) {
   Tensor t = Tensor::empty({2, 3, 4});

@@ -9,6 +9,7 @@
 #include "layers/conv.h"
 #include "layers/linear.h"
 #include "layers/pooling.h"
+#include "tests/testing/errors.h"
 
 namespace dpe {
 namespace {
@@ -53,15 +54,7 @@ class Counter : public Cloneable<Counter> {
   Tensor seen;
 };
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dpe::testing::error_of;
 
 // max |a - b| relative to the tensor's scale max |b|: float32 sums taken in a different order (per chunk, then
 // across devices) differ by a few ulps of the largest terms, which an elementwise ratio would inflate on

@@ -9,6 +9,7 @@
 #include "core/ops.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/gradcheck.h"
+#include "tests/testing/errors.h"
 
 namespace dpe::nn {
 namespace {
@@ -21,15 +22,7 @@ std::vector<std::string> names_of(const StateDict& state) {
   return names;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dpe::testing::error_of;
 
 TEST(BatchNormTest, DefaultsMatchPyTorch) {
   BatchNorm2d bn(3);

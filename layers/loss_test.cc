@@ -9,6 +9,7 @@
 #include "core/ops.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/gradcheck.h"
+#include "tests/testing/errors.h"
 
 namespace dpe::nn::functional {
 namespace {
@@ -17,16 +18,7 @@ using testing::max_relative_error;
 
 Tensor labels(const std::vector<int64_t>& v) { return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}); }
 
-// The message of the dpe::Error that fn throws ("" if it does not throw).
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dpe::testing::error_of;
 
 TEST(LossTest, CrossEntropyUnitValues) {
   // Uniform logits over 4 classes: -log(1/4) per sample whatever the target.

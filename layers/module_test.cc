@@ -6,6 +6,7 @@
 #include "core/ops.h"
 #include "layers/containers.h"
 #include "layers/linear.h"
+#include "tests/testing/errors.h"
 
 namespace dpe::nn {
 namespace {
@@ -23,15 +24,7 @@ class Mlp : public Cloneable<Mlp> {
   Tensor scale;
 };
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dpe::testing::error_of;
 
 TEST(ModuleTest, NamesAreDottedInRegistrationOrder) {
   Mlp m;

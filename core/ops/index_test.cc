@@ -6,21 +6,14 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "tests/testing/gradcheck.h"
+#include "tests/testing/errors.h"
 
 namespace dpe {
 namespace {
 
 Tensor idx(const std::vector<int64_t>& v, const Shape& s) { return Tensor::from_vector(v, s); }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dpe::testing::error_of;
 
 TEST(IndexOpsTest, IndexSelectValues) {
   Tensor x = Tensor::from_vector(std::vector<float>{0, 1, 2, 10, 11, 12, 20, 21, 22}, {3, 3});

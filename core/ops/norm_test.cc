@@ -7,19 +7,12 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "tests/testing/gradcheck.h"
+#include "tests/testing/errors.h"
 
 namespace dpe {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dpe::testing::error_of;
 
 Tensor f64(const std::vector<double>& v, const Shape& s) { return Tensor::from_vector(v, s); }
 
