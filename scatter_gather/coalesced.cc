@@ -1,5 +1,6 @@
 #include "scatter_gather/coalesced.h"
 
+#include "core/autograd/function.h"
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -173,6 +174,14 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
     if (sources.empty() || devices[k] != sources[0].device()) others.push_back(result[k]);
   }
   broadcast_coalesced_into(sources, others, bucket_bytes);
+  for (size_t k = 0; k < devices.size(); ++k) {
+    if (!sources.empty() && devices[k] == sources[0].device()) continue;  // the sources themselves
+    for (size_t i = 0; i < sources.size(); ++i) {
+      Device source = sources[i].device();
+      autograd::record(result[k][i], {sources[i]}, "BroadcastBackward",
+                       [source](const Tensor& g) -> std::vector<Tensor> { return {g.to(source)}; });
+    }
+  }
   return result;
 }
 
@@ -182,6 +191,15 @@ std::vector<Tensor> reduce_add_coalesced(const std::vector<std::vector<Tensor>>&
   std::vector<Tensor> outputs;
   for (const Tensor& t : inputs[0]) outputs.push_back(Tensor::empty(t.shape(), TensorOptions(t.dtype()).with_device(destination)));
   reduce_add_coalesced_into(inputs, outputs, bucket_bytes);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    std::vector<Tensor> summands;
+    for (const auto& in : inputs) summands.push_back(in[i]);
+    autograd::record(outputs[i], summands, "ReduceAddBackward", [summands](const Tensor& g) -> std::vector<Tensor> {
+      std::vector<Tensor> grads;
+      for (const Tensor& t : summands) grads.push_back(g.to(t.device()));
+      return grads;
+    });
+  }
   return outputs;
 }
 

@@ -5,8 +5,10 @@
 // link once per destination; between CPU devices (shared host memory) tensors are copied directly, since
 // packing would only add a copy.
 //
-// The `_into` forms write into existing tensors (persistent replicas: no allocation per step); the others
-// allocate their outputs, like PyTorch. None of them records autograd.
+// The `_into` forms write into existing tensors (persistent replicas: no allocation per step) and record no
+// autograd. The allocating forms are differentiable, like PyTorch's Broadcast / ReduceAddCoalesced functions:
+// a broadcast copy's gradient flows back to its source (so the source receives the sum over devices), and
+// each input of a reduce-add receives the output's gradient on its own device.
 #pragma once
 
 #include <cstddef>

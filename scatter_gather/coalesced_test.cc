@@ -51,5 +51,23 @@ TEST(CoalescedTest, ReduceAddSumsInDeviceOrder) {
   EXPECT_THROW(reduce_add_coalesced({{zeros({2})}, {zeros({3})}}, Device::cpu(0)), Error);
 }
 
+TEST(CoalescedTest, AllocatingFormsAreDifferentiable) {
+  set_num_cpu_devices(std::max(num_cpu_devices(), 3));
+  Tensor w = ones({2, 2}).set_requires_grad(true);
+  auto copies = broadcast_coalesced({w}, {Device::cpu(0), Device::cpu(1), Device::cpu(2)});
+  // d/dw of sum over devices of k * sum(copy_k): the source receives the sum 0 + 1 + 2 per element.
+  Device d0 = Device::cpu(0);
+  sum(copies[0][0] * 0.0 + copies[1][0].to(d0) * 1.0 + copies[2][0].to(d0) * 2.0).backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(4, 3.0f));
+
+  Tensor a = ones({3}).set_requires_grad(true);
+  Tensor b = ones({3}, Device::cpu(1)).set_requires_grad(true);
+  std::vector<Tensor> total = reduce_add_coalesced({{a}, {b}}, Device::cpu(2));
+  sum(total[0] * 4.0).backward();
+  EXPECT_EQ(a.grad().to_vector<float>(), std::vector<float>(3, 4.0f));
+  EXPECT_EQ(b.grad().device(), Device::cpu(1));
+  EXPECT_EQ(b.grad().to_vector<float>(), std::vector<float>(3, 4.0f));
+}
+
 }  // namespace
 }  // namespace dpe
