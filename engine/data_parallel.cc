@@ -28,20 +28,26 @@ std::vector<Tensor> state_tensors(const nn::Module& m) {
 
 }  // namespace
 
-// The grad_fn of a DP step's gathered output: loss.backward() lands here with the gradient of the whole
-// gathered output, and this node runs the replicas' backward passes in parallel, then completes the
-// reduction into the master (Note [DP reduction overlap]). Its only edge leads to the step's input, when that
-// input requires grad. Contract: the DataParallel outlives the backward of its outputs.
+// The grad_fn of a DP step's gathered outputs (output j of the step is this node's output j): backward
+// lands here with the gradients of the gathered outputs, and this node runs the replicas' backward passes in
+// parallel, then completes the reduction into the master (Note [DP reduction overlap]). Its edges lead to the
+// step's tensor arguments that require grad. Contract: the DataParallel outlives the backward of its outputs.
 class DataParallelGatherNode final : public autograd::Node {
  public:
-  DataParallelGatherNode(DataParallel* dp, std::vector<Tensor> outputs, std::vector<Tensor> chunk_inputs,
-                         std::vector<int64_t> sizes, int64_t dim, Device input_device)
+  // outputs[i][j]: output j of replica i. chunk_inputs[t][i]: replica i's chunk of tensor argument t (leaves;
+  // only for arguments that require grad). scalar_outputs[j]: output j was 0-dim on every replica.
+  DataParallelGatherNode(DataParallel* dp, std::vector<std::vector<Tensor>> outputs,
+                         std::vector<std::vector<Tensor>> chunk_inputs, std::vector<Device> input_devices,
+                         std::vector<int64_t> sizes, int64_t dim, std::vector<bool> scalar_outputs)
       : dp_(dp),
         outputs_(std::move(outputs)),
         chunk_inputs_(std::move(chunk_inputs)),
+        input_devices_(std::move(input_devices)),
         sizes_(std::move(sizes)),
         dim_(dim),
-        input_device_(input_device) {}
+        scalar_outputs_(std::move(scalar_outputs)) {
+    num_outputs = static_cast<int>(scalar_outputs_.size());
+  }
 
   std::string name() const override { return "DataParallelGatherBackward"; }
   void release_saved() override {
@@ -51,49 +57,101 @@ class DataParallelGatherNode final : public autograd::Node {
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     DPE_CHECK(!outputs_.empty(), "backward through a DataParallel step a second time: its graph was freed");
-    const Tensor& g = grads[0];
     size_t used = outputs_.size();
-    std::vector<Tensor> pieces = g.split(sizes_, dim_);
-    for (size_t i = 0; i < used; ++i) pieces[i] = pieces[i].to(outputs_[i].device());
+    // roots[i] / root_grads[i]: replica i's outputs that take part, with their slice of the gradient.
+    std::vector<std::vector<Tensor>> roots(used), root_grads(used);
+    for (size_t j = 0; j < grads.size(); ++j) {
+      if (!grads[j].defined()) continue;
+      std::vector<Tensor> pieces = scalar_outputs_[j] ? grads[j].split(std::vector<int64_t>(used, 1), 0)
+                                                      : grads[j].split(sizes_, dim_);
+      for (size_t i = 0; i < used; ++i) {
+        const Tensor& out = outputs_[i][j];
+        if (!out.requires_grad()) continue;
+        roots[i].push_back(out);
+        root_grads[i].push_back(pieces[i].reshape(out.shape()).to(out.device()));
+      }
+    }
 
     auto start = Clock::now();
-    dp_->reducer_->prepare(used);
+    if (dp_->reducer_) dp_->reducer_->prepare(used);
     try {
       dp_->pool_->run(used, [&](size_t i) {
-        if (outputs_[i].requires_grad()) autograd::backward({outputs_[i]}, {pieces[i]});
+        if (!roots[i].empty()) autograd::backward(roots[i], root_grads[i]);
       });
     } catch (...) {
-      dp_->reducer_->finish();  // disarm; the master's gradient of this step is incomplete anyway
+      if (dp_->reducer_) dp_->reducer_->finish();  // disarm; this step's master gradient is incomplete anyway
       throw;
     }
     dp_->report_.backward_ms = ms_since(start);
-    auto reduce_start = Clock::now();
-    dp_->report_.reduce = dp_->reducer_->finish();
-    dp_->report_.reduce_ms = ms_since(reduce_start);  // what was left after backward; the rest overlapped
-    dp_->report_.buckets = static_cast<int64_t>(dp_->reducer_->num_buckets());
-    dp_->report_.buckets_reduced_during_backward = dp_->reducer_->buckets_reduced_early();
+    if (dp_->reducer_) {
+      auto reduce_start = Clock::now();
+      dp_->report_.reduce = dp_->reducer_->finish();
+      dp_->report_.reduce_ms = ms_since(reduce_start);  // what was left after backward; the rest overlapped
+      dp_->report_.buckets = static_cast<int64_t>(dp_->reducer_->num_buckets());
+      dp_->report_.buckets_reduced_during_backward = dp_->reducer_->buckets_reduced_early();
+    }
     dp_->refresh_memory_report();
 
-    std::vector<Tensor> input_grad(next_edges.size());
-    if (!next_edges.empty()) {
+    std::vector<Tensor> input_grads;
+    for (size_t t = 0; t < chunk_inputs_.size(); ++t) {
       std::vector<Tensor> chunk_grads;
-      for (size_t i = 0; i < used; ++i) {
-        const Tensor& c = chunk_inputs_[i];
+      for (const Tensor& c : chunk_inputs_[t]) {
         chunk_grads.push_back(c.grad().defined() ? c.grad() : zeros(c.shape(), TensorOptions(c.dtype()).with_device(c.device())));
       }
-      input_grad[0] = gather(chunk_grads, input_device_, dim_);
+      input_grads.push_back(gather(chunk_grads, input_devices_[t], dim_));
     }
-    return input_grad;
+    return input_grads;
   }
 
  private:
   DataParallel* dp_;
-  std::vector<Tensor> outputs_;
-  std::vector<Tensor> chunk_inputs_;
+  std::vector<std::vector<Tensor>> outputs_;
+  std::vector<std::vector<Tensor>> chunk_inputs_;
+  std::vector<Device> input_devices_;
   std::vector<int64_t> sizes_;
   int64_t dim_;
-  Device input_device_;
+  std::vector<bool> scalar_outputs_;
 };
+
+namespace {
+
+// Where the tensor arguments of a ModuleInput are: positional indices, then names.
+struct TensorSlots {
+  std::vector<size_t> positional;
+  std::vector<std::string> named;
+  std::vector<Tensor> tensors;     // in that order
+  std::vector<std::string> labels;  // "argument 0", "argument 'mask'"
+};
+
+TensorSlots tensor_slots(const nn::ModuleInput& input) {
+  TensorSlots slots;
+  for (size_t i = 0; i < input.args.size(); ++i) {
+    if (const Tensor* t = std::get_if<Tensor>(&input.args[i])) {
+      slots.positional.push_back(i);
+      slots.tensors.push_back(*t);
+      slots.labels.push_back("argument " + std::to_string(i));
+    }
+  }
+  for (const auto& [name, arg] : input.kwargs) {
+    if (const Tensor* t = std::get_if<Tensor>(&arg)) {
+      slots.named.push_back(name);
+      slots.tensors.push_back(*t);
+      slots.labels.push_back("argument '" + name + "'");
+    }
+  }
+  return slots;
+}
+
+// A copy of `input` whose tensor arguments are replaced by `tensors` (same order as tensor_slots).
+nn::ModuleInput with_tensors(const nn::ModuleInput& input, const TensorSlots& slots, const std::vector<Tensor>& tensors) {
+  nn::ModuleInput out = input;
+  size_t k = 0;
+  for (size_t i : slots.positional) out.args[i] = tensors[k++];
+  for (const std::string& name : slots.named) out.kwargs[name] = tensors[k++];
+  return out;
+}
+
+}  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptions options)
     : options_(std::move(options)) {
@@ -187,36 +245,78 @@ void DataParallel::refresh_memory_report() {
 
 Tensor DataParallel::forward(const Tensor& input) {
   DPE_CHECK(input.defined(), "DataParallel::forward: undefined input");
-  DPE_CHECK(input.dim() > 0, "DataParallel::forward: cannot split a 0-dim input along dim ", options_.dim);
-  check_master_placement();
-  int64_t dim = normalize_dim(options_.dim, input.dim(), "DataParallel");
-  report_ = StepReport{};
+  std::vector<Tensor> outputs = forward_args(nn::ModuleInput(input));
+  DPE_CHECK(outputs.size() == 1, "DataParallel::forward: the module returned ", outputs.size(),
+            " outputs; use forward_args for several");
+  return outputs[0];
+}
 
-  if (device_ids_.size() == 1) {  // no replication, no reduction: the module itself
-    report_.chunk_sizes = {input.size(dim)};
-    report_.used_devices = device_ids_;
+std::vector<Tensor> DataParallel::forward_args(const nn::ModuleInput& input) {
+  check_master_placement();
+  report_ = StepReport{};
+  TensorSlots slots = tensor_slots(input);
+
+  // Validate the batch before anything runs: every tensor argument is split along dim, so all must have it
+  // and agree on its size.
+  int64_t dim = options_.dim;
+  int64_t batch = -1;
+  for (size_t t = 0; t < slots.tensors.size(); ++t) {
+    const Tensor& x = slots.tensors[t];
+    DPE_CHECK(x.defined(), "DataParallel: ", slots.labels[t], " is an undefined tensor");
+    DPE_CHECK(x.dim() > 0, "DataParallel: ", slots.labels[t], " is a 0-dim tensor and cannot be split along dim ",
+              options_.dim);
+    int64_t d = normalize_dim(options_.dim, x.dim(), "DataParallel");
+    if (t == 0) dim = d;
+    DPE_CHECK(batch < 0 || x.size(d) == batch, "DataParallel: tensor arguments differ in size along dim ", d, ": ",
+              slots.labels[0], " has ", batch, ", ", slots.labels[t], " has ", x.size(d));
+    batch = x.size(d);
+  }
+
+  if (device_ids_.size() == 1 || slots.tensors.empty()) {
+    // One device, or nothing to split: the master runs alone (no broadcast, no reduction), bit for bit the
+    // module's own forward.
+    report_.chunk_sizes = {std::max<int64_t>(batch, 0)};
+    report_.used_devices = {device_ids_[0]};
     auto start = Clock::now();
-    Tensor out = replicas_[0]->forward(input.to(device_ids_[0])).to(output_device_);
+    std::vector<Tensor> moved;
+    for (const Tensor& x : slots.tensors) moved.push_back(x.to(device_ids_[0]));
+    std::vector<Tensor> outputs;
+    if (device_ids_.size() == 1) {
+      outputs = replicas_[0]->forward_args(with_tensors(input, slots, moved));
+    } else {
+      pool_->run(1, [&](size_t) { outputs = replicas_[0]->forward_args(input); });
+    }
+    for (Tensor& o : outputs) o = o.to(output_device_);
     report_.forward_ms = ms_since(start);
     refresh_memory_report();
-    return out;
+    return outputs;
   }
 
   auto start = Clock::now();
   report_.chunk_sizes =
-      compute_chunk_sizes(input.size(dim), static_cast<int64_t>(device_ids_.size()), options_.split, options_.split_weights);
+      compute_chunk_sizes(batch, static_cast<int64_t>(device_ids_.size()), options_.split, options_.split_weights);
   size_t used = report_.chunk_sizes.size();
   report_.used_devices.assign(device_ids_.begin(), device_ids_.begin() + static_cast<int64_t>(used));
   bool record = GradMode::is_enabled();
-  bool input_needs_grad = record && input.requires_grad();
-  std::vector<Tensor> chunks;
-  {
-    NoGradGuard no_grad;
-    chunks = scatter(input.detach(), report_.used_devices, dim, report_.chunk_sizes);
-  }
-  for (size_t i = 0; i < used; ++i) {
-    if (chunks[i].device() != input.device()) report_.scatter.bytes += static_cast<int64_t>(chunks[i].nbytes());
-    if (input_needs_grad) chunks[i] = chunks[i].detach().set_requires_grad(true);
+  // chunks[t][i]: chunk i of tensor argument t; grad_inputs: the arguments whose gradient flows back.
+  std::vector<std::vector<Tensor>> chunks(slots.tensors.size()), chunk_leaves;
+  std::vector<Tensor> grad_inputs;
+  std::vector<Device> grad_input_devices;
+  for (size_t t = 0; t < slots.tensors.size(); ++t) {
+    const Tensor& x = slots.tensors[t];
+    {
+      NoGradGuard no_grad;
+      chunks[t] = scatter(x.detach(), report_.used_devices, dim, report_.chunk_sizes);
+    }
+    for (const Tensor& c : chunks[t]) {
+      if (c.device() != x.device()) report_.scatter.bytes += static_cast<int64_t>(c.nbytes());
+    }
+    if (record && x.requires_grad()) {
+      for (Tensor& c : chunks[t]) c = c.detach().set_requires_grad(true);
+      chunk_leaves.push_back(chunks[t]);
+      grad_inputs.push_back(x);
+      grad_input_devices.push_back(x.device());
+    }
   }
   report_.scatter_ms = ms_since(start);
 
@@ -225,31 +325,44 @@ Tensor DataParallel::forward(const Tensor& input) {
   report_.broadcast_ms = ms_since(start);
 
   start = Clock::now();
-  std::vector<Tensor> outputs(used);
-  pool_->run(used, [&](size_t i) { outputs[i] = replicas_[i]->forward(chunks[i]); });
+  std::vector<std::vector<Tensor>> outputs(used);
+  pool_->run(used, [&](size_t i) {
+    std::vector<Tensor> mine;
+    for (const auto& per_tensor : chunks) mine.push_back(per_tensor[i]);
+    outputs[i] = replicas_[i]->forward_args(with_tensors(input, slots, mine));
+  });
+  for (size_t i = 1; i < used; ++i) {
+    DPE_CHECK(outputs[i].size() == outputs[0].size(), "DataParallel: replica ", i, " returned ", outputs[i].size(),
+              " outputs, replica 0 returned ", outputs[0].size());
+  }
   if (options_.buffers == BufferPolicy::Average) average_buffers(used);
   report_.forward_ms = ms_since(start);
 
   start = Clock::now();
-  Tensor gathered;
-  {
-    NoGradGuard no_grad;
-    std::vector<Tensor> detached;
-    for (const Tensor& o : outputs) detached.push_back(o.detach());
-    gathered = gather(detached, output_device_, dim);
-  }
-  for (const Tensor& o : outputs) {
-    if (o.device() != output_device_) report_.gather.bytes += static_cast<int64_t>(o.nbytes());
-  }
+  size_t num_outputs = outputs[0].size();
+  std::vector<Tensor> gathered(num_outputs);
+  std::vector<bool> scalar(num_outputs);
   bool any_graph = false;
-  for (const Tensor& o : outputs) any_graph = any_graph || o.requires_grad();
+  for (size_t j = 0; j < num_outputs; ++j) {
+    std::vector<Tensor> parts;
+    for (size_t i = 0; i < used; ++i) {
+      parts.push_back(outputs[i][j].detach());
+      any_graph = any_graph || outputs[i][j].requires_grad();
+      if (outputs[i][j].device() != output_device_) report_.gather.bytes += static_cast<int64_t>(outputs[i][j].nbytes());
+    }
+    scalar[j] = parts[0].dim() == 0;
+    NoGradGuard no_grad;
+    gathered[j] = gather(parts, output_device_, scalar[j] ? 0 : dim);
+  }
   if (record && any_graph) {
-    auto node = std::make_shared<DataParallelGatherNode>(this, outputs, input_needs_grad ? chunks : std::vector<Tensor>{},
-                                                         report_.chunk_sizes, dim, input.device());
-    if (input_needs_grad) node->next_edges.push_back(autograd::gradient_edge(input));
-    auto& meta = autograd::meta_of(gathered);
-    meta.grad_fn = node;
-    meta.output_nr = 0;
+    auto node = std::make_shared<DataParallelGatherNode>(this, outputs, chunk_leaves, grad_input_devices,
+                                                         report_.chunk_sizes, dim, scalar);
+    for (const Tensor& x : grad_inputs) node->next_edges.push_back(autograd::gradient_edge(x));
+    for (size_t j = 0; j < num_outputs; ++j) {
+      auto& meta = autograd::meta_of(gathered[j]);
+      meta.grad_fn = node;
+      meta.output_nr = static_cast<int>(j);
+    }
   }
   report_.gather_ms = ms_since(start);
   refresh_memory_report();

@@ -73,7 +73,14 @@ class DataParallel {
   DataParallel& operator=(const DataParallel&) = delete;
 
   // input: (..., B along dim, ...) on any device. Returns the gathered output on output_device.
+  // The module must implement forward(const Tensor&) (or forward_args returning one tensor).
   Tensor forward(const Tensor& input);
+  // Structured form: every tensor argument (positional or named) is split along dim (they must agree on
+  // the size there), every other value goes unchanged to each used replica; the module's forward_args runs
+  // on each replica and each of its outputs is gathered on output_device (0-dim outputs become a vector of
+  // one value per replica, with a one-time warning, like PyTorch). With no tensor argument, the module runs
+  // once, on device_ids[0].
+  std::vector<Tensor> forward_args(const nn::ModuleInput& input);
 
   nn::Module& module() { return *replicas_[0]; }  // the master
   std::shared_ptr<nn::Module> module_ptr() { return replicas_[0]; }

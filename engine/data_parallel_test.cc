@@ -278,5 +278,66 @@ TEST(DataParallelTest, ReplicaFailureIsReportedOnceAndTheNextStepWorks) {
   EXPECT_EQ(out.size(0), 4);
 }
 
+// y = fc(x) * scale + bias_term[named "shift"], with a non-tensor option "scale" and a second output sum(y).
+class TwoInputs : public Cloneable<TwoInputs> {
+ public:
+  TwoInputs() : Cloneable("TwoInputs") { reset(); }
+  void reset() override { fc = register_module("fc", std::make_shared<Linear>(3, 2)); }
+  std::vector<Tensor> forward_args(const nn::ModuleInput& in) override {
+    Tensor y = fc->forward(in.tensor(0)) * in.value<double>("scale") + in.tensor("shift");
+    return {y, sum(y)};
+  }
+  std::shared_ptr<Linear> fc;
+};
+
+TEST(DataParallelTest, StructuredInputsAndOutputs) {
+  auto devices = cpus(3);
+  auto model = std::make_shared<TwoInputs>();
+  auto reference = nn::clone_module(*model, Device::cpu(0));
+  DataParallel dp(model, {.device_ids = devices});
+  Tensor x = randn({5, 3}).set_requires_grad(true), shift = randn({5, 2});
+  Tensor x_ref = x.detach().clone().set_requires_grad(true);
+  nn::ModuleInput input({x}, {{"scale", 2.0}, {"shift", shift}});
+  std::vector<Tensor> out = dp.forward_args(input);
+  std::vector<Tensor> expected = reference->forward_args(nn::ModuleInput({x_ref}, {{"scale", 2.0}, {"shift", shift}}));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_LT(max_relative_diff(out[0], expected[0]), 1e-6);
+  EXPECT_EQ(out[1].shape(), (Shape{3}));  // per-replica scalars become a vector (chunks 2, 2, 1)
+  EXPECT_NEAR(sum(out[1]).item(), expected[1].item(), 1e-4);
+  (sum(out[0]) + sum(out[1])).backward();
+  (sum(expected[0]) + expected[1]).backward();
+  EXPECT_LT(max_relative_diff(model->fc->weight.grad(), reference->fc->weight.grad()), 1e-5);
+  EXPECT_LT(max_relative_diff(x.grad(), x_ref.grad()), 1e-5);
+
+  // Tensor arguments must agree on the batch size, checked before anything runs.
+  std::string message = error_of([&] { dp.forward_args(nn::ModuleInput({randn({5, 3})}, {{"shift", randn({4, 2})}})); });
+  EXPECT_NE(message.find("differ in size along dim 0: argument 0 has 5, argument 'shift' has 4"), std::string::npos)
+      << message;
+  // A module that takes one tensor refuses more, naming them.
+  DataParallel plain(std::make_shared<Mlp>(), {.device_ids = devices});
+  EXPECT_NE(error_of([&] { plain.forward_args(nn::ModuleInput({randn({4, 6}), randn({4, 6})})); }).find("takes one tensor"),
+            std::string::npos);
+}
+
+TEST(DataParallelTest, NoTensorArgumentsRunOnceOnTheFirstDevice) {
+  class Constant : public Cloneable<Constant> {
+   public:
+    Constant() : Cloneable("Constant") { reset(); }
+    void reset() override { w = register_parameter("w", ones({2})); }
+    std::vector<Tensor> forward_args(const nn::ModuleInput& in) override {
+      return {w * static_cast<double>(in.value<int64_t>("times"))};
+    }
+    Tensor w;
+  };
+  auto devices = cpus(2);
+  auto model = std::make_shared<Constant>();
+  DataParallel dp(model, {.device_ids = devices});
+  std::vector<Tensor> out = dp.forward_args(nn::ModuleInput({}, {{"times", int64_t{3}}}));
+  EXPECT_EQ(out[0].to_vector<float>(), (std::vector<float>{3, 3}));
+  EXPECT_EQ(dp.last_step().used_devices, (std::vector<Device>{Device::cpu(0)}));
+  sum(out[0]).backward();
+  EXPECT_EQ(model->w.grad().to_vector<float>(), (std::vector<float>{3, 3}));
+}
+
 }  // namespace
 }  // namespace dpe

@@ -14,6 +14,12 @@ Tensor Module::forward(const Tensor&) {
   DPE_CHECK(false, type_name_, " does not implement forward(const Tensor&)");
 }
 
+std::vector<Tensor> Module::forward_args(const ModuleInput& input) {
+  DPE_CHECK(input.args.size() == 1 && input.kwargs.empty(), type_name_, " takes one tensor; got ", input.args.size(),
+            " positional and ", input.kwargs.size(), " named arguments (override forward_args for more)");
+  return {forward(input.tensor(0))};
+}
+
 void Module::check_new_name(const std::string& name) const {
   DPE_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name_, ": invalid name '", name,
             "' (names are non-empty and contain no '.')");

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "layers/module_io.h"
 
 namespace dpe::nn {
 
@@ -48,6 +49,9 @@ class Module {
   // The single-tensor forward used by Sequential and the engine. Modules with other signatures may
   // leave it; calling it then is an error naming the module type.
   virtual Tensor forward(const Tensor& input);
+  // The structured forward used by DataParallel: any positional/named arguments in, a list of tensors out.
+  // Default: exactly one positional tensor and no named argument, passed to forward(const Tensor&).
+  virtual std::vector<Tensor> forward_args(const ModuleInput& input);
 
   // Re-creates the module's parameters, buffers and children (freshly initialised). Called by constructors
   // and by Cloneable::clone.
