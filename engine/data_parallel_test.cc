@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/autograd/function.h"
 #include "core/autograd/grad_mode.h"
 #include "core/ops.h"
 #include "layers/activation.h"
@@ -337,6 +338,62 @@ TEST(DataParallelTest, NoTensorArgumentsRunOnceOnTheFirstDevice) {
   EXPECT_EQ(dp.last_step().used_devices, (std::vector<Device>{Device::cpu(0)}));
   sum(out[0]).backward();
   EXPECT_EQ(model->w.grad().to_vector<float>(), (std::vector<float>{3, 3}));
+}
+
+// Fails in backward on a chunk of one row (forward succeeds).
+class FailsInBackward : public Cloneable<FailsInBackward> {
+ public:
+  FailsInBackward() : Cloneable("FailsInBackward") { reset(); }
+  void reset() override { fc = register_module("fc", std::make_shared<Linear>(2, 2)); }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = fc->forward(x);
+    if (x.size(0) != 1) return y;
+    Tensor z = y.detach().clone();
+    autograd::record(z, {y}, "FailingBackward", [](const Tensor&) -> std::vector<Tensor> {
+      DPE_CHECK(false, "gradient exploded");
+    });
+    return z;
+  }
+  std::shared_ptr<Linear> fc;
+};
+
+TEST(DataParallelTest, BackwardFailureIsReportedOnceAndTheNextStepWorks) {
+  auto devices = cpus(2);
+  auto model = std::make_shared<FailsInBackward>();
+  DataParallel dp(model, {.device_ids = devices});
+  Tensor out = dp.forward(randn({3, 2}));  // chunks 2, 1: replica 1 fails in backward
+  try {
+    sum(out).backward();
+    ADD_FAILURE() << "no exception";
+  } catch (const ReplicaError& e) {
+    EXPECT_EQ(e.replica(), 1);
+    EXPECT_NE(std::string(e.what()).find("replica 1 on cpu:1: gradient exploded"), std::string::npos) << e.what();
+  }
+  model->zero_grad();
+  sum(dp.forward(randn({4, 2}))).backward();  // chunks 2, 2: the same engine works again
+  EXPECT_TRUE(model->fc->weight.grad().defined());
+}
+
+TEST(DataParallelCudaTest, GradientsEqualTheSingleDeviceFullBatch) {
+  if (cuda_device_count() < 2) {
+    GTEST_SKIP() << "needs 2 CUDA devices (on one GPU: DPE_CUDA_LOGICAL_DEVICES=0,0)";
+  }
+  std::vector<Device> devices = {Device::cuda(0), Device::cuda(1)};
+  manual_seed(2);
+  auto model = std::make_shared<Mlp>();
+  model->to(Device::cuda(0));
+  auto reference = nn::clone_module(*model, Device::cuda(0));
+  DataParallel dp(model, {.device_ids = devices, .bucket_bytes = 256});
+  Tensor x = randn({7, 6}, Device::cuda(0)), target = randn({7, 3}, Device::cuda(0));
+  Tensor out = dp.forward(x);
+  Tensor expected = reference->forward(x);
+  EXPECT_LT(max_relative_diff(out, expected), 1e-5);
+  mean(square(out - target)).backward();
+  mean(square(expected - target)).backward();
+  auto got = model->named_parameters(), want = reference->named_parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LT(max_relative_diff(got[i].second.grad(), want[i].second.grad()), 1e-5) << got[i].first;
+  }
 }
 
 }  // namespace

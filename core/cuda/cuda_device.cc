@@ -11,7 +11,9 @@
 #include "core/cuda/cuda_device.h"
 
 #include <deque>
+#include <cstdlib>
 #include <mutex>
+#include <sstream>
 
 #include "core/cuda/cuda_check.h"
 #include "core/error.h"
@@ -61,10 +63,31 @@ struct Registry {
   bool frozen = false;     // Note [CUDA device mapping is frozen on first use]
 };
 
+// The initial mapping: $DPE_CUDA_LOGICAL_DEVICES ("0,0,0": three logical devices on visible GPU 0), so that
+// a test binary or the dpe tool can run multi-device code on one GPU without code changes; else identity.
+std::vector<int> initial_mapping() {
+  int count = physical_info().count;
+  std::vector<int> mapping;
+  const char* env = std::getenv("DPE_CUDA_LOGICAL_DEVICES");
+  if (env == nullptr || *env == '\0' || count == 0) {
+    for (int i = 0; i < count; ++i) mapping.push_back(i);
+    return mapping;
+  }
+  std::stringstream list(env);
+  for (std::string item; std::getline(list, item, ',');) {
+    char* end = nullptr;
+    long ordinal = std::strtol(item.c_str(), &end, 10);
+    DPE_CHECK(!item.empty() && *end == '\0' && ordinal >= 0 && ordinal < count, "DPE_CUDA_LOGICAL_DEVICES='", env,
+              "': '", item, "' is not a visible GPU ordinal (0..", count - 1, ")");
+    mapping.push_back(static_cast<int>(ordinal));
+  }
+  return mapping;
+}
+
 Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry;  // never destroyed, see the file comment
-    for (int i = 0; i < physical_info().count; ++i) reg->slots.emplace_back(i);
+    for (int physical : initial_mapping()) reg->slots.emplace_back(physical);
     return reg;
   }();
   return *r;

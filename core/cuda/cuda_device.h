@@ -1,7 +1,8 @@
 // Logical CUDA devices and their per-device resources. Included only by CUDA-enabled code.
 //
-// Logical device i maps onto a physical (visible) GPU: by default logical == physical; set_logical_devices
-// lets several logical devices share one GPU (multi-device tests on one GPU). Each logical device owns one
+// Logical device i maps onto a physical (visible) GPU: by default logical == physical, or the list in
+// $DPE_CUDA_LOGICAL_DEVICES ("0,0": two logical devices on GPU 0); set_logical_devices changes it in code.
+// Several logical devices may share one GPU (multi-device tests on one GPU). Each logical device owns one
 // non-blocking compute stream and one cuBLAS and one cuDNN handle bound to it, created on first use. Every
 // kernel for logical device i runs on stream(i): that single stream is what makes the caching allocator's reuse safe.
 //
