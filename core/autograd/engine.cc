@@ -99,7 +99,6 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
       if (--dependencies[next] == 0) ready.push(next);
     }
     node->release_saved();
-    node->mark_released();
   }
 }
 

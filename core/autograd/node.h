@@ -32,9 +32,8 @@ class Node {
   virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) = 0;
   virtual std::string name() const = 0;
   // Drops saved tensors after backward (retain_graph = false); a second backward then fails clearly.
+  // A node shared by concurrent graphs (a leaf's AccumulateGrad) keeps nothing to release.
   virtual void release_saved() {}
-  bool released() const { return released_; }
-  void mark_released() { released_ = true; }
 
   // Monotonic creation order: the engine runs ready nodes newest first, like PyTorch, so the gradient-ready
   // order follows reverse execution order.
@@ -44,7 +43,6 @@ class Node {
 
  private:
   uint64_t sequence_nr_;
-  bool released_ = false;
 };
 
 struct AutogradMeta {
