@@ -92,8 +92,11 @@ struct DeviceWorkerPool::Impl {
           task();
         }
       });
+      // Nothing of this step may outlive the hand-over: the caller may destroy what the task refers to,
+      // and reads (then frees) the exception as soon as pending reaches 0.
+      task = nullptr;
       std::lock_guard lock(mutex);
-      w.error = error;
+      w.error = std::move(error);
       if (--pending == 0) work_done.notify_all();
     }
   }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -55,9 +56,9 @@ TEST(WorkerPoolTest, ErrorsAreTaggedAndTheLowestReplicaWins) {
     EXPECT_EQ(std::string(e.what()), "replica 1 on cpu:1: bad shape in replica 1");
   }
   EXPECT_EQ(finished.load(), 1);  // the healthy worker finished before the error was raised
-  int ok = 0;
+  std::atomic<int> ok{0};
   pool.run(3, [&](size_t) { ++ok; });  // the next step works
-  EXPECT_EQ(ok, 3);
+  EXPECT_EQ(ok.load(), 3);
 }
 
 TEST(WorkerPoolTest, CarriesGradModeAndLimitsCpuThreads) {
