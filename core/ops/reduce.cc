@@ -5,30 +5,18 @@
 #include "core/dispatch.h"
 #include "core/kernels/reduce.h"
 #include "core/ops.h"
+#include "core/ops/axis.h"
 #include "core/ops/op_checks.h"
 
 namespace dpe {
 
 using kernels::ReduceOp;
 using ops_detail::check_compute_dtype;
+using ops_detail::Axis;
+using ops_detail::axis_of;
 using ops_detail::options_of;
 
 namespace {
-
-struct Axis {
-  int64_t outer = 1, size = 1, inner = 1;
-};
-
-// x viewed as (outer, size, inner) around dimension d.
-Axis axis_of(const Shape& shape, int64_t d) {
-  Axis a;
-  for (int64_t i = 0; i < static_cast<int64_t>(shape.size()); ++i) {
-    if (i < d) a.outer *= shape[i];
-    if (i == d) a.size = shape[i];
-    if (i > d) a.inner *= shape[i];
-  }
-  return a;
-}
 
 Shape reduced_shape(const Shape& shape, int64_t d, bool keepdim) {
   Shape out = shape;

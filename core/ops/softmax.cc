@@ -3,30 +3,19 @@
 #include "core/dispatch.h"
 #include "core/kernels/softmax.h"
 #include "core/ops.h"
+#include "core/ops/axis.h"
 #include "core/ops/op_checks.h"
 
 namespace dpe {
 
 using kernels::SoftmaxKind;
+using ops_detail::Axis;
+using ops_detail::axis_of;
 
 namespace {
 
-struct Axis {
-  int64_t outer = 1, size = 1, inner = 1;
-};
-
-Axis axis_of(const Tensor& x, int64_t d) {
-  Axis a;
-  for (int64_t i = 0; i < x.dim(); ++i) {
-    if (i < d) a.outer *= x.shape()[i];
-    if (i == d) a.size = x.shape()[i];
-    if (i > d) a.inner *= x.shape()[i];
-  }
-  return a;
-}
-
 Tensor softmax_backward(SoftmaxKind kind, const Tensor& y, const Tensor& dy, int64_t d) {
-  Axis axis = axis_of(y, d);
+  Axis axis = axis_of(y.shape(), d);
   Tensor dyc = dy.contiguous();
   Tensor dx = empty_like(y);
   dispatch(
@@ -48,7 +37,7 @@ Tensor softmax_impl(SoftmaxKind kind, const Tensor& x, int64_t dim, const char* 
   Tensor in = x.contiguous();
   Tensor y = empty_like(x);
   if (x.numel() > 0) {
-    Axis axis = axis_of(x, d);
+    Axis axis = axis_of(x.shape(), d);
     dispatch(
         x.device(),
         [&] { kernels::softmax_cpu(kind, x.dtype(), axis.outer, axis.size, axis.inner, in.data_ptr(), y.data_ptr()); },
