@@ -11,6 +11,7 @@
 #include "layers/linear.h"
 #include "layers/pooling.h"
 #include "tests/testing/errors.h"
+#include "tests/testing/devices.h"
 
 namespace dpe {
 namespace {
@@ -18,12 +19,7 @@ namespace {
 using nn::Cloneable;
 using nn::Linear;
 
-std::vector<Device> cpus(int n) {
-  set_num_cpu_devices(std::max(num_cpu_devices(), n));
-  std::vector<Device> d;
-  for (int i = 0; i < n; ++i) d.push_back(Device::cpu(i));
-  return d;
-}
+using testing::cpu_devices;
 
 class Mlp : public Cloneable<Mlp> {
  public:
@@ -71,7 +67,7 @@ double max_relative_diff(const Tensor& a, const Tensor& b) {
 }
 
 TEST(DataParallelTest, GradientsEqualTheSingleDeviceFullBatch) {
-  auto devices = cpus(4);
+  auto devices = cpu_devices(4);
   for (auto [batch, n] : std::vector<std::pair<int64_t, int>>{{5, 3}, {4, 3}, {7, 2}, {8, 4}, {10, 4}, {1, 4}}) {
     manual_seed(batch * 10 + n);
     auto model = std::make_shared<Mlp>();
@@ -96,7 +92,7 @@ TEST(DataParallelTest, GradientsEqualTheSingleDeviceFullBatch) {
 }
 
 TEST(DataParallelTest, CnnGradientsEqualTheSingleDeviceFullBatch) {
-  auto devices = cpus(3);
+  auto devices = cpu_devices(3);
   manual_seed(5);
   auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
@@ -117,7 +113,7 @@ TEST(DataParallelTest, CnnGradientsEqualTheSingleDeviceFullBatch) {
 }
 
 TEST(DataParallelTest, SgdStepsMatchSingleDevice) {
-  auto devices = cpus(2);
+  auto devices = cpu_devices(2);
   manual_seed(1);
   auto model = std::make_shared<Mlp>();
   auto reference = nn::clone_module(*model, Device::cpu(0));
@@ -139,7 +135,7 @@ TEST(DataParallelTest, SgdStepsMatchSingleDevice) {
 }
 
 TEST(DataParallelTest, MasterGradAccumulatesAcrossBackwardsLikePyTorch) {
-  auto devices = cpus(2);
+  auto devices = cpu_devices(2);
   auto model = std::make_shared<Mlp>();
   auto reference = nn::clone_module(*model, Device::cpu(0));
   DataParallel dp(model, {.device_ids = devices});
@@ -152,7 +148,7 @@ TEST(DataParallelTest, MasterGradAccumulatesAcrossBackwardsLikePyTorch) {
 }
 
 TEST(DataParallelTest, InputGradientsAndOutputDevice) {
-  auto devices = cpus(3);
+  auto devices = cpu_devices(3);
   auto model = std::make_shared<Mlp>();
   auto reference = nn::clone_module(*model, Device::cpu(0));
   DataParallel dp(model, {.device_ids = devices, .output_device = Device::cpu(2)});
@@ -168,7 +164,7 @@ TEST(DataParallelTest, InputGradientsAndOutputDevice) {
 }
 
 TEST(DataParallelTest, SingleDeviceIsTheModuleItself) {
-  auto devices = cpus(1);
+  auto devices = cpu_devices(1);
   auto model = std::make_shared<Mlp>();
   auto reference = nn::clone_module(*model, Device::cpu(0));
   DataParallel dp(model, {.device_ids = std::vector<Device>{Device::cpu(0)}});
@@ -184,7 +180,7 @@ TEST(DataParallelTest, SingleDeviceIsTheModuleItself) {
 }
 
 TEST(DataParallelTest, EvalForwardBuildsNoGraph) {
-  auto devices = cpus(2);
+  auto devices = cpu_devices(2);
   auto model = std::make_shared<Mlp>();
   DataParallel dp(model, {.device_ids = devices});
   NoGradGuard no_grad;
@@ -194,7 +190,7 @@ TEST(DataParallelTest, EvalForwardBuildsNoGraph) {
 }
 
 TEST(DataParallelTest, BufferPolicies) {
-  auto devices = cpus(2);
+  auto devices = cpu_devices(2);
   {
     auto model = std::make_shared<Counter>();
     DataParallel dp(model, {.device_ids = devices});
@@ -212,7 +208,7 @@ TEST(DataParallelTest, BufferPolicies) {
 }
 
 TEST(DataParallelTest, ReportsChunksBytesAndMemory) {
-  auto devices = cpus(3);
+  auto devices = cpu_devices(3);
   auto model = std::make_shared<Mlp>();
   DataParallel dp(model, {.device_ids = devices, .split = SplitRule::Balanced});
   Tensor out = dp.forward(randn({4, 6}));
@@ -231,7 +227,7 @@ TEST(DataParallelTest, ReportsChunksBytesAndMemory) {
 }
 
 TEST(DataParallelTest, DeviceValidation) {
-  cpus(2);
+  cpu_devices(2);
   auto model = std::make_shared<Mlp>();
   EXPECT_NE(error_of([&] { DataParallel(model, {.device_ids = std::vector<Device>{}}); }).find("device_ids is empty"),
             std::string::npos);
@@ -266,7 +262,7 @@ class FailsOnSmallChunks : public Cloneable<FailsOnSmallChunks> {
 };
 
 TEST(DataParallelTest, ReplicaFailureIsReportedOnceAndTheNextStepWorks) {
-  auto devices = cpus(2);
+  auto devices = cpu_devices(2);
   DataParallel dp(std::make_shared<FailsOnSmallChunks>(), {.device_ids = devices});
   try {
     dp.forward(randn({3, 2}));  // chunks 2, 1
@@ -294,7 +290,7 @@ class TwoInputs : public Cloneable<TwoInputs> {
 };
 
 TEST(DataParallelTest, StructuredInputsAndOutputs) {
-  auto devices = cpus(3);
+  auto devices = cpu_devices(3);
   auto model = std::make_shared<TwoInputs>();
   auto reference = nn::clone_module(*model, Device::cpu(0));
   DataParallel dp(model, {.device_ids = devices});
@@ -332,7 +328,7 @@ TEST(DataParallelTest, NoTensorArgumentsRunOnceOnTheFirstDevice) {
     }
     Tensor w;
   };
-  auto devices = cpus(2);
+  auto devices = cpu_devices(2);
   auto model = std::make_shared<Constant>();
   DataParallel dp(model, {.device_ids = devices});
   std::vector<Tensor> out = dp.forward_args(nn::ModuleInput({}, {{"times", int64_t{3}}}));
@@ -360,7 +356,7 @@ class FailsInBackward : public Cloneable<FailsInBackward> {
 };
 
 TEST(DataParallelTest, BackwardFailureIsReportedOnceAndTheNextStepWorks) {
-  auto devices = cpus(2);
+  auto devices = cpu_devices(2);
   auto model = std::make_shared<FailsInBackward>();
   DataParallel dp(model, {.device_ids = devices});
   Tensor out = dp.forward(randn({3, 2}));  // chunks 2, 1: replica 1 fails in backward

@@ -8,19 +8,15 @@
 #include <thread>
 
 #include "core/autograd/grad_mode.h"
+#include "tests/testing/devices.h"
 
 namespace dpe {
 namespace {
 
-std::vector<Device> cpus(int n) {
-  set_num_cpu_devices(std::max(num_cpu_devices(), n));
-  std::vector<Device> d;
-  for (int i = 0; i < n; ++i) d.push_back(Device::cpu(i));
-  return d;
-}
+using testing::cpu_devices;
 
 TEST(WorkerPoolTest, RunsEachReplicaOnItsOwnPersistentThread) {
-  DeviceWorkerPool pool(cpus(3));
+  DeviceWorkerPool pool(cpu_devices(3));
   std::mutex m;
   std::vector<std::set<std::thread::id>> ids(3);
   for (int step = 0; step < 20; ++step) {
@@ -41,7 +37,7 @@ TEST(WorkerPoolTest, RunsEachReplicaOnItsOwnPersistentThread) {
 }
 
 TEST(WorkerPoolTest, ErrorsAreTaggedAndTheLowestReplicaWins) {
-  DeviceWorkerPool pool(cpus(3));
+  DeviceWorkerPool pool(cpu_devices(3));
   std::atomic<int> finished{0};
   try {
     pool.run(3, [&](size_t i) {
@@ -62,7 +58,7 @@ TEST(WorkerPoolTest, ErrorsAreTaggedAndTheLowestReplicaWins) {
 }
 
 TEST(WorkerPoolTest, CarriesGradModeAndLimitsCpuThreads) {
-  DeviceWorkerPool pool(cpus(2));
+  DeviceWorkerPool pool(cpu_devices(2));
   std::vector<int> enabled(2, -1);
   {
     NoGradGuard no_grad;

@@ -6,16 +6,12 @@
 #include "core/ops.h"
 #include "scatter_gather/chunking.h"
 #include "tests/testing/gradcheck.h"
+#include "tests/testing/devices.h"
 
 namespace dpe {
 namespace {
 
-std::vector<Device> cpu_devices(int n) {
-  set_num_cpu_devices(std::max(num_cpu_devices(), n));
-  std::vector<Device> d;
-  for (int i = 0; i < n; ++i) d.push_back(Device::cpu(i));
-  return d;
-}
+using testing::cpu_devices;
 
 TEST(ScatterGatherTest, ScatterThenGatherIsTheIdentity) {
   auto devices = cpu_devices(4);

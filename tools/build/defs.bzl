@@ -39,7 +39,7 @@ def dpe_cc_test(name, copts = [], deps = [], tags = [], **kwargs):
     native.cc_test(
         name = name,
         copts = DPE_COPTS + copts,
-        deps = deps + ["@gtest//:gtest", "//tests/testing:errors", "//tests/testing:test_main"],
+        deps = deps + ["@gtest//:gtest", "//tests/testing:helpers", "//tests/testing:test_main"],
         tags = tags,
         **kwargs
     )
