@@ -20,12 +20,6 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-std::vector<Tensor> state_tensors(const nn::Module& m) {
-  std::vector<Tensor> out;
-  for (const auto& [name, t] : m.state_dict()) out.push_back(t);
-  return out;
-}
-
 }  // namespace
 
 // The grad_fn of a DP step's gathered outputs (output j of the step is this node's output j): backward
@@ -158,10 +152,18 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
   DPE_CHECK(module != nullptr, "DataParallel: module is null");
   validate_devices();
   replicas_.push_back(std::move(module));
-  check_master_placement();
-  for (size_t i = 1; i < device_ids_.size(); ++i) {
-    replicas_.push_back(replicas_[0]->clone(device_ids_[i]));
-    ++replicas_created_;
+  for (size_t i = 0; i < device_ids_.size(); ++i) {
+    if (i > 0) {
+      replicas_.push_back(replicas_[0]->clone(device_ids_[i]));
+      ++replicas_created_;
+    }
+    std::vector<Tensor> state;
+    for (auto& [name, t] : replicas_[i]->state_dict()) {
+      state.push_back(t);
+      if (i == 0) state_names_.push_back(name);
+    }
+    replica_state_.push_back(std::move(state));
+    if (i == 0) check_master_placement();  // before cloning a misplaced master
   }
   pool_ = std::make_unique<DeviceWorkerPool>(device_ids_);
   if (device_ids_.size() > 1) {
@@ -204,18 +206,18 @@ void DataParallel::validate_devices() {
 }
 
 void DataParallel::check_master_placement() const {
-  for (const auto& [name, t] : replicas_[0]->state_dict()) {
-    DPE_CHECK(t.device() == device_ids_[0], "DataParallel: module must have its parameters and buffers on "
-              "device_ids[0] = ", device_ids_[0], " but '", name, "' is on ", t.device(),
-              "; move it with module->to(", device_ids_[0], ")");
+  for (size_t k = 0; k < replica_state_[0].size(); ++k) {
+    const Device& d = replica_state_[0][k].device();
+    DPE_CHECK(d == device_ids_[0], "DataParallel: module must have its parameters and buffers on device_ids[0] = ",
+              device_ids_[0], " but '", state_names_[k], "' is on ", d, "; move it with module->to(", device_ids_[0],
+              ")");
   }
 }
 
 void DataParallel::sync_replicas(size_t used) {
   if (used <= 1) return;
-  std::vector<std::vector<Tensor>> destinations;
-  for (size_t r = 1; r < used; ++r) destinations.push_back(state_tensors(*replicas_[r]));
-  report_.broadcast = broadcast_coalesced_into(state_tensors(*replicas_[0]), destinations, options_.bucket_bytes);
+  std::vector<std::vector<Tensor>> destinations(replica_state_.begin() + 1, replica_state_.begin() + static_cast<int64_t>(used));
+  report_.broadcast = broadcast_coalesced_into(replica_state_[0], destinations, options_.bucket_bytes);
 }
 
 void DataParallel::average_buffers(size_t used) {

@@ -107,6 +107,11 @@ class DataParallel {
   std::vector<Device> device_ids_;
   Device output_device_;
   std::vector<std::shared_ptr<nn::Module>> replicas_;  // [0] is the master
+  // Parameters and buffers of each replica (state_dict order) and their names, taken once at construction:
+  // handles stay valid across Module::to and set_data, so steps need no state_dict() walk. Like PyTorch's
+  // DDP, registering new parameters after construction is not seen by the engine.
+  std::vector<std::vector<Tensor>> replica_state_;
+  std::vector<std::string> state_names_;
   std::unique_ptr<DeviceWorkerPool> pool_;
   std::unique_ptr<GradientReducer> reducer_;
   int64_t replicas_created_ = 0;
