@@ -1,0 +1,135 @@
+// ProcessGroup: collectives among the devices of one process, one member (rank) per device, each member
+// driven by its own thread (DDP mode's shape: one persistent worker per device). PyTorch's c10d names and
+// semantics, with the rank passed explicitly because every member lives in the same process:
+//
+//   ProcessGroup group({Device::cpu(0), Device::cpu(1)});
+//   pool.run(2, [&](size_t r) { group.all_reduce(r, grads[r], ReduceOp::Avg); });
+//
+// Backends (research/ddp_collectives_semantics.md §4.3):
+//  - Cpu: CPU devices share the host memory. Every member does its share of the work (an all-reduce
+//    reduces 1/n of the elements across all members' buffers and writes the result back into all of them),
+//    so a collective runs on n threads near memory bandwidth.
+//  - PeerCopy: CUDA logical devices that share a GPU (NCCL refuses one GPU as two ranks). Members pull the
+//    slices they own with device-to-device copies and reduce them on their own stream.
+//  - Nccl: CUDA devices on distinct GPUs; one communicator per member (ncclCommInitAll), the reducing
+//    collectives and broadcast run as NCCL calls on each member's stream; gather/scatter/all_to_all/object
+//    broadcasts use peer copies.
+//  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise.
+//
+// Contract for every collective:
+//  - every member calls the same collectives in the same order, each with its own rank, concurrently;
+//  - tensors are contiguous and on the member's own device (gather/scatter lists: on the root's device);
+//  - members' arguments must agree (op, root, dtype, sizes): a disagreement throws on every member, with a
+//    message naming the member and the values, and leaves the group usable;
+//  - a member that does not arrive within the timeout is an error naming its device, raised on every member
+//    that waits; the group is then aborted (every call throws) until reset();
+//  - a call returns when this member's outputs are written (CUDA: ordered before later work on the member's
+//    stream) and no other member touches its buffers any more.
+// In place: all_reduce/broadcast/reduce work on `tensor` itself; all_gather_into_tensor is in place when
+// `input` is output's slice `rank`, reduce_scatter_tensor when `output` is input's slice `rank`.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "scatter_gather/reduce_buffers.h"
+#include "scatter_gather/rendezvous.h"
+
+namespace dpe {
+
+enum class CollectiveBackend { Auto, Cpu, PeerCopy, Nccl };
+const char* backend_name(CollectiveBackend backend);
+
+enum class Collective {
+  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, Gather, Scatter, AllToAll, Barrier, BroadcastObject
+};
+inline constexpr size_t kNumCollectives = 10;
+const char* collective_name(Collective c);
+
+struct ProcessGroupOptions {
+  CollectiveBackend backend = CollectiveBackend::Auto;
+  // PyTorch's default is 30 min; an in-process group can tell a hang much sooner.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+class NcclComms;  // scatter_gather/nccl_comms.h, CUDA builds only
+
+class ProcessGroup {
+ public:
+  // devices: one member per device, rank = position. Throws on an empty list, duplicates, mixed kinds, a
+  // device that does not exist, or a backend that cannot serve the devices (naming both).
+  explicit ProcessGroup(std::vector<Device> devices, ProcessGroupOptions options = {});
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int size() const { return static_cast<int>(devices_.size()); }
+  const std::vector<Device>& devices() const { return devices_; }
+  CollectiveBackend backend() const { return backend_; }
+  std::chrono::milliseconds timeout() const { return rendezvous_.timeout(); }
+
+  void all_reduce(int rank, const Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  void broadcast(int rank, const Tensor& tensor, int root);
+  // The result lands in root's tensor; the other members' tensors are left unchanged.
+  void reduce(int rank, const Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum);
+  // outputs[k] = member k's input (size() outputs; every input the same size and dtype).
+  void all_gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input);
+  // output: size() * input.numel() elements; slice k = member k's input.
+  void all_gather_into_tensor(int rank, const Tensor& output, const Tensor& input);
+  // output = op over members k of inputs_k[rank].
+  void reduce_scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::Sum);
+  // input: size() * output.numel() elements; output = op over members of their input's slice `rank`.
+  void reduce_scatter_tensor(int rank, const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::Sum);
+  // Root's outputs[k] = member k's input; `outputs` is read on the root only (others pass {}).
+  void gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input, int root);
+  // output = root's inputs[rank]; `inputs` is read on the root only.
+  void scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, int root);
+  // outputs[k] = member k's inputs[rank]; sizes may differ per pair but must match pairwise.
+  void all_to_all(int rank, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs);
+  void barrier(int rank);
+  // Root's bytes, returned on every member (PyTorch's broadcast_object_list, with serialization left to
+  // the caller).
+  std::vector<uint8_t> broadcast_object(int rank, const std::vector<uint8_t>& bytes, int root);
+
+  // Wakes every member waiting in a collective with an error carrying `reason` (a replica failed and its
+  // partners must not wait for it); every collective throws until reset(), which the owner calls once no
+  // member is inside one.
+  void abort(const std::string& reason) { rendezvous_.abort(reason); }
+  void reset() { rendezvous_.reset(); }
+
+  // Collectives completed since construction or reset_counters(), counted once per group (not per member).
+  int64_t calls(Collective c) const { return calls_[static_cast<size_t>(c)].load(); }
+  int64_t total_calls() const;
+  void reset_counters();
+
+ private:
+  struct Posted;
+  template <typename Validate, typename Work>
+  void run(int rank, Posted& mine, const Validate& validate, const Work& work);
+  std::string check_common(const Posted& mine) const;
+  // An error only this member can see (its arguments are not posted yet): aborts the group so that the
+  // others do not wait for it, then throws.
+  [[noreturn]] void fail_alone(const std::string& message);
+  void check_rank(int rank, const char* what);
+  void check_flat(int rank, const char* what, const Tensor& flat, const char* flat_name, const Tensor& piece);
+  void copy(const Tensor& dst, const Tensor& src) const;
+  // dsts[m] = op over srcs[k], computed by member `rank` (its device does the arithmetic off the host).
+  void combine(int rank, const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs, ReduceOp op) const;
+  bool uses_nccl() const { return nccl_ != nullptr; }
+
+  std::vector<Device> devices_;
+  CollectiveBackend backend_;
+  Rendezvous rendezvous_;
+  std::vector<const Posted*> posted_;  // member r's arguments, valid between its two meetings
+  std::vector<int64_t> sequence_;      // per member: collectives called (error messages)
+  std::array<std::atomic<int64_t>, kNumCollectives> calls_{};
+  std::unique_ptr<NcclComms> nccl_;
+};
+
+}  // namespace dpe

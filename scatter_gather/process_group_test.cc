@@ -1,0 +1,393 @@
+// Every collective on every backend this machine has, against a direct computation: group sizes 1-4,
+// element counts 0, 1, odd and not divisible by the group, every dtype, in place and out of place; the
+// timeout, abort and argument-mismatch paths. The same checks run on CUDA logical devices (peer-copy) and
+// a one-GPU NCCL group when a GPU is present.
+#include "scatter_gather/process_group.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "core/ops.h"
+#include "tests/testing/devices.h"
+#include "tests/testing/errors.h"
+
+#if DPE_WITH_CUDA
+#include "core/cuda/cuda_device.h"
+#endif
+
+namespace dpe {
+namespace {
+
+using testing::cpu_devices;
+using testing::error_of;
+
+// Runs fn(rank) on one thread per member; returns each member's error message ("" when none).
+std::vector<std::string> run_members(int n, const std::function<void(int)>& fn) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      std::string e = error_of([&] { fn(r); });
+      errors[r] = e == "(no error)" ? "" : e;
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Member r's input: small integers, exact in every dtype (also after a 4-way sum in uint8 and bfloat16).
+std::vector<double> member_values(int r, int64_t count, int salt = 0) {
+  std::vector<double> v(count);
+  for (int64_t i = 0; i < count; ++i) v[i] = static_cast<double>((i * 7 + r * 3 + salt) % 10);
+  return v;
+}
+
+Tensor make(const std::vector<double>& values, DType dtype, const Device& device) {
+  return Tensor::from_vector(values, {static_cast<int64_t>(values.size())}).to(dtype).to(device);
+}
+
+double reduce_ref(ReduceOp op, const std::vector<double>& xs, DType dtype) {
+  double acc = xs[0];
+  for (size_t k = 1; k < xs.size(); ++k) {
+    if (op == ReduceOp::Max) acc = std::max(acc, xs[k]);
+    else if (op == ReduceOp::Min) acc = std::min(acc, xs[k]);
+    else acc += xs[k];
+  }
+  if (op == ReduceOp::Avg) {
+    acc /= static_cast<double>(xs.size());
+    if (!is_floating_point(dtype)) acc = std::trunc(acc);
+  }
+  return acc;
+}
+
+double tolerance(DType dtype) {
+  return dtype == DType::Float16 || dtype == DType::BFloat16 ? 2e-2 : (dtype == DType::Float32 ? 1e-6 : 1e-12);
+}
+
+void expect_values(const Tensor& t, const std::vector<double>& expected, DType dtype, const std::string& where) {
+  std::vector<double> got = t.to_vector<double>();
+  ASSERT_EQ(got.size(), expected.size()) << where;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], expected[i], tolerance(dtype) * std::max(1.0, std::abs(expected[i]))) << where << " at " << i;
+  }
+}
+
+struct GroupCase {
+  std::vector<Device> devices;
+  CollectiveBackend backend;
+};
+
+const std::vector<int64_t> kCounts = {0, 1, 7, 1000, 4099};
+
+void check_all_reduce(const GroupCase& c) {
+  int n = static_cast<int>(c.devices.size());
+  ProcessGroup group(c.devices, {.backend = c.backend});
+  for (DType dtype : kAllDTypes) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+      for (int64_t count : kCounts) {
+        std::vector<Tensor> t(n);
+        for (int r = 0; r < n; ++r) t[r] = make(member_values(r, count), dtype, c.devices[r]);
+        auto errors = run_members(n, [&](int r) { group.all_reduce(r, t[r], op); });
+        std::vector<std::vector<double>> inputs;
+        for (int r = 0; r < n; ++r) inputs.push_back(member_values(r, count));
+        std::vector<double> expected(count);
+        for (int64_t i = 0; i < count; ++i) {
+          std::vector<double> xs;
+          for (int r = 0; r < n; ++r) xs.push_back(inputs[r][i]);
+          expected[i] = reduce_ref(op, xs, dtype);
+        }
+        std::string where = detail::str_cat("all_reduce ", reduce_op_name(op), " ", dtype, " n=", n, " count=", count);
+        for (int r = 0; r < n; ++r) {
+          ASSERT_EQ(errors[r], "") << where;
+          expect_values(t[r], expected, dtype, where);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(group.calls(Collective::AllReduce), static_cast<int64_t>(std::size(kAllDTypes) * 4 * kCounts.size()));
+}
+
+void check_broadcast_and_reduce(const GroupCase& c) {
+  int n = static_cast<int>(c.devices.size());
+  ProcessGroup group(c.devices, {.backend = c.backend});
+  for (DType dtype : {DType::Float32, DType::Int64, DType::BFloat16}) {
+    for (int64_t count : kCounts) {
+      for (int root = 0; root < n; ++root) {
+        std::vector<Tensor> t(n), u(n);
+        for (int r = 0; r < n; ++r) {
+          t[r] = make(member_values(r, count), dtype, c.devices[r]);
+          u[r] = make(member_values(r, count), dtype, c.devices[r]);
+        }
+        auto errors = run_members(n, [&](int r) {
+          group.broadcast(r, t[r], root);
+          group.reduce(r, u[r], root, ReduceOp::Sum);
+        });
+        std::string where = detail::str_cat(dtype, " n=", n, " count=", count, " root=", root);
+        std::vector<double> sum(count, 0.0);
+        for (int r = 0; r < n; ++r) {
+          auto v = member_values(r, count);
+          for (int64_t i = 0; i < count; ++i) sum[i] += v[i];
+        }
+        for (int r = 0; r < n; ++r) {
+          ASSERT_EQ(errors[r], "") << where;
+          expect_values(t[r], member_values(root, count), dtype, "broadcast " + where);
+          // reduce: the root holds the sum, the others keep their input.
+          expect_values(u[r], r == root ? sum : member_values(r, count), dtype, "reduce " + where);
+        }
+      }
+    }
+  }
+}
+
+void check_gathers_and_scatters(const GroupCase& c) {
+  int n = static_cast<int>(c.devices.size());
+  ProcessGroup group(c.devices, {.backend = c.backend});
+  DType dtype = DType::Float32;
+  for (int64_t count : kCounts) {
+    std::string where = detail::str_cat("n=", n, " count=", count);
+    std::vector<Tensor> input(n), flat(n), inplace(n), rs_out(n), rs_in(n), rs_flat_in(n), rs_inplace(n);
+    std::vector<std::vector<Tensor>> outputs(n), rs_inputs(n);
+    for (int r = 0; r < n; ++r) {
+      TensorOptions on = TensorOptions(dtype).with_device(c.devices[r]);
+      input[r] = make(member_values(r, count), dtype, c.devices[r]);
+      flat[r] = zeros({n * count}, on);
+      inplace[r] = zeros({n * count}, on);
+      inplace[r].narrow(0, r * count, count).copy_(input[r]);
+      for (int k = 0; k < n; ++k) {
+        outputs[r].push_back(zeros({count}, on));
+        rs_inputs[r].push_back(make(member_values(r, count, k), dtype, c.devices[r]));
+      }
+      rs_out[r] = zeros({count}, on);
+      rs_flat_in[r] = cat(rs_inputs[r], 0).contiguous();
+      rs_inplace[r] = rs_flat_in[r].clone();
+      rs_in[r] = zeros({count}, on);
+    }
+    auto errors = run_members(n, [&](int r) {
+      group.all_gather(r, outputs[r], input[r]);
+      group.all_gather_into_tensor(r, flat[r], input[r]);
+      group.all_gather_into_tensor(r, inplace[r], inplace[r].narrow(0, r * count, count));  // in place
+      group.reduce_scatter(r, rs_out[r], rs_inputs[r], ReduceOp::Sum);
+      group.reduce_scatter_tensor(r, rs_in[r], rs_flat_in[r], ReduceOp::Max);
+      group.reduce_scatter_tensor(r, rs_inplace[r].narrow(0, r * count, count), rs_inplace[r], ReduceOp::Sum);
+    });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(errors[r], "") << where;
+      std::vector<double> all;
+      for (int k = 0; k < n; ++k) {
+        expect_values(outputs[r][k], member_values(k, count), dtype, "all_gather " + where);
+        auto v = member_values(k, count);
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      expect_values(flat[r], all, dtype, "all_gather_into_tensor " + where);
+      expect_values(inplace[r], all, dtype, "all_gather_into_tensor in place " + where);
+      std::vector<double> sum(count, 0.0), mx(count, -1e9);
+      for (int k = 0; k < n; ++k) {
+        auto v = member_values(k, count, r);  // member k's input slice for rank r
+        for (int64_t i = 0; i < count; ++i) {
+          sum[i] += v[i];
+          mx[i] = std::max(mx[i], v[i]);
+        }
+      }
+      expect_values(rs_out[r], sum, dtype, "reduce_scatter " + where);
+      expect_values(rs_in[r], mx, dtype, "reduce_scatter_tensor " + where);
+      expect_values(rs_inplace[r].narrow(0, r * count, count), sum, dtype, "reduce_scatter_tensor in place " + where);
+    }
+  }
+}
+
+void check_rooted_and_all_to_all(const GroupCase& c) {
+  int n = static_cast<int>(c.devices.size());
+  ProcessGroup group(c.devices, {.backend = c.backend});
+  for (int root = 0; root < n; ++root) {
+    // all_to_all with a different size per pair: member r sends (r + k) % 3 + 1 elements to member k.
+    auto pair_count = [](int from, int to) { return static_cast<int64_t>((from + to) % 3 + 1); };
+    std::vector<std::vector<Tensor>> a2a_in(n), a2a_out(n), gathered(n), scatter_in(n);
+    std::vector<Tensor> scattered(n), gather_in(n);
+    std::vector<std::vector<uint8_t>> objects(n);
+    for (int r = 0; r < n; ++r) {
+      for (int k = 0; k < n; ++k) {
+        a2a_in[r].push_back(make(member_values(r, pair_count(r, k), k), DType::Int64, c.devices[r]));
+        a2a_out[r].push_back(zeros({pair_count(k, r)}, TensorOptions(DType::Int64).with_device(c.devices[r])));
+        if (r == root) {
+          gathered[r].push_back(zeros({5}, c.devices[r]));
+          scatter_in[r].push_back(make(member_values(k, 5, 1), DType::Float32, c.devices[r]));
+        }
+      }
+      gather_in[r] = make(member_values(r, 5), DType::Float32, c.devices[r]);
+      scattered[r] = zeros({5}, c.devices[r]);
+    }
+    std::vector<uint8_t> payload = {1, 2, 3, static_cast<uint8_t>(root)};
+    auto errors = run_members(n, [&](int r) {
+      group.all_to_all(r, a2a_out[r], a2a_in[r]);
+      group.gather(r, gathered[r], gather_in[r], root);
+      group.scatter(r, scattered[r], scatter_in[r], root);
+      group.barrier(r);
+      objects[r] = group.broadcast_object(r, r == root ? payload : std::vector<uint8_t>{9}, root);
+    });
+    std::string where = detail::str_cat("n=", n, " root=", root);
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(errors[r], "") << where;
+      for (int k = 0; k < n; ++k) {
+        expect_values(a2a_out[r][k], member_values(k, pair_count(k, r), r), DType::Int64, "all_to_all " + where);
+        if (r == root) expect_values(gathered[r][k], member_values(k, 5), DType::Float32, "gather " + where);
+      }
+      expect_values(scattered[r], member_values(r, 5, 1), DType::Float32, "scatter " + where);
+      EXPECT_EQ(objects[r], payload) << where;
+    }
+  }
+}
+
+GroupCase cpu_group(int n) { return {cpu_devices(n), CollectiveBackend::Auto}; }
+
+TEST(ProcessGroupTest, AllReduceEveryOpDtypeAndSize) {
+  for (int n : {1, 2, 3, 4}) check_all_reduce(cpu_group(n));
+}
+
+TEST(ProcessGroupTest, BroadcastAndReduceFromEveryRoot) {
+  for (int n : {1, 2, 3, 4}) check_broadcast_and_reduce(cpu_group(n));
+}
+
+TEST(ProcessGroupTest, GathersAndScattersInAndOutOfPlace) {
+  for (int n : {1, 2, 3, 4}) check_gathers_and_scatters(cpu_group(n));
+}
+
+TEST(ProcessGroupTest, RootedCollectivesAllToAllBarrierAndObjects) {
+  for (int n : {1, 2, 3}) check_rooted_and_all_to_all(cpu_group(n));
+}
+
+TEST(ProcessGroupTest, AutoBackendForCpuDevices) {
+  ProcessGroup group(cpu_devices(2));
+  EXPECT_EQ(group.backend(), CollectiveBackend::Cpu);
+  EXPECT_EQ(group.size(), 2);
+}
+
+TEST(ProcessGroupTest, ConstructionErrorsNameTheValues) {
+  EXPECT_NE(error_of([] { ProcessGroup({}); }).find("no devices"), std::string::npos);
+  auto devices = cpu_devices(2);
+  EXPECT_NE(error_of([&] { ProcessGroup({devices[0], devices[0]}); }).find("cpu:0 is listed more than once"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ProcessGroup(devices, {.backend = CollectiveBackend::Nccl}); }).find("backend 'nccl' cannot serve cpu:0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ProcessGroup(devices, {.timeout = std::chrono::milliseconds(0)}); }).find("timeout must be positive"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ProcessGroup({Device::cpu(999)}); }).find("cpu:999"), std::string::npos);
+}
+
+TEST(ProcessGroupTest, MissingMemberTimesOutNamingItAndAbortsUntilReset) {
+  auto devices = cpu_devices(3);
+  ProcessGroup group(devices, {.timeout = std::chrono::milliseconds(200)});
+  std::vector<Tensor> t = {ones({4}, devices[0]), ones({4}, devices[1]), ones({4}, devices[2])};
+  auto errors = run_members(3, [&](int r) {
+    if (r != 2) group.all_reduce(r, t[r]);  // member 2 never comes
+  });
+  for (int r : {0, 1}) {
+    EXPECT_NE(errors[r].find("all_reduce #1 timed out after 200 ms"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("cpu:2 (rank 2)"), std::string::npos) << errors[r];
+    EXPECT_EQ(errors[r].find("cpu:1 (rank 1)"), std::string::npos) << errors[r];
+  }
+  // Aborted: even a complete set of members fails fast until reset().
+  errors = run_members(3, [&](int r) { group.barrier(r); });
+  for (int r = 0; r < 3; ++r) EXPECT_NE(errors[r].find("aborted"), std::string::npos) << errors[r];
+  group.reset();
+  errors = run_members(3, [&](int r) { group.all_reduce(r, t[r]); });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(errors[r], "");
+    EXPECT_EQ(t[r].to_vector<float>(), std::vector<float>(4, 3.0f));
+  }
+}
+
+TEST(ProcessGroupTest, AbortWakesWaitingMembers) {
+  auto devices = cpu_devices(2);
+  ProcessGroup group(devices);  // default timeout: minutes; abort must not wait for it
+  std::thread waiter([&] {
+    std::string e = error_of([&] { group.barrier(0); });
+    EXPECT_NE(e.find("replica 1 failed"), std::string::npos) << e;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  group.abort("replica 1 failed");
+  waiter.join();
+}
+
+TEST(ProcessGroupTest, MismatchedArgumentsFailOnEveryMemberAndKeepTheGroupUsable) {
+  auto devices = cpu_devices(2);
+  ProcessGroup group(devices);
+  std::vector<Tensor> t = {ones({4}, devices[0]), ones({5}, devices[1])};
+  auto errors = run_members(2, [&](int r) { group.all_reduce(r, t[r]); });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("member 1 (cpu:1) passed a tensor of 5 float32 elements on cpu:1 but member 0's has 4"),
+              std::string::npos) << errors[r];
+  }
+  errors = run_members(2, [&](int r) {
+    if (r == 0) group.barrier(r);
+    else group.broadcast(r, t[r], 0);
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_NE(errors[r].find("called broadcast while member 0 (cpu:0) called barrier"), std::string::npos) << errors[r];
+  errors = run_members(2, [&](int r) { group.broadcast(r, t[r], r); });  // roots disagree
+  for (int r = 0; r < 2; ++r) EXPECT_NE(errors[r].find("passed root 1"), std::string::npos) << errors[r];
+  std::vector<Tensor> wrong_device = {ones({4}, devices[1]), ones({4}, devices[1])};
+  errors = run_members(2, [&](int r) { group.all_reduce(r, wrong_device[r]); });
+  for (int r = 0; r < 2; ++r) EXPECT_NE(errors[r].find("member 0 (cpu:0) passed tensor on cpu:1; expected cpu:0"), std::string::npos) << errors[r];
+  // Still usable.
+  std::vector<Tensor> ok = {ones({4}, devices[0]), ones({4}, devices[1])};
+  errors = run_members(2, [&](int r) { group.all_reduce(r, ok[r]); });
+  EXPECT_EQ(errors, std::vector<std::string>(2, ""));
+  EXPECT_EQ(ok[1].to_vector<float>(), std::vector<float>(4, 2.0f));
+  EXPECT_EQ(group.calls(Collective::AllReduce), 1);
+}
+
+TEST(ProcessGroupTest, ALocalArgumentErrorAbortsSoPartnersDoNotWait) {
+  auto devices = cpu_devices(2);
+  ProcessGroup group(devices);
+  std::vector<Tensor> out = {zeros({8}, devices[0]), zeros({7}, devices[1])};
+  std::vector<Tensor> in = {ones({4}, devices[0]), ones({4}, devices[1])};
+  auto errors = run_members(2, [&](int r) { group.all_gather_into_tensor(r, out[r], in[r]); });
+  EXPECT_NE(errors[1].find("output of 7 elements; expected 2 x 4"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("output of 7 elements; expected 2 x 4"), std::string::npos) << errors[0];
+}
+
+#if DPE_WITH_CUDA
+// CUDA: three logical devices on GPU 0 (peer-copy backend), and a one-member NCCL group.
+class ProcessGroupCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::physical_device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+    static bool mapped = [] {
+      set_cuda_logical_devices({0, 0, 0});
+      return true;
+    }();
+    (void)mapped;
+  }
+  GroupCase peer_group(int n) {
+    std::vector<Device> d;
+    for (int i = 0; i < n; ++i) d.push_back(Device::cuda(i));
+    return {d, CollectiveBackend::Auto};
+  }
+};
+
+TEST_F(ProcessGroupCudaTest, PeerCopyBackendOnLogicalDevices) {
+  EXPECT_EQ(ProcessGroup(peer_group(2).devices).backend(), CollectiveBackend::PeerCopy);
+  EXPECT_NE(error_of([&] { ProcessGroup(peer_group(2).devices, {.backend = CollectiveBackend::Nccl}); }).find("share a GPU"),
+            std::string::npos);
+  for (int n : {1, 2, 3}) {
+    check_broadcast_and_reduce(peer_group(n));
+    check_gathers_and_scatters(peer_group(n));
+    check_rooted_and_all_to_all(peer_group(n));
+  }
+}
+
+TEST_F(ProcessGroupCudaTest, PeerCopyAllReduce) {
+  for (int n : {2, 3}) check_all_reduce(peer_group(n));
+}
+
+TEST_F(ProcessGroupCudaTest, NcclCommunicatorOnOneGpu) {
+  GroupCase one{{Device::cuda(0)}, CollectiveBackend::Nccl};
+  check_all_reduce(one);
+  check_broadcast_and_reduce(one);
+  check_gathers_and_scatters(one);
+}
+#endif
+
+}  // namespace
+}  // namespace dpe

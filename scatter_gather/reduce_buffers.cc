@@ -1,0 +1,89 @@
+#include "scatter_gather/reduce_buffers.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace dpe {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+namespace {
+
+// Blocks small enough that the accumulator stays in L1 while every input streams through once.
+constexpr int64_t kBlock = 2048;
+
+template <typename Storage, typename Acc, typename Load, typename Store>
+void reduce_typed(ReduceOp op, const std::vector<const void*>& inputs, const std::vector<void*>& outputs,
+                  int64_t count, Load load, Store store) {
+  Acc acc[kBlock];
+  const size_t n = inputs.size();
+  for (int64_t start = 0; start < count; start += kBlock) {
+    const int64_t len = std::min(kBlock, count - start);
+    const Storage* first = static_cast<const Storage*>(inputs[0]) + start;
+    for (int64_t i = 0; i < len; ++i) acc[i] = load(first[i]);
+    for (size_t k = 1; k < n; ++k) {
+      const Storage* in = static_cast<const Storage*>(inputs[k]) + start;
+      switch (op) {
+        case ReduceOp::Sum:
+        case ReduceOp::Avg:
+          for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<Acc>(acc[i] + load(in[i]));
+          break;
+        case ReduceOp::Max:
+          for (int64_t i = 0; i < len; ++i) acc[i] = std::max(acc[i], load(in[i]));
+          break;
+        case ReduceOp::Min:
+          for (int64_t i = 0; i < len; ++i) acc[i] = std::min(acc[i], load(in[i]));
+          break;
+      }
+    }
+    if (op == ReduceOp::Avg) {
+      const Acc divisor = static_cast<Acc>(n);
+      for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<Acc>(acc[i] / divisor);
+    }
+    for (void* out : outputs) {
+      Storage* dst = static_cast<Storage*>(out) + start;
+      for (int64_t i = 0; i < len; ++i) dst[i] = store(acc[i]);
+    }
+  }
+}
+
+template <typename T>
+void reduce_plain(ReduceOp op, const std::vector<const void*>& inputs, const std::vector<void*>& outputs,
+                  int64_t count) {
+  auto identity = [](T v) { return v; };
+  reduce_typed<T, T>(op, inputs, outputs, count, identity, identity);
+}
+
+}  // namespace
+
+void reduce_buffers_cpu(DType dtype, ReduceOp op, const std::vector<const void*>& inputs,
+                        const std::vector<void*>& outputs, int64_t count) {
+  DPE_INTERNAL_ASSERT(!inputs.empty() && count >= 0);
+  switch (dtype) {
+    case DType::Float32: return reduce_plain<float>(op, inputs, outputs, count);
+    case DType::Float64: return reduce_plain<double>(op, inputs, outputs, count);
+    case DType::Int64: return reduce_plain<int64_t>(op, inputs, outputs, count);
+    case DType::Int32: return reduce_plain<int32_t>(op, inputs, outputs, count);
+    case DType::UInt8: return reduce_plain<uint8_t>(op, inputs, outputs, count);
+    case DType::Float16:
+      return reduce_typed<Half, float>(op, inputs, outputs, count, [](Half h) { return half_to_float(h); },
+                                       [](float f) { return float_to_half(f); });
+    case DType::BFloat16:
+      return reduce_typed<BFloat16, float>(op, inputs, outputs, count,
+                                           [](BFloat16 h) { return bfloat16_to_float(h); },
+                                           [](float f) { return float_to_bfloat16(f); });
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown dtype");
+}
+
+}  // namespace dpe

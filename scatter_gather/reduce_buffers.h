@@ -1,0 +1,21 @@
+// The arithmetic of the reducing collectives on host memory: out[m][i] = op over k of in[k][i], for every
+// output m. Outputs may alias inputs element for element (an in-place all-reduce writes the result back
+// into every member's buffer): the kernel reads all inputs of a block before it writes any output.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace dpe {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);
+
+// Host pointers to `count` elements of `dtype` each. Avg divides the sum by inputs.size() (integer
+// division for integer dtypes, like NCCL's ncclAvg). 16-bit floats are reduced in float32 and rounded once.
+void reduce_buffers_cpu(DType dtype, ReduceOp op, const std::vector<const void*>& inputs,
+                        const std::vector<void*>& outputs, int64_t count);
+
+}  // namespace dpe

@@ -1,0 +1,63 @@
+#include "scatter_gather/rendezvous.h"
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace dpe {
+
+Rendezvous::Rendezvous(std::vector<Device> members, std::chrono::milliseconds timeout)
+    : members_(std::move(members)), timeout_(timeout), present_(members_.size(), false) {
+  DPE_CHECK(!members_.empty(), "Rendezvous: no members");
+  DPE_CHECK(timeout.count() > 0, "process group timeout must be positive, got ", timeout.count(), " ms");
+}
+
+void Rendezvous::meet(int rank, const std::string& what) {
+  std::unique_lock lock(mutex_);
+  DPE_CHECK(abort_reason_.empty(), "process group is aborted: ", abort_reason_);
+  DPE_INTERNAL_ASSERT(!present_[rank], "rank ", rank, " met twice in one meeting");
+  present_[rank] = true;
+  if (++arrived_ == static_cast<int>(members_.size())) {
+    arrived_ = 0;
+    present_.assign(members_.size(), false);
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  uint64_t generation = generation_;
+  bool met = cv_.wait_for(lock, timeout_, [&] { return generation_ != generation || !abort_reason_.empty(); });
+  if (met && generation_ != generation) return;
+  if (!met) {
+    std::ostringstream missing;
+    const char* sep = "";
+    for (size_t r = 0; r < members_.size(); ++r) {
+      if (present_[r]) continue;
+      missing << sep << members_[r] << " (rank " << r << ")";
+      sep = ", ";
+    }
+    abort_reason_ = detail::str_cat(what, " timed out after ", timeout_.count(), " ms on ", members_[rank],
+                                    ": waiting for ", missing.str(), ", which never called it");
+    cv_.notify_all();
+  }
+  DPE_CHECK(false, abort_reason_);
+}
+
+void Rendezvous::abort(const std::string& reason) {
+  std::lock_guard lock(mutex_);
+  if (abort_reason_.empty()) abort_reason_ = reason;
+  cv_.notify_all();
+}
+
+void Rendezvous::reset() {
+  std::lock_guard lock(mutex_);
+  abort_reason_.clear();
+  arrived_ = 0;
+  present_.assign(members_.size(), false);
+}
+
+bool Rendezvous::aborted() const {
+  std::lock_guard lock(mutex_);
+  return !abort_reason_.empty();
+}
+
+}  // namespace dpe

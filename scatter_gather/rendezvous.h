@@ -1,0 +1,48 @@
+// The meeting point of a process group's members: a reusable barrier with a timeout and an abort switch.
+//
+// Every collective is two meetings: `arrive` (every member has posted its arguments, so each may read the
+// others') and `depart` (every member has finished reading and writing the others' buffers, so each may
+// return and reuse its own). A member that does not come within the timeout is an error naming it, not a
+// hang: the first member to time out aborts the rendezvous, which wakes every waiting member with the same
+// message, and every later meeting throws it too until reset().
+//
+// Thread-safety: meet() is called by the members concurrently, each with its own rank; abort() by anyone;
+// reset() only while no member is inside meet().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+
+namespace dpe {
+
+class Rendezvous {
+ public:
+  Rendezvous(std::vector<Device> members, std::chrono::milliseconds timeout);
+
+  // Blocks until every member has called meet() for this meeting. `what` names the operation in errors
+  // ("all_reduce #12"). Throws dpe::Error on timeout (naming the members that did not come) or abort.
+  void meet(int rank, const std::string& what);
+  // Wakes every waiting member with an error carrying `reason`; later meetings throw it until reset().
+  void abort(const std::string& reason);
+  void reset();
+  bool aborted() const;
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  std::vector<Device> members_;
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<bool> present_;  // who has come to the current meeting
+  int arrived_ = 0;
+  uint64_t generation_ = 0;    // meetings completed
+  std::string abort_reason_;
+};
+
+}  // namespace dpe
