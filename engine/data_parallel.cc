@@ -147,15 +147,37 @@ nn::ModuleInput with_tensors(const nn::ModuleInput& input, const TensorSlots& sl
 
 }  // namespace
 
+const char* mode_name(ParallelMode mode) { return mode == ParallelMode::DP ? "dp" : "ddp"; }
+
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptions options)
     : options_(std::move(options)) {
   DPE_CHECK(module != nullptr, "DataParallel: module is null");
+  init({std::move(module)});
+}
+
+DataParallel::DataParallel(std::vector<std::shared_ptr<nn::Module>> replicas, DataParallelOptions options)
+    : options_(std::move(options)) {
+  DPE_CHECK(options_.mode == ParallelMode::DDP, "DataParallel: a list of replicas is DDP mode's constructor; "
+            "DP mode replicates one module");
+  DPE_CHECK(!replicas.empty(), "DataParallel: the replica list is empty");
+  for (size_t i = 0; i < replicas.size(); ++i) DPE_CHECK(replicas[i] != nullptr, "DataParallel: replica ", i, " is null");
+  init(std::move(replicas));
+}
+
+// given: the master alone (replicas cloned from it), or one replica per device (DDP).
+void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
   validate_devices();
-  replicas_.push_back(std::move(module));
+  DPE_CHECK(given.size() == 1 || given.size() == device_ids_.size(), "DataParallel: ", given.size(),
+            " replicas for ", device_ids_.size(), " devices; expected one per device_ids entry");
+  replicas_.push_back(std::move(given[0]));
   for (size_t i = 0; i < device_ids_.size(); ++i) {
     if (i > 0) {
-      replicas_.push_back(replicas_[0]->clone(device_ids_[i]));
-      ++replicas_created_;
+      if (given.size() > 1) {
+        replicas_.push_back(std::move(given[i]));
+      } else {
+        replicas_.push_back(replicas_[0]->clone(device_ids_[i]));
+        ++replicas_created_;
+      }
     }
     std::vector<Tensor> state;
     for (auto& [name, t] : replicas_[i]->state_dict()) {
@@ -166,7 +188,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptio
     if (i == 0) check_master_placement();  // before cloning a misplaced master
   }
   pool_ = std::make_unique<DeviceWorkerPool>(device_ids_);
-  if (device_ids_.size() > 1) {
+  if (options_.mode == ParallelMode::DDP) {
+    init_ddp();
+  } else if (device_ids_.size() > 1) {
     std::vector<std::vector<Tensor>> params;
     for (const auto& r : replicas_) params.push_back(r->parameters());
     reducer_ = std::make_unique<GradientReducer>(std::move(params), options_.bucket_bytes);
@@ -255,7 +279,11 @@ Tensor DataParallel::forward(const Tensor& input) {
 
 std::vector<Tensor> DataParallel::forward_args(const nn::ModuleInput& input) {
   check_master_placement();
-  report_ = StepReport{};
+  DPE_CHECK(options_.mode == ParallelMode::DP || !GradMode::is_enabled(),
+            "DataParallel (DDP mode): forward() with gradients enabled; in DDP every replica computes its own "
+            "loss: train with forward_backward(input, target, loss) or train_step, and call forward under "
+            "NoGradGuard for evaluation");
+  report_ = StepReport{.mode = options_.mode};
   TensorSlots slots = tensor_slots(input);
 
   // Validate the batch before anything runs: every tensor argument is split along dim, so all must have it
@@ -323,7 +351,7 @@ std::vector<Tensor> DataParallel::forward_args(const nn::ModuleInput& input) {
   report_.scatter_ms = ms_since(start);
 
   start = Clock::now();
-  sync_replicas(used);
+  if (options_.mode == ParallelMode::DP) sync_replicas(used);  // DDP replicas are kept in step by their optimizers
   report_.broadcast_ms = ms_since(start);
 
   start = Clock::now();

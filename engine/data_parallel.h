@@ -21,23 +21,41 @@
 // PyTorch; BufferPolicy::Average averages the used replicas' floating-point buffers into the master instead.
 // With one device nothing is broadcast or reduced: forward is the module's own, bit for bit.
 //
+// One DDP step (forward_backward in DDP mode; engine/ddp_reducer.h has the reduction's rules):
+//  1. Input and target are split by the same rule; every device must get at least one sample.
+//  2. On every worker at once: replica 0's buffers are broadcast (broadcast_buffers), the replica runs
+//     forward and the loss on its own shard, then backward; each gradient is pre-divided by the world size
+//     and all-reduced in buckets as soon as a bucket is complete, while backward goes on.
+//  3. optimizer_step runs every replica's own optimizer on its worker; replicas stay bit-identical because
+//     they start identical (broadcast at construction) and see identical averaged gradients.
+//
 // Thread-safety: one thread drives a DataParallel at a time.
 #pragma once
 
+#include <chrono>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "core/allocator.h"
+#include "engine/ddp_reducer.h"
 #include "engine/gradient_reducer.h"
 #include "engine/worker_pool.h"
 #include "layers/module.h"
+#include "optim/optimizer.h"
 #include "scatter_gather/chunking.h"
 #include "scatter_gather/coalesced.h"
+#include "scatter_gather/process_group.h"
 
 namespace dpe {
 
-enum class ParallelMode { DP };  // DDP joins here (issue "DDP mode")
+// DP: nn.DataParallel (master replica, per-step broadcast, reduce into the master, one optimizer).
+// DDP: DistributedDataParallel's algorithm over the same worker threads (persistent replicas, each computes
+// its own loss, bucketed all-reduce during backward, one optimizer per replica). See docs/DATA_PARALLEL.md.
+enum class ParallelMode { DP, DDP };
+const char* mode_name(ParallelMode mode);
 enum class BufferPolicy { Replica0, Average };
 
 struct DataParallelOptions {
@@ -49,31 +67,76 @@ struct DataParallelOptions {
   SplitRule split = SplitRule::Chunk;
   std::vector<double> split_weights;  // SplitRule::Weighted only, one per device
   ParallelMode mode = ParallelMode::DP;
+  // DP mode: which buffers the master keeps; the byte cap of DP's coalesced broadcasts and reductions.
   BufferPolicy buffers = BufferPolicy::Replica0;
   size_t bucket_bytes = kDefaultBucketBytes;
+  // DDP mode, with PyTorch DistributedDataParallel's names and defaults.
+  bool broadcast_buffers = true;        // replica 0's buffers to every replica before each synchronised forward
+  bool find_unused_parameters = false;
+  // Gradient bucket cap; unset: 25 MiB with a 1 MiB first bucket after the rebuild (PyTorch's defaults),
+  // set: that cap for every bucket.
+  std::optional<double> bucket_cap_mb;
+  CollectiveBackend backend = CollectiveBackend::Auto;
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);  // a replica that never arrives
 };
 
 // What the last step did. Times are host wall-clock milliseconds per phase (on CUDA, work is asynchronous:
 // a phase's time includes waiting for earlier work that its copies depend on).
+// DDP mode: phases run on every replica at once; a phase's time is the slowest replica's. reduce_ms is the time
+// inside gradient all-reduces (overlapped with backward, so included in backward_ms); broadcast is the buffer
+// broadcast; reduce.bytes is the gradient bytes all-reduced, summed over replicas; reduce.transfers the
+// all-reduce calls.
 struct StepReport {
+  ParallelMode mode = ParallelMode::DP;
   std::vector<int64_t> chunk_sizes;
   std::vector<Device> used_devices;
-  double scatter_ms = 0, broadcast_ms = 0, forward_ms = 0, gather_ms = 0, backward_ms = 0, reduce_ms = 0;
+  double scatter_ms = 0, broadcast_ms = 0, forward_ms = 0, gather_ms = 0, loss_ms = 0, backward_ms = 0,
+         reduce_ms = 0, optimizer_ms = 0;
   TransferStats scatter, broadcast, gather, reduce;
   int64_t buckets = 0;
   int64_t buckets_reduced_during_backward = 0;
+  double loss = std::numeric_limits<double>::quiet_NaN();  // forward_backward: the batch's loss
   std::vector<std::pair<Device, MemoryStats>> memory;  // per device_ids entry, after the step
+};
+
+// The loss of a batch (DP: the gathered output, on output_device) or of one replica's shard (DDP: on the
+// replica's device, run on its worker thread, so it must be thread-safe): a 0-dim tensor.
+using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+// Makes an optimizer over the given parameters: DP calls it once (master), DDP once per replica.
+using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Tensor>& params)>;
+
+class DataParallel;
+
+// DDP's no_sync(): while alive, backward passes accumulate gradients locally without any collective; the
+// next synchronised backward reduces the accumulated gradients. In DP mode gradients always land in the
+// master, so accumulation needs nothing and the guard changes nothing.
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(DataParallel& dp);
+  ~NoSyncGuard();
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  DataParallel& dp_;
+  bool previous_;
 };
 
 class DataParallel {
  public:
   DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptions options = {});
+  // DDP mode with replicas built by the caller (one per device_ids entry, on that device; e.g. each from its
+  // own seed): their parameter names and shapes are verified against replica 0's and replica 0's values are
+  // broadcast to all, like PyTorch's DDP constructor.
+  DataParallel(std::vector<std::shared_ptr<nn::Module>> replicas, DataParallelOptions options);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
   // input: (..., B along dim, ...) on any device. Returns the gathered output on output_device.
   // The module must implement forward(const Tensor&) (or forward_args returning one tensor).
+  // DDP mode: evaluation only (gradients disabled); training goes through forward_backward, where every
+  // replica computes its own loss.
   Tensor forward(const Tensor& input);
   // Structured form: every tensor argument (positional or named) is split along dim (they must agree on
   // the size there), every other value goes unchanged to each used replica; the module's forward_args runs
@@ -82,7 +145,26 @@ class DataParallel {
   // once, on device_ids[0].
   std::vector<Tensor> forward_args(const nn::ModuleInput& input);
 
-  nn::Module& module() { return *replicas_[0]; }  // the master
+  // ---- The step API, identical in both modes (so DP and DDP are compared on exactly the same work) ----
+  // Splits input and target along dim, runs forward, the loss, backward and the gradient reduction. DP: the
+  // loss of the gathered output on output_device, gradients reduced into the master. DDP: each replica's
+  // loss on its own shard, gradients averaged over replicas (with uneven shards that is the mean of the
+  // replicas' means, where DP gives the full-batch mean). Gradients accumulate (call zero_grad between
+  // steps). Returns the batch loss (DDP: the shards' losses weighted by shard size).
+  double forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss);
+  void set_optimizer(const OptimizerFactory& make);
+  void optimizer_step();  // DP: the master's optimizer; DDP: every replica's, in parallel on the workers
+  void zero_grad();       // gradients of the replicas the mode owns become undefined
+  // zero_grad + forward_backward + optimizer_step. Not inside no_sync.
+  double train_step(const Tensor& input, const Tensor& target, const LossFn& loss);
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+  bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
+
+  nn::Module& module() { return *replicas_[0]; }  // the master (DDP: replica 0)
+  nn::Module& replica(size_t i) { return *replicas_.at(i); }
+  optim::Optimizer& optimizer(size_t replica = 0);
+  ProcessGroup* process_group() { return group_.get(); }  // DDP mode only (else null)
+  const DdpReducer* ddp_reducer() const { return ddp_reducer_.get(); }
   std::shared_ptr<nn::Module> module_ptr() { return replicas_[0]; }
   std::vector<Tensor> parameters() const { return replicas_[0]->parameters(); }
   const std::vector<Device>& device_ids() const { return device_ids_; }
@@ -97,6 +179,14 @@ class DataParallel {
 
  private:
   friend class DataParallelGatherNode;
+  friend class NoSyncGuard;
+  void init(std::vector<std::shared_ptr<nn::Module>> given_replicas);
+  void init_ddp();
+  void verify_replica_structure() const;
+  // Runs fn(r) on every replica's worker; a replica that throws aborts the process group first, so that
+  // partners waiting for it in a collective fail at once instead of at the timeout.
+  void run_replicas(const std::function<void(size_t)>& fn);
+  double forward_backward_ddp(const Tensor& input, const Tensor& target, const LossFn& loss);
   void validate_devices();
   void check_master_placement() const;
   void sync_replicas(size_t used);
@@ -113,7 +203,11 @@ class DataParallel {
   std::vector<std::vector<Tensor>> replica_state_;
   std::vector<std::string> state_names_;
   std::unique_ptr<DeviceWorkerPool> pool_;
-  std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<GradientReducer> reducer_;    // DP mode
+  std::shared_ptr<ProcessGroup> group_;         // DDP mode
+  std::unique_ptr<DdpReducer> ddp_reducer_;     // DDP mode
+  std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
+  bool require_backward_grad_sync_ = true;
   int64_t replicas_created_ = 0;
   StepReport report_;
 };

@@ -62,6 +62,8 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) { num_outputs = 1; }
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
   std::string name() const override { return "AccumulateGrad"; }
+  // The leaf this node accumulates into (DDP's unused-parameter search matches leaves by identity).
+  const TensorImpl* leaf() const { return leaf_.get(); }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;

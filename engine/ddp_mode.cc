@@ -1,0 +1,168 @@
+// DataParallel's DDP mode: construction (structure check, broadcast from replica 0, process group, reducer)
+// and the DDP step. The DP-mode parts are in data_parallel.cc, the step API shared by both in train_step.cc.
+#include <algorithm>
+#include <chrono>
+
+#include "core/autograd/grad_mode.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "engine/data_parallel.h"
+
+namespace dpe {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+void DataParallel::verify_replica_structure() const {
+  for (size_t r = 1; r < replicas_.size(); ++r) {
+    nn::StateDict state = replicas_[r]->state_dict();
+    DPE_CHECK(state.size() == state_names_.size(), "DDP: replica ", r, " has ", state.size(),
+              " parameters and buffers, replica 0 has ", state_names_.size(), "; every replica must be the same model");
+    for (size_t k = 0; k < state.size(); ++k) {
+      const auto& [name, t] = state[k];
+      const Tensor& reference = replica_state_[0][k];
+      DPE_CHECK(name == state_names_[k], "DDP: replica ", r, "'s tensor ", k, " is '", name, "', replica 0's is '",
+                state_names_[k], "'");
+      DPE_CHECK(t.shape() == reference.shape() && t.dtype() == reference.dtype(), "DDP: replica ", r, "'s '", name,
+                "' is ", shape_str(t.shape()), " ", t.dtype(), ", replica 0's is ", shape_str(reference.shape()), " ",
+                reference.dtype());
+      DPE_CHECK(t.device() == device_ids_[r], "DDP: replica ", r, "'s '", name, "' is on ", t.device(),
+                "; expected device_ids[", r, "] = ", device_ids_[r]);
+    }
+  }
+}
+
+void DataParallel::init_ddp() {
+  verify_replica_structure();
+  group_ = std::make_shared<ProcessGroup>(device_ids_, ProcessGroupOptions{options_.backend, options_.timeout});
+  // PyTorch's _sync_module_states: replica 0's parameters and buffers, broadcast to every replica.
+  run_replicas([&](size_t r) {
+    NoGradGuard no_grad;
+    for (const Tensor& t : replica_state_[r]) group_->broadcast(static_cast<int>(r), t, 0);
+  });
+  std::vector<std::vector<Tensor>> params(replicas_.size());
+  std::vector<std::string> names;
+  for (size_t r = 0; r < replicas_.size(); ++r) {
+    for (const auto& [name, p] : replicas_[r]->named_parameters()) {
+      if (!p.requires_grad()) continue;
+      params[r].push_back(p);
+      if (r == 0) names.push_back(name);
+    }
+  }
+  DdpReducerOptions reducer_options{.find_unused_parameters = options_.find_unused_parameters};
+  if (options_.bucket_cap_mb.has_value()) {
+    DPE_CHECK(*options_.bucket_cap_mb > 0, "DDP: bucket_cap_mb must be positive, got ", *options_.bucket_cap_mb);
+    reducer_options.bucket_cap_bytes = static_cast<size_t>(*options_.bucket_cap_mb * 1024 * 1024);
+    reducer_options.first_bucket_bytes = reducer_options.bucket_cap_bytes;
+  }
+  ddp_reducer_ = std::make_unique<DdpReducer>(std::move(params), std::move(names), group_, reducer_options);
+  // TODO(sync-bn): for (size_t r = 0; r < replicas_.size(); ++r) attach_process_group(*replicas_[r], group_, static_cast<int>(r));
+}
+
+void DataParallel::run_replicas(const std::function<void(size_t)>& fn) {
+  try {
+    pool_->run(device_ids_.size(), [&](size_t r) {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        // The partners may be waiting for this replica inside a collective: wake them with the cause.
+        if (group_) group_->abort(detail::str_cat("replica ", r, " on ", device_ids_[r], " failed: ", e.what()));
+        throw;
+      }
+    });
+  } catch (...) {
+    if (group_) group_->reset();  // every worker has returned: nobody is inside a collective
+    throw;
+  }
+}
+
+double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
+  const size_t n = device_ids_.size();
+  const int64_t dim = normalize_dim(options_.dim, input.dim(), "DataParallel::forward_backward");
+  const int64_t batch = input.size(dim);
+  DPE_CHECK(target.dim() > dim && target.size(dim) == batch, "DataParallel::forward_backward: target ",
+            shape_str(target.shape()), " does not match the input's batch of ", batch, " along dim ", dim);
+  std::vector<int64_t> sizes = compute_chunk_sizes(batch, static_cast<int64_t>(n), options_.split, options_.split_weights);
+  DPE_CHECK(sizes.size() == n, "DataParallel (DDP mode): a batch of ", batch, " gives ", sizes.size(),
+            " non-empty shards for ", n, " devices; every replica needs at least one sample");
+  report_.chunk_sizes = sizes;
+  report_.used_devices = device_ids_;
+  std::vector<int64_t> offsets(n, 0);
+  for (size_t r = 1; r < n; ++r) offsets[r] = offsets[r - 1] + sizes[r - 1];
+
+  const bool sync = require_backward_grad_sync_;
+  if (sync) ddp_reducer_->prepare_for_backward();
+  const int64_t allreduces_before = group_->calls(Collective::AllReduce);
+  std::vector<double> scatter_ms(n), broadcast_ms(n), forward_ms(n), loss_ms(n), backward_ms(n), losses(n);
+  std::vector<int64_t> scatter_bytes(n, 0), broadcast_bytes(n, 0);
+  try {
+    run_replicas([&](size_t r) {
+      const int rank = static_cast<int>(r);
+      auto start = Clock::now();
+      Tensor x = input.narrow(dim, offsets[r], sizes[r]).to(device_ids_[r]).contiguous();
+      Tensor y = target.narrow(dim, offsets[r], sizes[r]).to(device_ids_[r]).contiguous();
+      if (input.device() != device_ids_[r]) scatter_bytes[r] += static_cast<int64_t>(x.nbytes() + y.nbytes());
+      scatter_ms[r] = ms_since(start);
+
+      start = Clock::now();
+      if (options_.broadcast_buffers && sync) {
+        NoGradGuard no_grad;
+        for (const Tensor& b : replicas_[r]->buffers()) {
+          group_->broadcast(rank, b, 0);
+          if (r != 0) broadcast_bytes[r] += static_cast<int64_t>(b.nbytes());
+        }
+      }
+      broadcast_ms[r] = ms_since(start);
+
+      start = Clock::now();
+      Tensor out = replicas_[r]->forward(x);
+      forward_ms[r] = ms_since(start);
+      start = Clock::now();
+      Tensor loss = loss_fn(out, y);
+      DPE_CHECK(loss.defined() && loss.numel() == 1, "DataParallel: the loss function returned ",
+                loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"), "; expected one value");
+      loss_ms[r] = ms_since(start);
+
+      start = Clock::now();
+      if (sync) ddp_reducer_->mark_unused_parameters(r, loss);
+      loss.backward();
+      if (sync) ddp_reducer_->finalize_backward(r);
+      backward_ms[r] = ms_since(start);
+      losses[r] = loss.item();
+    });
+  } catch (...) {
+    ddp_reducer_->disarm();
+    throw;
+  }
+  ddp_reducer_->disarm();
+
+  auto slowest = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  report_.scatter_ms = slowest(scatter_ms);
+  report_.broadcast_ms = slowest(broadcast_ms);
+  report_.forward_ms = slowest(forward_ms);
+  report_.loss_ms = slowest(loss_ms);
+  report_.backward_ms = slowest(backward_ms);
+  for (size_t r = 0; r < n; ++r) {
+    report_.scatter.bytes += scatter_bytes[r];
+    report_.broadcast.bytes += broadcast_bytes[r];
+  }
+  report_.buckets = static_cast<int64_t>(ddp_reducer_->num_buckets());
+  if (sync) {
+    for (size_t r = 0; r < n; ++r) report_.reduce_ms = std::max(report_.reduce_ms, ddp_reducer_->allreduce_ms(r));
+    report_.reduce.bytes = ddp_reducer_->allreduce_bytes() * static_cast<int64_t>(n);
+    report_.buckets_reduced_during_backward = ddp_reducer_->launched_during_backward() / static_cast<int64_t>(n);
+  }
+  report_.reduce.transfers = group_->calls(Collective::AllReduce) - allreduces_before;
+  double total = 0;
+  for (size_t r = 0; r < n; ++r) total += losses[r] * static_cast<double>(sizes[r]);
+  return total / static_cast<double>(batch);
+}
+
+}  // namespace dpe

@@ -1,0 +1,263 @@
+#include "engine/ddp_reducer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <unordered_set>
+
+#include "core/autograd/grad_mode.h"
+#include "core/autograd/node.h"
+#include "core/copy.h"
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace dpe {
+
+std::vector<std::vector<size_t>> compute_bucket_assignment_by_size(const std::vector<Tensor>& params,
+                                                                   const std::vector<size_t>& order,
+                                                                   const std::vector<size_t>& limits,
+                                                                   bool sort_by_min_index) {
+  DPE_CHECK(!limits.empty(), "compute_bucket_assignment_by_size: no size limits");
+  struct Open {
+    std::vector<size_t> indices;
+    size_t bytes = 0;
+    size_t limit_index = 0;
+  };
+  std::vector<std::vector<size_t>> result;
+  std::map<DType, Open> open;
+  std::vector<DType> first_seen;
+  for (size_t i : order) {
+    DType dtype = params[i].dtype();
+    if (!open.contains(dtype)) first_seen.push_back(dtype);
+    Open& bucket = open[dtype];
+    bucket.indices.push_back(i);
+    bucket.bytes += params[i].nbytes();
+    if (bucket.bytes >= limits[bucket.limit_index]) {
+      result.push_back(std::move(bucket.indices));
+      bucket.indices.clear();
+      bucket.bytes = 0;
+      bucket.limit_index = std::min(bucket.limit_index + 1, limits.size() - 1);
+    }
+  }
+  for (DType dtype : first_seen) {
+    if (!open[dtype].indices.empty()) result.push_back(std::move(open[dtype].indices));
+  }
+  if (sort_by_min_index) {
+    std::sort(result.begin(), result.end(), [](const auto& a, const auto& b) {
+      return *std::min_element(a.begin(), a.end()) < *std::min_element(b.begin(), b.end());
+    });
+  }
+  return result;
+}
+
+struct DdpReducer::ReplicaState {
+  std::vector<Tensor> buffers;     // per bucket: flat, on the replica's device
+  std::vector<Tensor> views;       // per param: its slot in its bucket's buffer, param-shaped
+  std::vector<int64_t> pending;    // per bucket: gradients still to come
+  std::vector<bool> ready;         // per param, this iteration
+  std::vector<int32_t> used;       // per param: had a gradient this iteration (find_unused)
+  size_t next_bucket = 0;
+  int64_t launched_from_hooks = 0;
+  double allreduce_ms = 0;
+};
+
+DdpReducer::DdpReducer(std::vector<std::vector<Tensor>> replica_params, std::vector<std::string> names,
+                       std::shared_ptr<ProcessGroup> group, DdpReducerOptions options)
+    : params_(std::move(replica_params)), names_(std::move(names)), group_(std::move(group)), options_(options) {
+  DPE_INTERNAL_ASSERT(!params_.empty() && group_ && static_cast<size_t>(group_->size()) == params_.size());
+  DPE_CHECK(options_.bucket_cap_bytes > 0 && options_.first_bucket_bytes > 0,
+            "DDP: bucket sizes must be positive, got cap ", options_.bucket_cap_bytes, " B and first bucket ",
+            options_.first_bucket_bytes, " B");
+  const size_t n = params_[0].size();
+  for (size_t r = 0; r < params_.size(); ++r) {
+    DPE_INTERNAL_ASSERT(params_[r].size() == n, "replica ", r, " has a different parameter count");
+    replicas_.push_back(std::make_unique<ReplicaState>());
+  }
+  std::vector<size_t> registration(n);
+  for (size_t i = 0; i < n; ++i) registration[i] = i;
+  std::vector<std::vector<size_t>> initial;
+  if (options_.find_unused_parameters) {
+    initial = compute_bucket_assignment_by_size(params_[0], registration,
+                                                {options_.first_bucket_bytes, options_.bucket_cap_bytes}, true);
+  } else {
+    initial = compute_bucket_assignment_by_size(params_[0], registration, {SIZE_MAX}, true);
+  }
+  std::reverse(initial.begin(), initial.end());  // bucket 0 holds the last-registered parameters
+  assign_buckets(std::move(initial));
+  for (size_t r = 0; r < params_.size(); ++r) {
+    std::vector<int64_t> handles;
+    for (size_t p = 0; p < n; ++p) {
+      handles.push_back(params_[r][p].register_post_accumulate_grad_hook(
+          [this, r, p](const Tensor&) { on_gradient_ready(r, p); }));
+    }
+    hook_handles_.push_back(std::move(handles));
+  }
+}
+
+DdpReducer::~DdpReducer() {
+  for (size_t r = 0; r < params_.size(); ++r) {
+    for (size_t p = 0; p < params_[r].size(); ++p) params_[r][p].remove_post_accumulate_grad_hook(hook_handles_[r][p]);
+  }
+}
+
+void DdpReducer::assign_buckets(std::vector<std::vector<size_t>> buckets) {
+  buckets_ = std::move(buckets);
+  const size_t n = params_[0].size();
+  bucket_of_.assign(n, 0);
+  offset_of_.assign(n, 0);
+  std::vector<int64_t> numel(buckets_.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (size_t p : buckets_[b]) {
+      bucket_of_[p] = b;
+      offset_of_[p] = numel[b];
+      numel[b] += params_[0][p].numel();
+    }
+  }
+  for (size_t r = 0; r < params_.size(); ++r) {
+    ReplicaState& state = *replicas_[r];
+    state.buffers.clear();
+    state.views.assign(n, Tensor());
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const Tensor& first = params_[r][buckets_[b][0]];
+      state.buffers.push_back(Tensor::empty({numel[b]}, TensorOptions(first.dtype()).with_device(first.device())));
+      for (size_t p : buckets_[b]) {
+        state.views[p] = state.buffers[b].narrow(0, offset_of_[p], params_[r][p].numel()).view(params_[r][p].shape());
+      }
+    }
+  }
+}
+
+void DdpReducer::prepare_for_backward() {
+  if (rebuild_due_) {
+    // Replica 0's observed ready order; parameters it never saw (none, without find_unused) go last.
+    std::vector<size_t> order = ready_order_;
+    std::vector<bool> seen(params_[0].size(), false);
+    for (size_t p : order) seen[p] = true;
+    for (size_t p = 0; p < seen.size(); ++p) {
+      if (!seen[p]) order.push_back(p);
+    }
+    assign_buckets(compute_bucket_assignment_by_size(params_[0], order,
+                                                     {options_.first_bucket_bytes, options_.bucket_cap_bytes}, false));
+    rebuild_due_ = false;
+    rebuilt_ = true;
+  }
+  for (auto& state : replicas_) {
+    state->pending.clear();
+    for (const auto& bucket : buckets_) state->pending.push_back(static_cast<int64_t>(bucket.size()));
+    state->ready.assign(params_[0].size(), false);
+    state->used.assign(params_[0].size(), 0);
+    state->next_bucket = 0;
+    state->launched_from_hooks = 0;
+    state->allreduce_ms = 0;
+  }
+  ready_order_.clear();
+  armed_ = true;
+}
+
+void DdpReducer::on_gradient_ready(size_t replica, size_t param) {
+  if (!armed_) return;  // no_sync, or a backward the engine does not manage: gradients accumulate locally
+  mark_ready(replica, param, true);
+}
+
+void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
+  ReplicaState& state = *replicas_[replica];
+  DPE_CHECK(!state.ready[param], "DDP: parameter '", names_[param], "' of replica ", replica,
+            " was marked ready twice in one backward; a parameter may take part in one backward pass per "
+            "iteration (reentrant backward and shared parameters used in several backward calls are not supported)");
+  state.ready[param] = true;
+  if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters) ready_order_.push_back(param);
+  NoGradGuard no_grad;
+  const Tensor& grad = params_[replica][param].grad();
+  const Tensor& view = state.views[param];
+  if (from_hook && grad.defined()) {
+    state.used[param] = 1;
+    copy_into(view, grad);
+    scale_into(view, 1.0 / static_cast<double>(group_->size()));  // pre-divide: the SUM is the average
+  } else {
+    fill_into(view, 0.0);
+  }
+  if (--state.pending[bucket_of_[param]] == 0) launch_ready_buckets(replica, from_hook);
+}
+
+void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
+  ReplicaState& state = *replicas_[replica];
+  while (state.next_bucket < buckets_.size() && state.pending[state.next_bucket] == 0) {
+    auto start = std::chrono::steady_clock::now();
+    group_->all_reduce(static_cast<int>(replica), state.buffers[state.next_bucket], ReduceOp::Sum);
+    state.allreduce_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (from_hook) ++state.launched_from_hooks;
+    ++state.next_bucket;
+  }
+}
+
+void DdpReducer::mark_unused_parameters(size_t replica, const Tensor& loss) {
+  if (!armed_ || !options_.find_unused_parameters) return;
+  // Every leaf the loss's graph reaches, found by walking next_edges from its grad_fn.
+  std::unordered_set<const TensorImpl*> reached;
+  std::unordered_set<const autograd::Node*> visited;
+  std::deque<const autograd::Node*> frontier;
+  if (loss.grad_fn()) frontier.push_back(loss.grad_fn().get());
+  while (!frontier.empty()) {
+    const autograd::Node* node = frontier.front();
+    frontier.pop_front();
+    if (!visited.insert(node).second) continue;
+    if (auto* acc = dynamic_cast<const autograd::AccumulateGrad*>(node)) reached.insert(acc->leaf());
+    for (const autograd::Edge& e : node->next_edges) {
+      if (e.node) frontier.push_back(e.node.get());
+    }
+  }
+  for (size_t p = 0; p < params_[replica].size(); ++p) {
+    if (!reached.contains(params_[replica][p].impl())) mark_ready(replica, p, false);
+  }
+}
+
+void DdpReducer::finalize_backward(size_t replica) {
+  ReplicaState& state = *replicas_[replica];
+  if (state.next_bucket < buckets_.size()) {
+    std::string missing;
+    for (size_t p = 0; p < params_[replica].size(); ++p) {
+      if (!state.ready[p]) missing += (missing.empty() ? "'" : ", '") + names_[p] + "'";
+    }
+    DPE_CHECK(false, "DDP: replica ", replica, " (", group_->devices()[replica], ") finished backward without "
+              "reducing every bucket: parameters that received no gradient: ", missing,
+              ". Expected every parameter to take part in producing the loss; if some legitimately do not, "
+              "construct DataParallel with find_unused_parameters = true");
+  }
+  NoGradGuard no_grad;
+  std::vector<int32_t> used(params_[replica].size(), 1);
+  if (options_.find_unused_parameters) {
+    Tensor map = Tensor::from_vector(state.used, {static_cast<int64_t>(state.used.size())},
+                                     TensorOptions(DType::Int32).with_device(group_->devices()[replica]));
+    group_->all_reduce(static_cast<int>(replica), map, ReduceOp::Max);
+    used = map.to_vector<int32_t>();
+  }
+  for (size_t p = 0; p < params_[replica].size(); ++p) {
+    if (!used[p]) continue;  // unused on every replica: .grad untouched, like PyTorch
+    const Tensor& param = params_[replica][p];
+    if (param.grad().defined()) {
+      copy_into(param.grad(), state.views[p]);
+    } else {
+      param.set_grad(state.views[p].clone());
+    }
+  }
+  if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters) rebuild_due_ = true;
+}
+
+void DdpReducer::disarm() { armed_ = false; }
+
+int64_t DdpReducer::launched_during_backward() const {
+  int64_t total = 0;
+  for (const auto& s : replicas_) total += s->launched_from_hooks;
+  return total;
+}
+
+double DdpReducer::allreduce_ms(size_t replica) const { return replicas_[replica]->allreduce_ms; }
+
+int64_t DdpReducer::allreduce_bytes() const {
+  int64_t bytes = 0;
+  for (const Tensor& b : replicas_[0]->buffers) bytes += static_cast<int64_t>(b.nbytes());
+  return bytes;
+}
+
+}  // namespace dpe

@@ -1,0 +1,113 @@
+// DDP-mode gradient reduction: PyTorch's c10d Reducer for one process driving every replica
+// (research/ddp_collectives_semantics.md §2, "the reducer algorithm").
+//
+// Buckets. Parameters are grouped into buckets of one dtype by compute_bucket_assignment_by_size. The first
+// iteration uses one bucket per dtype (PyTorch disables bucketing until it has seen the real gradient-ready
+// order), unless find_unused_parameters is set, in which case buckets follow reverse registration order
+// with limits [first_bucket_bytes, bucket_cap_bytes]. After the first synchronised iteration the buckets are
+// rebuilt once from replica 0's observed gradient-ready order with the same limits (never with
+// find_unused_parameters), so the small first bucket is the one whose gradients are ready first.
+//
+// Backward. A post-accumulate hook on every parameter of every replica copies the gradient into its
+// bucket's flat buffer pre-divided by the world size; when a bucket's last gradient arrives and all lower
+// buckets are launched, the replica launches it (and any ready buckets after it) as a SUM all-reduce, in
+// bucket index order — the same order on every replica whatever order its gradients become ready in. The
+// launch happens inside backward, on the replica's worker thread, overlapping the rest of its backward.
+// finalize_backward writes the averaged buckets back into .grad.
+//
+// Unused parameters. Without find_unused_parameters a parameter that gets no gradient leaves its bucket
+// incomplete and finalize_backward throws PyTorch's error naming it. With it, parameters unreachable from the
+// replica's loss are marked ready (contributing zeros) before backward, a used-map is all-reduced at the end,
+// and parameters unused on every replica keep their .grad untouched.
+//
+// no_sync. When a backward runs without prepare_for_backward (the engine's no_sync), the hooks do nothing and
+// gradients accumulate locally; the next synchronised backward reduces the accumulated gradients.
+//
+// Thread-safety: prepare_for_backward and the accessors run on the engine's thread while no backward runs;
+// replica r's hooks, mark_unused_parameters(r) and finalize_backward(r) run on replica r's worker only, and
+// touch only replica r's state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "scatter_gather/process_group.h"
+
+namespace dpe {
+
+inline constexpr size_t kDefaultBucketCapBytes = 25u << 20;    // PyTorch's bucket_cap_mb = 25
+inline constexpr size_t kDefaultFirstBucketBytes = 1u << 20;   // dist._DEFAULT_FIRST_BUCKET_BYTES
+
+// PyTorch's compute_bucket_assignment_by_size: walks `order` (parameter indices), one running bucket per
+// dtype; a bucket closes when its size reaches the current limit (so its last tensor may take it past the
+// limit), and that dtype then moves on to the next limit (the last repeats). Open buckets are appended at
+// the end. sort_by_min_index orders buckets by their smallest parameter index (the registration-order case).
+std::vector<std::vector<size_t>> compute_bucket_assignment_by_size(const std::vector<Tensor>& params,
+                                                                   const std::vector<size_t>& order,
+                                                                   const std::vector<size_t>& limits,
+                                                                   bool sort_by_min_index);
+
+struct DdpReducerOptions {
+  size_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  size_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  bool find_unused_parameters = false;
+};
+
+class DdpReducer {
+ public:
+  // replica_params[r]: replica r's parameters that require grad, in registration order (same structure on
+  // every replica); names: their qualified names (errors). group: one member per replica.
+  DdpReducer(std::vector<std::vector<Tensor>> replica_params, std::vector<std::string> names,
+             std::shared_ptr<ProcessGroup> group, DdpReducerOptions options);
+  ~DdpReducer();
+  DdpReducer(const DdpReducer&) = delete;
+  DdpReducer& operator=(const DdpReducer&) = delete;
+
+  // Before a synchronised backward of every replica: rebuilds the buckets if due and arms the hooks.
+  void prepare_for_backward();
+  // With find_unused_parameters: marks replica r's parameters that `loss` does not depend on as ready.
+  void mark_unused_parameters(size_t replica, const Tensor& loss);
+  // After replica r's backward: checks every bucket was launched, all-reduces the used-map (find_unused),
+  // writes the averaged gradients into .grad. Throws PyTorch's unfinished-reduction error naming the
+  // parameters that received no gradient.
+  void finalize_backward(size_t replica);
+  // Disarms the hooks (after finalize on every replica, or after a failed step).
+  void disarm();
+
+  size_t num_buckets() const { return buckets_.size(); }
+  const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+  bool buckets_rebuilt() const { return rebuilt_; }
+  // The last synchronised backward: bucket launches (all-reduces) issued from hooks, i.e. during backward,
+  // summed over replicas; host milliseconds replica r spent inside bucket all-reduces; bytes all-reduced
+  // per replica.
+  int64_t launched_during_backward() const;
+  double allreduce_ms(size_t replica) const;
+  int64_t allreduce_bytes() const;
+
+ private:
+  struct ReplicaState;
+  void assign_buckets(std::vector<std::vector<size_t>> buckets);
+  void on_gradient_ready(size_t replica, size_t param);
+  void mark_ready(size_t replica, size_t param, bool from_hook);
+  void launch_ready_buckets(size_t replica, bool from_hook);
+
+  std::vector<std::vector<Tensor>> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<ProcessGroup> group_;
+  DdpReducerOptions options_;
+  std::vector<std::vector<size_t>> buckets_;
+  std::vector<size_t> bucket_of_;     // param -> bucket
+  std::vector<int64_t> offset_of_;    // param -> element offset in its bucket
+  std::vector<std::unique_ptr<ReplicaState>> replicas_;
+  std::vector<std::vector<int64_t>> hook_handles_;
+  bool armed_ = false;
+  bool rebuilt_ = false;
+  bool rebuild_due_ = false;
+  std::vector<size_t> ready_order_;  // replica 0's gradient-ready order in the first synchronised iteration
+};
+
+}  // namespace dpe

@@ -1,0 +1,388 @@
+// DDP mode: bucket rules, replica identity, gradient equivalence (even and uneven shards), lock-step
+// training against DP mode and a single device, no_sync, unused parameters, buffer broadcast, errors.
+#include <gtest/gtest.h>
+
+#include "core/autograd/grad_mode.h"
+#include "core/ops.h"
+#include "engine/data_parallel.h"
+#include "layers/activation.h"
+#include "layers/batchnorm.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "tests/testing/devices.h"
+#include "tests/testing/errors.h"
+
+namespace dpe {
+namespace {
+
+using nn::Cloneable;
+using nn::Linear;
+using testing::cpu_devices;
+using testing::error_of;
+
+// Three layers; `skip` (when built with it) is a layer forward() never uses.
+class Net : public Cloneable<Net> {
+ public:
+  explicit Net(int64_t width = 16, bool with_unused = false, bool with_bn = false)
+      : Cloneable("Net"), width_(width), with_unused_(with_unused), with_bn_(with_bn) {
+    reset();
+  }
+  void reset() override {
+    fc1 = register_module("fc1", std::make_shared<Linear>(6, width_));
+    if (with_bn_) bn = register_module("bn", std::make_shared<nn::BatchNorm1d>(width_));
+    fc2 = register_module("fc2", std::make_shared<Linear>(width_, width_));
+    if (with_unused_) skip = register_module("skip", std::make_shared<Linear>(width_, 3));
+    fc3 = register_module("fc3", std::make_shared<Linear>(width_, 3));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = fc1->forward(x);
+    if (bn) h = bn->forward(h);
+    return fc3->forward(relu(fc2->forward(relu(h))));
+  }
+  std::shared_ptr<Linear> fc1, fc2, fc3, skip;
+  std::shared_ptr<nn::BatchNorm1d> bn;
+
+ private:
+  int64_t width_;
+  bool with_unused_, with_bn_;
+};
+
+Tensor mse(const Tensor& out, const Tensor& target) { return nn::functional::mse_loss(out, target); }
+
+std::vector<Device> first(int n) { return cpu_devices(n); }
+
+// max |a - b| / max |b|: float sums in another order differ by a few ulps of the largest terms.
+double relative_diff(const Tensor& a, const Tensor& b) {
+  std::vector<float> x = a.to_vector<float>(), y = b.to_vector<float>();
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(x[i] - y[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(y[i])));
+  }
+  return worst / (scale + 1e-12);
+}
+
+void expect_replicas_identical(DataParallel& dp, bool grads) {
+  auto reference = dp.replica(0).state_dict();
+  for (size_t r = 1; r < dp.device_ids().size(); ++r) {
+    auto state = dp.replica(r).state_dict();
+    for (size_t k = 0; k < state.size(); ++k) {
+      EXPECT_TRUE(equal(state[k].second.to(Device::cpu(0)), reference[k].second)) << "replica " << r << " " << state[k].first;
+    }
+    if (!grads) continue;
+    auto p0 = dp.replica(0).parameters(), pr = dp.replica(r).parameters();
+    for (size_t k = 0; k < p0.size(); ++k) {
+      ASSERT_TRUE(pr[k].grad().defined());
+      EXPECT_TRUE(equal(pr[k].grad().to(Device::cpu(0)), p0[k].grad())) << "replica " << r << " grad " << k;
+    }
+  }
+}
+
+TEST(BucketAssignmentTest, PyTorchSizeRule) {
+  // float32 parameters of 400, 600, 300, 2000 and 100 bytes.
+  std::vector<Tensor> p = {zeros({100}), zeros({150}), zeros({75}), zeros({500}), zeros({25})};
+  std::vector<size_t> order = {0, 1, 2, 3, 4};
+  using Buckets = std::vector<std::vector<size_t>>;
+  // A bucket closes when it reaches the limit, so its last tensor may take it past the limit.
+  EXPECT_EQ(compute_bucket_assignment_by_size(p, order, {1000}, true), (Buckets{{0, 1}, {2, 3}, {4}}));
+  // The first limit applies to the first bucket only, then the last limit repeats.
+  EXPECT_EQ(compute_bucket_assignment_by_size(p, order, {400, 2000}, true), (Buckets{{0}, {1, 2, 3}, {4}}));
+  // A tensor larger than the cap is a bucket of its own.
+  EXPECT_EQ(compute_bucket_assignment_by_size(p, {3, 4, 2}, {1000}, false), (Buckets{{3}, {4, 2}}));
+  // One bucket per dtype; open buckets are appended in order of first appearance; sorting by min index.
+  std::vector<Tensor> mixed = {zeros({10}), zeros({10}, DType::Float64), zeros({10})};
+  EXPECT_EQ(compute_bucket_assignment_by_size(mixed, {1, 2, 0}, {SIZE_MAX}, false), (Buckets{{1}, {2, 0}}));
+  EXPECT_EQ(compute_bucket_assignment_by_size(mixed, {1, 2, 0}, {SIZE_MAX}, true), (Buckets{{2, 0}, {1}}));
+}
+
+TEST(DdpTest, OneBucketFirstThenRebuiltFromTheReadyOrder) {
+  manual_seed(1);
+  // fc weights: 6x64, 64x64, 64x3 floats (1536, 16384, 768 B) + biases; a 16 KiB cap.
+  DataParallel dp(std::make_shared<Net>(64), {.device_ids = first(2), .mode = ParallelMode::DDP,
+                                              .bucket_cap_mb = 16.0 / 1024});
+  ASSERT_EQ(dp.num_buckets(), 0u);  // DDP has no DP reducer
+  ASSERT_EQ(dp.ddp_reducer()->num_buckets(), 1u);  // iteration 1: one bucket
+  EXPECT_FALSE(dp.ddp_reducer()->buckets_rebuilt());
+  Tensor x = randn({8, 6}), y = randn({8, 3});
+  dp.forward_backward(x, y, mse);
+  EXPECT_EQ(dp.last_step().reduce.transfers, 1);
+  dp.zero_grad();
+  dp.forward_backward(x, y, mse);  // rebuilt before this backward
+  const DdpReducer& reducer = *dp.ddp_reducer();
+  EXPECT_TRUE(reducer.buckets_rebuilt());
+  // Parameters: 0 fc1.w, 1 fc1.b, 2 fc2.w, 3 fc2.b, 4 fc3.w, 5 fc3.b. Gradients become ready last layer first,
+  // and with a cap of 16 KiB: {fc3.b, fc3.w, fc2.b, fc2.w} reaches it (fc2.w alone is 16 KiB), then {fc1.*}.
+  std::vector<std::vector<size_t>> expected = {{5, 4, 3, 2}, {1, 0}};
+  EXPECT_EQ(reducer.buckets(), expected);
+  EXPECT_EQ(dp.last_step().buckets, 2);
+  // One all-reduce per bucket per step, each launched from a gradient hook (during backward).
+  EXPECT_EQ(dp.last_step().reduce.transfers, 2);
+  EXPECT_EQ(dp.last_step().buckets_reduced_during_backward, 2);
+}
+
+TEST(DdpTest, DefaultCapsArePyTorchs) {
+  manual_seed(2);
+  // fc2 of a 600-wide net is 1.44 MB: with the default 1 MiB first bucket, fc3's and fc2's bias fit under
+  // it and fc2.w closes it; the rest is the second bucket.
+  DataParallel dp(std::make_shared<Net>(600), {.device_ids = first(2), .mode = ParallelMode::DDP});
+  Tensor x = randn({4, 6}), y = randn({4, 3});
+  dp.forward_backward(x, y, mse);
+  dp.forward_backward(x, y, mse);
+  std::vector<std::vector<size_t>> expected = {{5, 4, 3, 2}, {1, 0}};
+  EXPECT_EQ(dp.ddp_reducer()->buckets(), expected);
+}
+
+TEST(DdpTest, ReplicasStartAsReplicaZeroAndStructureIsVerified) {
+  auto devices = first(3);
+  std::vector<std::shared_ptr<nn::Module>> replicas;
+  for (int r = 0; r < 3; ++r) {
+    manual_seed(100 + r);  // different initial values on every replica
+    auto net = std::make_shared<Net>(8, false, true);
+    net->to(devices[r]);
+    replicas.push_back(net);
+  }
+  auto expected = replicas[0]->state_dict();
+  std::vector<Tensor> expected_values;
+  for (auto& [name, t] : expected) expected_values.push_back(t.clone());
+  DataParallel dp(replicas, {.device_ids = devices, .mode = ParallelMode::DDP});
+  for (int r = 0; r < 3; ++r) {
+    auto state = dp.replica(r).state_dict();
+    for (size_t k = 0; k < state.size(); ++k) {
+      EXPECT_TRUE(equal(state[k].second.to(Device::cpu(0)), expected_values[k])) << r << " " << state[k].first;
+    }
+  }
+
+  auto wide = std::make_shared<Net>(9);
+  wide->to(devices[1]);
+  std::string e = error_of([&] {
+    DataParallel bad({std::make_shared<Net>(8), wide}, {.device_ids = first(2), .mode = ParallelMode::DDP});
+  });
+  EXPECT_NE(e.find("replica 1's 'fc1.weight' is [9, 6] float32, replica 0's is [8, 6] float32"), std::string::npos) << e;
+  e = error_of([&] {
+    DataParallel bad({std::make_shared<Net>(8), std::make_shared<Net>(8)}, {.device_ids = first(2), .mode = ParallelMode::DDP});
+  });
+  EXPECT_NE(e.find("replica 1's 'fc1.weight' is on cpu:0; expected device_ids[1] = cpu:1"), std::string::npos) << e;
+  e = error_of([&] { DataParallel bad(std::vector<std::shared_ptr<nn::Module>>{std::make_shared<Net>(8)}, {.device_ids = first(2)}); });
+  EXPECT_NE(e.find("DDP mode's constructor"), std::string::npos) << e;
+}
+
+// Single-device gradients of mean-reduced losses over (a slice of) the batch.
+std::vector<Tensor> reference_grads(const nn::Module& model, const Tensor& x, const Tensor& y) {
+  auto copy = nn::clone_module(model, Device::cpu(0));
+  mse(copy->forward(x), y).backward();
+  std::vector<Tensor> grads;
+  for (const Tensor& p : copy->parameters()) grads.push_back(p.grad());
+  return grads;
+}
+
+TEST(DdpTest, EvenShardsGiveTheFullBatchGradientOnEveryReplica) {
+  for (int n : {2, 3, 4}) {
+    manual_seed(10 + n);
+    auto net = std::make_shared<Net>();
+    auto expected = reference_grads(*net, randn({1, 6}), randn({1, 3}));  // shape only; recomputed below
+    Tensor x = randn({12, 6}), y = randn({12, 3});
+    expected = reference_grads(*net, x, y);
+    DataParallel dp(net, {.device_ids = first(n), .mode = ParallelMode::DDP});
+    double loss = dp.forward_backward(x, y, mse);
+    {
+      NoGradGuard no_grad;
+      EXPECT_NEAR(loss, mse(nn::clone_module(*net, Device::cpu(0))->forward(x), y).item(), 1e-5);
+    }
+    for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
+      auto params = dp.replica(r).parameters();
+      for (size_t k = 0; k < params.size(); ++k) {
+        EXPECT_LT(relative_diff(params[k].grad(), expected[k]), 1e-5) << "n=" << n << " replica " << r << " param " << k;
+      }
+    }
+    expect_replicas_identical(dp, true);
+  }
+}
+
+TEST(DdpTest, UnevenShardsAverageTheReplicaMeansWhereDpTakesTheFullBatchMean) {
+  manual_seed(21);
+  auto net = std::make_shared<Net>();
+  Tensor x = randn({5, 6}), y = randn({5, 3});  // shards of 3 and 2
+  auto full = reference_grads(*net, x, y);
+  auto first_shard = reference_grads(*net, x.narrow(0, 0, 3), y.narrow(0, 0, 3));
+  auto second_shard = reference_grads(*net, x.narrow(0, 3, 2), y.narrow(0, 3, 2));
+
+  DataParallel ddp(nn::clone_module(*net, Device::cpu(0)), {.device_ids = first(2), .mode = ParallelMode::DDP});
+  ddp.forward_backward(x, y, mse);
+  DataParallel dp(nn::clone_module(*net, Device::cpu(0)), {.device_ids = first(2)});
+  dp.forward_backward(x, y, mse);
+  auto ddp_params = ddp.replica(1).parameters();
+  auto dp_params = dp.module().parameters();
+  for (size_t k = 0; k < full.size(); ++k) {
+    Tensor mean_of_means = (first_shard[k] + second_shard[k]) * 0.5;
+    EXPECT_LT(relative_diff(ddp_params[k].grad(), mean_of_means), 1e-5) << k;
+    EXPECT_LT(relative_diff(dp_params[k].grad(), full[k]), 1e-5) << k;
+    EXPECT_GT(relative_diff(mean_of_means, full[k]), 1e-3) << k;  // the difference is real
+  }
+}
+
+// K steps of the same data in single-device, DP and DDP mode with the given optimizer.
+void check_lock_step(const OptimizerFactory& make_optimizer) {
+  manual_seed(31);
+  auto net = std::make_shared<Net>();
+  auto single = nn::clone_module(*net, Device::cpu(0));
+  auto single_optimizer = make_optimizer(single->parameters());
+  DataParallel dp(nn::clone_module(*net, Device::cpu(0)), {.device_ids = first(2)});
+  DataParallel ddp(nn::clone_module(*net, Device::cpu(0)), {.device_ids = first(3), .mode = ParallelMode::DDP});
+  dp.set_optimizer(make_optimizer);
+  ddp.set_optimizer(make_optimizer);
+  for (int step = 0; step < 5; ++step) {
+    Tensor x = randn({12, 6}), y = randn({12, 3});
+    single_optimizer->zero_grad();
+    mse(single->forward(x), y).backward();
+    single_optimizer->step();
+    dp.train_step(x, y, mse);
+    ddp.train_step(x, y, mse);
+  }
+  expect_replicas_identical(ddp, false);
+  auto expected = single->parameters();
+  auto dp_params = dp.module().parameters(), ddp_params = ddp.replica(2).parameters();
+  for (size_t k = 0; k < expected.size(); ++k) {
+    EXPECT_LT(relative_diff(dp_params[k], expected[k]), 1e-5) << k;
+    EXPECT_LT(relative_diff(ddp_params[k], dp_params[k]), 1e-5) << k;
+  }
+}
+
+TEST(DdpTest, SgdMomentumStepsKeepReplicasIdenticalAndMatchDp) {
+  check_lock_step([](const std::vector<Tensor>& p) {
+    return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  });
+}
+
+TEST(DdpTest, AdamWStepsKeepReplicasIdenticalAndMatchDp) {
+  check_lock_step([](const std::vector<Tensor>& p) {
+    return std::make_unique<optim::AdamW>(p, optim::AdamWOptions{.lr = 1e-2});
+  });
+}
+
+TEST(DdpTest, NoSyncAccumulatesLocallyWithoutCollectives) {
+  manual_seed(41);
+  auto net = std::make_shared<Net>();
+  const int n = 2, micro = 3;
+  std::vector<Tensor> xs, ys;
+  for (int k = 0; k <= micro; ++k) {
+    xs.push_back(randn({4, 6}));
+    ys.push_back(randn({4, 3}));
+  }
+  // Expected: the average over replicas of each replica's summed local gradients.
+  std::vector<Tensor> expected;
+  for (int r = 0; r < n; ++r) {
+    auto copy = nn::clone_module(*net, Device::cpu(0));
+    for (int k = 0; k <= micro; ++k) mse(copy->forward(xs[k].narrow(0, 2 * r, 2)), ys[k].narrow(0, 2 * r, 2)).backward();
+    auto params = copy->parameters();
+    for (size_t p = 0; p < params.size(); ++p) {
+      Tensor half = params[p].grad() * 0.5;
+      if (r == 0) expected.push_back(half);
+      else expected[p] = expected[p] + half;
+    }
+  }
+  DataParallel ddp(net, {.device_ids = first(n), .mode = ParallelMode::DDP});
+  ProcessGroup& group = *ddp.process_group();
+  {
+    auto guard = ddp.no_sync();
+    int64_t before = group.total_calls();
+    for (int k = 0; k < micro; ++k) ddp.forward_backward(xs[k], ys[k], mse);
+    EXPECT_EQ(group.total_calls(), before);  // not one collective inside no_sync
+    EXPECT_NE(error_of([&] { ddp.train_step(xs[0], ys[0], mse); }).find("inside no_sync"), std::string::npos);
+  }
+  ddp.forward_backward(xs[micro], ys[micro], mse);
+  for (int r = 0; r < n; ++r) {
+    auto params = ddp.replica(r).parameters();
+    for (size_t p = 0; p < params.size(); ++p) EXPECT_LT(relative_diff(params[p].grad(), expected[p]), 1e-5) << r << " " << p;
+  }
+}
+
+TEST(DdpTest, UnusedParametersNeedFindUnusedParameters) {
+  manual_seed(51);
+  Tensor x = randn({4, 6}), y = randn({4, 3});
+  DataParallel strict(std::make_shared<Net>(8, true), {.device_ids = first(2), .mode = ParallelMode::DDP});
+  std::string e = error_of([&] { strict.forward_backward(x, y, mse); });
+  EXPECT_NE(e.find("parameters that received no gradient: 'skip.weight', 'skip.bias'"), std::string::npos) << e;
+  EXPECT_NE(e.find("find_unused_parameters = true"), std::string::npos) << e;
+
+  auto net = std::make_shared<Net>(8, true);
+  auto expected = reference_grads(*net, x, y);
+  DataParallel ddp(net, {.device_ids = first(2), .mode = ParallelMode::DDP, .find_unused_parameters = true});
+  for (int step = 0; step < 2; ++step) {
+    ddp.zero_grad();
+    ddp.forward_backward(x, y, mse);
+    for (int r = 0; r < 2; ++r) {
+      auto named = ddp.replica(r).named_parameters();
+      for (size_t k = 0; k < named.size(); ++k) {
+        const Tensor& g = named[k].second.grad();
+        if (named[k].first.starts_with("skip.")) {
+          EXPECT_FALSE(g.defined()) << named[k].first;  // unused everywhere: untouched
+        } else {
+          EXPECT_LT(relative_diff(g, expected[k]), 1e-5) << named[k].first;
+        }
+      }
+    }
+  }
+}
+
+TEST(DdpTest, BuffersAreBroadcastFromReplicaZeroBeforeEachForward) {
+  for (bool broadcast : {true, false}) {
+    manual_seed(61);
+    DataParallel ddp(std::make_shared<Net>(8, false, true),
+                     {.device_ids = first(2), .mode = ParallelMode::DDP, .broadcast_buffers = broadcast});
+    auto* bn = dynamic_cast<Net&>(ddp.replica(1)).bn.get();
+    bn->num_batches_tracked.fill_(100);
+    ddp.forward_backward(randn({4, 6}), randn({4, 3}), mse);
+    EXPECT_EQ(bn->num_batches_tracked.item(), broadcast ? 1.0 : 101.0);
+  }
+}
+
+TEST(DdpTest, ErrorsNameTheProblem) {
+  DataParallel ddp(std::make_shared<Net>(), {.device_ids = first(3), .mode = ParallelMode::DDP});
+  EXPECT_NE(error_of([&] { ddp.forward(randn({3, 6})); }).find("forward() with gradients enabled"), std::string::npos);
+  {
+    NoGradGuard no_grad;
+    EXPECT_EQ(ddp.forward(randn({5, 6})).shape(), (Shape{5, 3}));  // evaluation works
+  }
+  EXPECT_NE(error_of([&] { ddp.forward_backward(randn({2, 6}), randn({2, 3}), mse); })
+                .find("a batch of 2 gives 2 non-empty shards for 3 devices"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ddp.forward_backward(randn({6, 6}), randn({5, 3}), mse); }).find("does not match the input's batch of 6"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ddp.optimizer_step(); }).find("call set_optimizer first"), std::string::npos);
+  // A replica that fails does not leave its partners waiting for the timeout, and the engine stays usable.
+  auto start = std::chrono::steady_clock::now();
+  std::string e = error_of([&] {
+    ddp.forward_backward(randn({6, 6}), randn({6, 3}), [](const Tensor& out, const Tensor& target) {
+      DPE_CHECK(out.device() != Device::cpu(1), "loss refused on cpu:1");
+      return mse(out, target);
+    });
+  });
+  EXPECT_NE(e.find("loss refused on cpu:1"), std::string::npos) << e;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  ddp.zero_grad();
+  ddp.forward_backward(randn({6, 6}), randn({6, 3}), mse);
+  expect_replicas_identical(ddp, true);
+}
+
+TEST(DdpTest, StepReportHasEveryPhase) {
+  manual_seed(71);
+  DataParallel ddp(std::make_shared<Net>(), {.device_ids = first(2), .mode = ParallelMode::DDP});
+  ddp.set_optimizer([](const std::vector<Tensor>& p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions{}); });
+  double loss = ddp.train_step(randn({8, 6}), randn({8, 3}), mse);
+  const StepReport& report = ddp.last_step();
+  EXPECT_EQ(report.mode, ParallelMode::DDP);
+  EXPECT_EQ(report.loss, loss);
+  EXPECT_EQ(report.chunk_sizes, (std::vector<int64_t>{4, 4}));
+  EXPECT_GT(report.forward_ms, 0);
+  EXPECT_GT(report.backward_ms, 0);
+  EXPECT_GT(report.optimizer_ms, 0);
+  EXPECT_EQ(report.memory.size(), 2u);
+  int64_t params_bytes = 0;
+  for (const Tensor& p : ddp.parameters()) params_bytes += static_cast<int64_t>(p.nbytes());
+  EXPECT_EQ(report.reduce.bytes, 2 * params_bytes);
+}
+
+}  // namespace
+}  // namespace dpe

@@ -1,0 +1,91 @@
+// The step API shared by DP and DDP mode: forward_backward, the optimizers, zero_grad, no_sync.
+#include <chrono>
+
+#include "core/error.h"
+#include "engine/data_parallel.h"
+
+namespace dpe {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+NoSyncGuard::NoSyncGuard(DataParallel& dp) : dp_(dp), previous_(dp.require_backward_grad_sync_) {
+  dp_.require_backward_grad_sync_ = false;
+}
+
+NoSyncGuard::~NoSyncGuard() { dp_.require_backward_grad_sync_ = previous_; }
+
+double DataParallel::forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
+  DPE_CHECK(input.defined() && target.defined(), "DataParallel::forward_backward: undefined input or target");
+  DPE_CHECK(input.dim() > 0, "DataParallel::forward_backward: the input is 0-dim; expected a batch along dim ",
+            options_.dim);
+  DPE_CHECK(static_cast<bool>(loss_fn), "DataParallel::forward_backward: no loss function");
+  double loss_value = 0;
+  if (options_.mode == ParallelMode::DDP) {
+    report_ = StepReport{.mode = ParallelMode::DDP};
+    loss_value = forward_backward_ddp(input, target, loss_fn);
+  } else {
+    Tensor output = forward(input);  // resets report_ and fills the scatter/broadcast/forward/gather phases
+    auto start = Clock::now();
+    Tensor loss = loss_fn(output, target.to(output_device_));
+    DPE_CHECK(loss.defined() && loss.numel() == 1, "DataParallel: the loss function returned ",
+              loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"), "; expected one value");
+    report_.loss_ms = ms_since(start);
+    loss.backward();  // DataParallelGatherNode fills backward_ms and reduce_ms
+    loss_value = loss.item();
+  }
+  report_.loss = loss_value;
+  refresh_memory_report();
+  return loss_value;
+}
+
+void DataParallel::set_optimizer(const OptimizerFactory& make) {
+  DPE_CHECK(static_cast<bool>(make), "DataParallel::set_optimizer: no factory");
+  optimizers_.clear();
+  size_t count = options_.mode == ParallelMode::DDP ? replicas_.size() : 1;
+  for (size_t r = 0; r < count; ++r) {
+    optimizers_.push_back(make(replicas_[r]->parameters()));
+    DPE_CHECK(optimizers_.back() != nullptr, "DataParallel::set_optimizer: the factory returned null");
+  }
+}
+
+optim::Optimizer& DataParallel::optimizer(size_t replica) {
+  DPE_CHECK(!optimizers_.empty(), "DataParallel: no optimizer; call set_optimizer first");
+  DPE_CHECK(replica < optimizers_.size(), "DataParallel: optimizer ", replica, " does not exist; this ",
+            mode_name(options_.mode), "-mode engine has ", optimizers_.size());
+  return *optimizers_[replica];
+}
+
+void DataParallel::optimizer_step() {
+  DPE_CHECK(!optimizers_.empty(), "DataParallel::optimizer_step: no optimizer; call set_optimizer first");
+  auto start = Clock::now();
+  if (optimizers_.size() == 1) {
+    optimizers_[0]->step();
+  } else {
+    run_replicas([&](size_t r) { optimizers_[r]->step(); });
+  }
+  report_.optimizer_ms = ms_since(start);
+}
+
+void DataParallel::zero_grad() {
+  size_t count = options_.mode == ParallelMode::DDP ? replicas_.size() : 1;
+  for (size_t r = 0; r < count; ++r) replicas_[r]->zero_grad();
+}
+
+double DataParallel::train_step(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
+  DPE_CHECK(require_backward_grad_sync_, "DataParallel::train_step inside no_sync(): the optimizer would step on "
+            "gradients that were not reduced; call forward_backward there and train_step (or optimizer_step) after");
+  zero_grad();
+  double loss = forward_backward(input, target, loss_fn);
+  optimizer_step();
+  return loss;
+}
+
+}  // namespace dpe
