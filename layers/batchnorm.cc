@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/norm.h"
+#include "layers/sync_batchnorm.h"
 
 namespace dpe::nn {
 
@@ -31,25 +32,34 @@ void BatchNormBase<Derived>::reset() {
   }
 }
 
-// x: (N, C, *)  ->  x's shape
 template <typename Derived>
-Tensor BatchNormBase<Derived>::forward(const Tensor& x) {
+void BatchNormBase<Derived>::check_input(const Tensor& x) const {
   DPE_CHECK(x.defined(), this->type_name(), ": undefined input");
   check_input_dim(x);
   DPE_CHECK(x.size(1) == options_.num_features, this->type_name(), "(", options_.num_features, "): expected ",
             options_.num_features, " channels at dim 1, got input ", shape_str(x.shape()));
-  const bool training = this->is_training();
-  if (training && options_.track_running_stats) {
-    // num_batches_tracked += 1 on the buffer's device without reading it back (no device sync); exact in
-    // float64 up to 2^53 batches.
-    NoGradGuard no_grad;
-    num_batches_tracked.copy_(add(num_batches_tracked.to(DType::Float64), 1.0));
-  }
-  return batch_norm(x, running_mean, running_var, weight, bias, training, options_.momentum, options_.eps);
+}
+
+template <typename Derived>
+void BatchNormBase<Derived>::count_batch() {
+  if (!this->is_training() || !options_.track_running_stats) return;
+  // On the buffer's device without reading it back (no device sync); exact in float64 up to 2^53 batches.
+  NoGradGuard no_grad;
+  num_batches_tracked.copy_(add(num_batches_tracked.to(DType::Float64), 1.0));
+}
+
+// x: (N, C, *)  ->  x's shape
+template <typename Derived>
+Tensor BatchNormBase<Derived>::forward(const Tensor& x) {
+  check_input(x);
+  count_batch();
+  return batch_norm(x, running_mean, running_var, weight, bias, this->is_training(), options_.momentum,
+                    options_.eps);
 }
 
 template class BatchNormBase<BatchNorm1d>;
 template class BatchNormBase<BatchNorm2d>;
+template class BatchNormBase<SyncBatchNorm>;  // layers/sync_batchnorm.h
 
 BatchNorm1d::BatchNorm1d(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats)
     : BatchNormBase("BatchNorm1d", BatchNormOptions{num_features, eps, momentum, affine, track_running_stats}) {}

@@ -5,7 +5,7 @@
 // state_dict keys match. Training: batch statistics, running stats updated in place (momentum, unbiased
 // variance), num_batches_tracked += 1. Eval: running stats (batch statistics when not tracked).
 // Under DataParallel each replica updates its own buffers (PyTorch semantics: DP keeps replica 0's, DDP
-// broadcasts rank 0's at the next forward).
+// broadcasts rank 0's at the next forward). SyncBatchNorm (layers/sync_batchnorm.h) shares this base.
 #pragma once
 
 #include <string>
@@ -42,6 +42,11 @@ class BatchNormBase : public Cloneable<Derived> {
  protected:
   // Throws naming the module and the shape unless x has an accepted rank.
   virtual void check_input_dim(const Tensor& x) const = 0;
+  // Throws naming the module and the shape unless x is defined, has an accepted rank and num_features
+  // channels at dim 1.
+  void check_input(const Tensor& x) const;
+  // num_batches_tracked += 1 when training with tracked stats (no-op otherwise).
+  void count_batch();
 
  private:
   BatchNormOptions options_;

@@ -52,6 +52,19 @@ void Module::register_child(const std::string& name, std::shared_ptr<Module> mod
   children_.emplace_back(name, std::move(module));
 }
 
+void Module::replace_child(const std::string& name, std::shared_ptr<Module> module) {
+  DPE_CHECK(module != nullptr, type_name_, ": replacement for child module '", name, "' is null");
+  for (auto& [child_name, child] : children_) {
+    if (child_name != name) continue;
+    child = std::move(module);
+    return;
+  }
+  std::string known;
+  for (const auto& [child_name, child] : children_) known += (known.empty() ? "" : ", ") + child_name;
+  DPE_CHECK(false, type_name_, ": no child module '", name, "' to replace (children: ", known.empty() ? "none" : known,
+            ")");
+}
+
 void Module::clear_registrations() {
   parameters_.clear();
   buffers_.clear();

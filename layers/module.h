@@ -69,6 +69,18 @@ class Module {
     register_child(name, module);
     return module;
   }
+  // Replaces the child registered as `name` by `module` at the same position (names and state_dict order
+  // are kept) and returns it; throws if there is no child `name`. Like libtorch's replace_module, only the
+  // registry changes: a typed member the parent keeps (`std::shared_ptr<BatchNorm2d> bn`) still points at
+  // the old child (assign it too: `bn = replace_module("bn", other_bn)`), and a Cloneable parent's clone()
+  // rebuilds its children with reset(), i.e. with the old type. Containers (Sequential, ModuleList,
+  // ModuleDict) reach their children only through the registry and clone child by child: for them the
+  // replacement is complete.
+  template <typename M>
+  std::shared_ptr<M> replace_module(const std::string& name, std::shared_ptr<M> module) {
+    replace_child(name, module);
+    return module;
+  }
 
   // ---- traversal ----
   std::vector<Tensor> parameters(bool recurse = true) const;
@@ -106,6 +118,7 @@ class Module {
 
  protected:
   void register_child(const std::string& name, std::shared_ptr<Module> module);
+  void replace_child(const std::string& name, std::shared_ptr<Module> module);
   // Forgets every registration (Cloneable::clone calls it before reset()).
   void clear_registrations();
 

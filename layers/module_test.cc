@@ -50,6 +50,25 @@ TEST(ModuleTest, RegistrationErrors) {
             std::string::npos);
 }
 
+TEST(ModuleTest, ReplaceModuleKeepsThePosition) {
+  Sequential seq({std::make_shared<Linear>(4, 8), std::make_shared<Linear>(8, 2)});
+  auto replacement = std::make_shared<Linear>(4, 8, /*bias=*/false);
+  EXPECT_EQ(seq.replace_module("0", replacement), replacement);
+  EXPECT_EQ(seq[0], replacement);  // Sequential reads the registry: forward uses the new child
+  std::vector<std::string> names;
+  for (const auto& [name, t] : seq.state_dict()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "1.weight", "1.bias"}));
+  EXPECT_EQ(seq.forward(zeros({3, 4})).shape(), (Shape{3, 2}));
+  // A typed member is the parent's to reassign (the registry alone changes).
+  Mlp m;
+  m.fc2 = m.replace_module("fc2", std::make_shared<Linear>(8, 2));
+  EXPECT_EQ(m.children()[1], m.fc2);
+  EXPECT_NE(error_of([&] { m.replace_module("fc3", std::make_shared<Linear>(8, 2)); })
+                .find("Mlp: no child module 'fc3' to replace (children: fc1, fc2)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { m.replace_module("fc1", std::shared_ptr<Linear>()); }).find("is null"), std::string::npos);
+}
+
 TEST(ModuleTest, CloneIsADeepCopyOnTheTargetDevice) {
   manual_seed(3);
   Mlp m;
