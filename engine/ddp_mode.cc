@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
+#include "layers/sync_batchnorm.h"
 
 namespace dpe {
 
@@ -63,7 +64,7 @@ void DataParallel::init_ddp() {
     reducer_options.first_bucket_bytes = reducer_options.bucket_cap_bytes;
   }
   ddp_reducer_ = std::make_unique<DdpReducer>(std::move(params), std::move(names), group_, reducer_options);
-  // TODO(sync-bn): for (size_t r = 0; r < replicas_.size(); ++r) attach_process_group(*replicas_[r], group_, static_cast<int>(r));
+  for (size_t r = 0; r < replicas_.size(); ++r) nn::set_sync_batchnorm_group(*replicas_[r], group_, static_cast<int>(r));
 }
 
 void DataParallel::run_replicas(const std::function<void(size_t)>& fn) {

@@ -8,11 +8,17 @@
 #include "layers/activation.h"
 #include "layers/batchnorm.h"
 #include "layers/linear.h"
+#include "layers/containers.h"
 #include "layers/loss.h"
+#include "layers/sync_batchnorm.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
+
+#if DPE_WITH_CUDA
+#include "core/cuda/cuda_device.h"
+#endif
 
 namespace dpe {
 namespace {
@@ -338,6 +344,41 @@ TEST(DdpTest, BuffersAreBroadcastFromReplicaZeroBeforeEachForward) {
   }
 }
 
+// SyncBatchNorm in DDP mode: the engine gives every replica's SyncBatchNorm its rank in the group, so with
+// even shards the gradients and running statistics equal a single device's BatchNorm over the whole batch.
+TEST(DdpTest, SyncBatchNormMatchesSingleDeviceBatchNorm) {
+  manual_seed(91);
+  auto make = [] {
+    return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<Linear>(6, 8), std::make_shared<nn::BatchNorm1d>(8), std::make_shared<nn::ReLU>(),
+        std::make_shared<Linear>(8, 3)});
+  };
+  auto model = make();
+  auto reference = nn::clone_module(*model, Device::cpu(0));
+  Tensor x = randn({12, 6}), y = randn({12, 3});
+  mse(reference->forward(x), y).backward();
+  DataParallel ddp(nn::convert_sync_batchnorm(model), {.device_ids = first(3), .mode = ParallelMode::DDP});
+  ProcessGroup& group = *ddp.process_group();
+  group.reset_counters();
+  ddp.forward_backward(x, y, mse);
+  EXPECT_EQ(group.calls(Collective::AllGather), 1);  // SyncBatchNorm's statistics, once per forward
+  auto expected = reference->state_dict();
+  auto expected_params = reference->parameters();
+  for (size_t r = 0; r < 3; ++r) {
+    auto state = ddp.replica(r).state_dict();
+    for (size_t k = 0; k < state.size(); ++k) {
+      if (state[k].first.find("running_") != std::string::npos) {
+        EXPECT_LT(relative_diff(state[k].second, expected[k].second), 1e-5) << r << " " << state[k].first;
+      }
+    }
+    auto params = ddp.replica(r).parameters();
+    for (size_t k = 0; k < params.size(); ++k) {
+      // Absolute tolerance too: the first layer's bias gradient is zero up to rounding (BatchNorm follows).
+      EXPECT_TRUE(allclose(params[k].grad(), expected_params[k].grad(), 1e-4, 1e-6)) << r << " param " << k;
+    }
+  }
+}
+
 TEST(DdpTest, ErrorsNameTheProblem) {
   DataParallel ddp(std::make_shared<Net>(), {.device_ids = first(3), .mode = ParallelMode::DDP});
   EXPECT_NE(error_of([&] { ddp.forward(randn({3, 6})); }).find("forward() with gradients enabled"), std::string::npos);
@@ -383,6 +424,39 @@ TEST(DdpTest, StepReportHasEveryPhase) {
   for (const Tensor& p : ddp.parameters()) params_bytes += static_cast<int64_t>(p.nbytes());
   EXPECT_EQ(report.reduce.bytes, 2 * params_bytes);
 }
+
+#if DPE_WITH_CUDA
+// Three logical devices on GPU 0 (peer-copy collectives): the same gradients as the CPU reference, and
+// replicas that stay identical through SGD-momentum steps.
+TEST(DdpCudaTest, LogicalDevicesOnOneGpu) {
+  if (cuda::physical_device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  static bool mapped = [] {
+    set_cuda_logical_devices({0, 0, 0});
+    return true;
+  }();
+  (void)mapped;
+  manual_seed(81);
+  auto net = std::make_shared<Net>();
+  Tensor x = randn({12, 6}), y = randn({12, 3});
+  auto expected = reference_grads(*net, x, y);
+  std::vector<Device> gpus = {Device::cuda(0), Device::cuda(1), Device::cuda(2)};
+  DataParallel ddp(nn::clone_module(*net, gpus[0]), {.device_ids = gpus, .mode = ParallelMode::DDP});
+  EXPECT_EQ(ddp.process_group()->backend(), CollectiveBackend::PeerCopy);
+  ddp.forward_backward(x, y, mse);
+  for (size_t r = 0; r < gpus.size(); ++r) {
+    auto params = ddp.replica(r).parameters();
+    for (size_t k = 0; k < params.size(); ++k) {
+      EXPECT_LT(relative_diff(params[k].grad().to(Device::cpu(0)), expected[k]), 1e-4) << r << " " << k;
+    }
+  }
+  expect_replicas_identical(ddp, true);
+  ddp.set_optimizer([](const std::vector<Tensor>& p) {
+    return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  });
+  for (int step = 0; step < 3; ++step) ddp.train_step(randn({12, 6}), randn({12, 3}), mse);
+  expect_replicas_identical(ddp, false);
+}
+#endif
 
 }  // namespace
 }  // namespace dpe

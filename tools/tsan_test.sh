@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The concurrent code's tests under ThreadSanitizer (--config=tsan: dbg build, own output tree): the worker
+# pool, both DataParallel modes and their reducers, the collectives, SyncBatchNorm, the data loader's
+# prefetch thread. Ends with the same "N passed, N failed, N skipped" line as tools/test.sh. Extra
+# arguments go to `bazel test` (e.g. --runs_per_test=5 to hunt for a flaky race).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+targets=(
+  //engine:worker_pool_test
+  //engine:data_parallel_test
+  //engine:ddp_test
+  //scatter_gather/...
+  //layers:sync_batchnorm_test
+  //data/...
+)
+bazel test --config=tsan "${targets[@]}" "$@"
+status=$?
+bazel query "tests(set(${targets[*]}))" 2>/dev/null > bazel-tsan-targets.txt
+python3 tools/test_summary.py bazel-out/k8-dbgtsan/testlogs "$status" bazel-tsan-targets.txt
