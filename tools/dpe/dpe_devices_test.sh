@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks dpe_devices' verdicts and messages on good and bad configurations.
+# Checks `dpe devices` verdicts and messages on good and bad configurations.
 set -uo pipefail
 bin="$1"
 export DPE_NUM_CPU_DEVICES=3
@@ -7,10 +7,10 @@ fail=0
 expect() {  # expect STATUS PATTERN ARGS...
   local want_status="$1" pattern="$2"
   shift 2
-  out=$("$bin" "$@" 2>&1)
+  out=$("$bin" devices "$@" 2>&1)
   status=$?
   if [[ $status -ne $want_status ]] || ! grep -q -- "$pattern" <<<"$out"; then
-    echo "FAILED: dpe_devices $* -> status $status (want $want_status), output:"
+    echo "FAILED: dpe devices $* -> status $status (want $want_status), output:"
     echo "$out"
     fail=1
   fi
@@ -26,5 +26,7 @@ expect 2 "device_ids is empty" --device-ids ,
 expect 2 "mixes cpu:0 and cuda:0" --device-ids cpu:0,cuda:0
 expect 2 "invalid device string 'gpu:0'" --device-ids gpu:0
 expect 2 "output_device" --device-ids cpu:0 --output-device cpu:9
-expect 2 "unknown argument" --frobnicate
+expect 109 "not expected: --frobnicate" --frobnicate
+expect 0 "List devices" --help
+expect 0 "DDP mode needs a batch of at least 2" --device-ids cpu:0,cpu:1
 exit $fail

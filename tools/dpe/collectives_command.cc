@@ -1,0 +1,234 @@
+// dpe collectives: nccl-tests-style table of the process group's collectives (research §4.1 conventions):
+// per size, time per call (averaged over iterations and members), algbw = S / t and busbw = algbw x the
+// collective's factor, GB = 1e9, and a correctness count. With --stream it also measures the host's memory
+// bandwidth (STREAM triad) and shows the CPU all-reduce against its limit: an in-place all-reduce of S bytes
+// moves 4 S bytes through memory on 2 members (each reads both buffers' slices and writes both).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "core/ops.h"
+#include "core/stream.h"
+#include "engine/worker_pool.h"
+#include "scatter_gather/process_group.h"
+#include "tools/dpe/cli_util.h"
+#include "tools/dpe/commands.h"
+
+namespace dpe::tool {
+
+namespace {
+
+struct CollectivesArgs {
+  std::string device_ids;
+  std::string backend = "auto";
+  std::vector<std::string> ops = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"};
+  int64_t min_bytes = 1024, max_bytes = 64 << 20;
+  int factor = 4, iters = 20, warmup = 5;
+  bool stream = false;
+  std::string json;
+};
+
+double bus_factor(const std::string& op, int n) {
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "broadcast" || op == "reduce") return 1.0;
+  return static_cast<double>(n - 1) / n;  // all_gather, reduce_scatter, all_to_all
+}
+
+// One member's buffers for one size. S = size bytes; count per member as in nccl-tests.
+struct Buffers {
+  Tensor tensor;              // all_reduce / broadcast / reduce: S bytes
+  Tensor flat;                // all_gather output / reduce_scatter input: S bytes
+  Tensor piece;               // all_gather input / reduce_scatter output: S / n bytes
+  std::vector<Tensor> pieces_in, pieces_out;  // all_to_all: n pieces of S / n bytes each
+};
+
+Buffers make_buffers(const std::string& op, int64_t count, int n, int rank, const Device& d) {
+  Buffers b;
+  double v = rank + 1;
+  if (op == "all_reduce" || op == "broadcast" || op == "reduce") {
+    b.tensor = full({count}, v, d);
+  } else if (op == "all_gather" || op == "reduce_scatter") {
+    b.flat = full({count}, v, d);
+    b.piece = full({count / n}, v, d);
+  } else {
+    for (int k = 0; k < n; ++k) {
+      b.pieces_in.push_back(full({count / n}, v, d));
+      b.pieces_out.push_back(zeros({count / n}, d));
+    }
+  }
+  return b;
+}
+
+void run_op(ProcessGroup& group, const std::string& op, int rank, Buffers& b) {
+  if (op == "all_reduce") group.all_reduce(rank, b.tensor);
+  else if (op == "broadcast") group.broadcast(rank, b.tensor, 0);
+  else if (op == "reduce") group.reduce(rank, b.tensor, 0);
+  else if (op == "all_gather") group.all_gather_into_tensor(rank, b.flat, b.piece);
+  else if (op == "reduce_scatter") group.reduce_scatter_tensor(rank, b.piece, b.flat);
+  else group.all_to_all(rank, b.pieces_out, b.pieces_in);
+}
+
+// Elements of member `rank`'s result that differ from the expected values after one call on fresh buffers
+// (member r's inputs hold r + 1).
+int64_t count_wrong(const std::string& op, int n, int rank, const Buffers& b) {
+  auto mismatches = [](const Tensor& t, auto expected_at) {
+    std::vector<double> v = t.to_vector<double>();
+    int64_t wrong = 0;
+    for (size_t i = 0; i < v.size(); ++i) wrong += v[i] != expected_at(i);
+    return wrong;
+  };
+  double sum = n * (n + 1) / 2.0;
+  if (op == "all_reduce") return mismatches(b.tensor, [&](size_t) { return sum; });
+  if (op == "broadcast") return mismatches(b.tensor, [](size_t) { return 1.0; });
+  if (op == "reduce") return mismatches(b.tensor, [&](size_t) { return rank == 0 ? sum : rank + 1.0; });
+  if (op == "all_gather") {
+    size_t per = static_cast<size_t>(b.piece.numel());
+    return mismatches(b.flat, [&](size_t i) { return per == 0 ? 0.0 : static_cast<double>(i / per + 1); });
+  }
+  if (op == "reduce_scatter") return mismatches(b.piece, [&](size_t) { return sum; });
+  int64_t wrong = 0;
+  for (int k = 0; k < n; ++k) wrong += mismatches(b.pieces_out[k], [&](size_t) { return k + 1.0; });
+  return wrong;
+}
+
+// STREAM triad a = b + s c over `threads` threads; best of 5; GB/s (1e9) counting 3 arrays of doubles.
+double stream_triad_gbs(int threads) {
+  const size_t n = 32u << 20;  // 3 x 256 MiB: far beyond the caches
+  std::vector<double> a(n), b(n, 1.0), c(n, 2.0);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+        for (size_t i = lo; i < hi; ++i) a[i] = b[i] + 3.0 * c[i];
+      });
+    }
+    for (auto& th : pool) th.join();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, 3.0 * 8.0 * static_cast<double>(n) / s / 1e9);
+  }
+  return best;
+}
+
+CollectiveBackend parse_backend(const std::string& s) {
+  if (s == "cpu") return CollectiveBackend::Cpu;
+  if (s == "peer-copy") return CollectiveBackend::PeerCopy;
+  if (s == "nccl") return CollectiveBackend::Nccl;
+  return CollectiveBackend::Auto;
+}
+
+void run_collectives(const CollectivesArgs& args) {
+  std::vector<Device> devices = args.device_ids.empty() ? default_devices(2) : parse_device_list(args.device_ids);
+  DPE_CHECK(args.min_bytes > 0 && args.max_bytes >= args.min_bytes, "--min-bytes ", args.min_bytes,
+            " and --max-bytes ", args.max_bytes, ": expected 0 < min <= max");
+  ProcessGroup group(devices, {.backend = parse_backend(args.backend)});
+  DeviceWorkerPool pool(devices);
+  const int n = group.size();
+  std::printf("# dpe collectives: %d members (%s), backend %s, float32, %d iterations after %d warm-up, GB = 1e9\n", n,
+              device_list_str(devices).c_str(), backend_name(group.backend()), args.iters, args.warmup);
+  std::printf("# %-15s %10s %12s %11s %11s %11s %7s\n", "collective", "size", "count", "time(us)", "algbw(GB/s)",
+              "busbw(GB/s)", "#wrong");
+  std::string json = "{\"members\": " + std::to_string(n) + ", \"backend\": \"" + backend_name(group.backend()) +
+                     "\", \"results\": [";
+  double largest_allreduce_algbw = 0;
+  int64_t largest_allreduce_bytes = 0;
+  bool first = true;
+  for (const std::string& op : args.ops) {
+    for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= args.factor) {
+      // Element count: a multiple of n for the sliced collectives.
+      int64_t count = bytes / 4;
+      if (op != "all_reduce" && op != "broadcast" && op != "reduce") count = count / n * n;
+      if (count == 0) continue;
+      std::vector<double> seconds(n);
+      std::vector<int64_t> wrong(n);
+      pool.run(n, [&](size_t r) {
+        int rank = static_cast<int>(r);
+        Buffers b = make_buffers(op, count, n, rank, devices[r]);
+        for (int i = 0; i < args.warmup; ++i) run_op(group, op, rank, b);
+        group.barrier(rank);
+        auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < args.iters; ++i) run_op(group, op, rank, b);
+        synchronize(devices[r]);
+        seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / args.iters;
+        Buffers fresh = make_buffers(op, count, n, rank, devices[r]);
+        run_op(group, op, rank, fresh);
+        synchronize(devices[r]);
+        wrong[r] = count_wrong(op, n, rank, fresh);
+      });
+      double t = 0;
+      int64_t total_wrong = 0;
+      for (int r = 0; r < n; ++r) {
+        t += seconds[r] / n;
+        total_wrong += wrong[r];
+      }
+      double size = static_cast<double>(count) * 4;
+      double algbw = size / t / 1e9, busbw = algbw * bus_factor(op, n);
+      std::printf("  %-15s %10s %12lld %11.1f %11.2f %11.2f %7lld\n", op.c_str(), bytes_str(size).c_str(),
+                  static_cast<long long>(count), t * 1e6, algbw, busbw, static_cast<long long>(total_wrong));
+      std::fflush(stdout);
+      if (op == "all_reduce" && count * 4 >= largest_allreduce_bytes) {
+        largest_allreduce_bytes = count * 4;
+        largest_allreduce_algbw = algbw;
+      }
+      char row[256];
+      std::snprintf(row, sizeof row,
+                    "%s{\"op\": \"%s\", \"bytes\": %.0f, \"count\": %lld, \"time_us\": %.3f, \"algbw_gbs\": %.4f, "
+                    "\"busbw_gbs\": %.4f, \"wrong\": %lld}",
+                    first ? "" : ", ", op.c_str(), size, static_cast<long long>(count), t * 1e6, algbw, busbw,
+                    static_cast<long long>(total_wrong));
+      json += row;
+      first = false;
+    }
+  }
+  json += "]";
+  if (args.stream) {
+    double gbs = stream_triad_gbs(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    double limit = gbs / 4.0;
+    std::printf("# host memory bandwidth (STREAM triad, %u threads): %.2f GB/s\n", std::thread::hardware_concurrency(), gbs);
+    if (largest_allreduce_bytes > 0 && devices[0].is_cpu()) {
+      std::printf("# all_reduce %s: %.2f GB/s algbw = %.0f%% of the memory-bandwidth limit %.2f GB/s "
+                  "(STREAM / 4 bytes moved per byte reduced)\n",
+                  bytes_str(static_cast<double>(largest_allreduce_bytes)).c_str(), largest_allreduce_algbw,
+                  100.0 * largest_allreduce_algbw / limit, limit);
+    }
+    char extra[128];
+    std::snprintf(extra, sizeof extra, ", \"stream_triad_gbs\": %.4f", gbs);
+    json += extra;
+  }
+  json += "}\n";
+  if (!args.json.empty()) {
+    std::ofstream out(args.json);
+    DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
+    out << json;
+  }
+}
+
+}  // namespace
+
+void add_collectives_command(CLI::App& app) {
+  auto args = std::make_shared<CollectivesArgs>();
+  CLI::App* cmd = app.add_subcommand("collectives", "Bandwidth of the process group's collectives (nccl-tests style)");
+  cmd->add_option("--device-ids", args->device_ids, "members (default: every CUDA device, else cpu:0,cpu:1)");
+  cmd->add_option("--backend", args->backend, "collectives backend")
+      ->check(CLI::IsMember({"auto", "cpu", "peer-copy", "nccl"}));
+  cmd->add_option("--ops", args->ops, "collectives to run")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"}));
+  cmd->add_option("-b,--min-bytes", args->min_bytes, "smallest size in bytes (K, M, G suffixes: powers of 1024)")
+      ->transform(CLI::AsSizeValue(false));
+  cmd->add_option("-e,--max-bytes", args->max_bytes, "largest size in bytes")->transform(CLI::AsSizeValue(false));
+  cmd->add_option("-f,--factor", args->factor, "size multiplier between rows")->check(CLI::Range(2, 1024));
+  cmd->add_option("-n,--iters", args->iters, "timed iterations per size")->check(CLI::PositiveNumber);
+  cmd->add_option("-w,--warmup", args->warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--stream", args->stream, "also measure host memory bandwidth and the all-reduce's share of it");
+  cmd->add_option("--json", args->json, "write the results as JSON to this file");
+  cmd->callback([args] { run_collectives(*args); });
+}
+
+}  // namespace dpe::tool

@@ -1,0 +1,25 @@
+// dpe: the command-line tool. `dpe --help` lists the subcommands, `dpe <command> --help` their options.
+//
+//   dpe devices       devices, memory, peer access; checks a --device-ids / --output-device configuration
+//   dpe collectives   nccl-tests-style bandwidth table of the process group's collectives
+#include <cstdio>
+
+#include "core/error.h"
+#include "tools/dpe/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dpe: a data-parallel training engine (DP and DDP modes on CPU and CUDA devices)", "dpe"};
+  app.require_subcommand(1);
+  dpe::tool::add_devices_command(app);
+  dpe::tool::add_collectives_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const dpe::Error& e) {
+    const CLI::App* command = app.get_subcommands().empty() ? &app : app.get_subcommands()[0];
+    std::fprintf(stderr, "dpe %s: %s\n", command->get_name().c_str(), e.what());
+    return 2;
+  }
+  return 0;
+}
