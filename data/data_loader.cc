@@ -1,0 +1,166 @@
+#include "data/data_loader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+
+namespace dpe::data {
+namespace {
+
+// A CPU tensor with at least one dimension, cut off from autograd and made contiguous (row gathers are
+// then memcpys of whole rows).
+Tensor prepare(const Tensor& t, const char* name) {
+  DPE_CHECK(t.defined(), "DataLoader: ", name, " is an undefined tensor");
+  DPE_CHECK(t.dim() >= 1, "DataLoader: ", name, " must have a sample dimension; got a 0-dim tensor");
+  DPE_CHECK(t.device().is_cpu(), "DataLoader: ", name, " is on ", t.device(),
+            "; expected a CPU tensor (batches are gathered on the host; move each batch to the GPU instead)");
+  return t.detach().contiguous();
+}
+
+// rows of `src` (N, ...) listed in idx -> a new (idx.size(), ...) tensor on src's device.
+Tensor gather_rows(const Tensor& src, const int64_t* idx, int64_t count) {
+  Shape shape = src.shape();
+  const int64_t n = shape[0];
+  shape[0] = count;
+  Tensor out = Tensor::empty(shape, TensorOptions(src.dtype()).with_device(src.device()));
+  if (count == 0 || out.nbytes() == 0) return out;
+  const size_t row_bytes = src.nbytes() / static_cast<size_t>(n);
+  const auto* from = static_cast<const uint8_t*>(src.data_ptr());
+  auto* to = static_cast<uint8_t*>(out.data_ptr());
+  for (int64_t i = 0; i < count; ++i) {
+    DPE_INTERNAL_ASSERT(idx[i] >= 0 && idx[i] < n, "index ", idx[i], " of ", n);
+    std::memcpy(to + i * row_bytes, from + idx[i] * row_bytes, row_bytes);
+  }
+  return out;
+}
+
+}  // namespace
+
+DataLoader::DataLoader(Tensor inputs, Tensor targets, DataLoaderOptions options)
+    : inputs_(prepare(inputs, "inputs")),
+      targets_(prepare(targets, "targets")),
+      options_(std::move(options)),
+      sampler_(inputs_.size(0), {.num_replicas = 1, .rank = 0, .shuffle = options_.shuffle,
+                                 .seed = options_.seed, .drop_last = false}) {
+  DPE_CHECK(inputs_.size(0) == targets_.size(0), "DataLoader: inputs have ", inputs_.size(0),
+            " samples (shape ", shape_str(inputs_.shape()), ") but targets have ", targets_.size(0),
+            " (shape ", shape_str(targets_.shape()), "); expected the same number");
+  DPE_CHECK(options_.batch_size >= 1, "DataLoader: batch_size ", options_.batch_size,
+            " is invalid; expected batch_size >= 1");
+  DPE_CHECK(options_.prefetch >= 0, "DataLoader: prefetch ", options_.prefetch,
+            " is invalid; expected prefetch >= 0 (0: no background thread)");
+  // pin_memory: no pinned host allocator in core yet (see DataLoaderOptions::pin_memory); ignored.
+}
+
+DataLoader::~DataLoader() { stop(); }
+
+int64_t DataLoader::num_batches() const {
+  const int64_t n = dataset_size();
+  const int64_t b = options_.batch_size;
+  return options_.drop_last ? n / b : n / b + (n % b != 0 ? 1 : 0);
+}
+
+void DataLoader::begin_epoch(int64_t epoch) {
+  stop();
+  sampler_.set_epoch(epoch);
+  std::vector<int64_t> order = sampler_.indices();  // (N): num_replicas = 1, so every index once
+  started_ = true;
+  next_index_ = 0;
+  if (options_.prefetch == 0) {
+    order_ = std::move(order);
+  } else {
+    producer_ = std::thread(&DataLoader::produce, this, std::move(order));
+  }
+}
+
+std::optional<Batch> DataLoader::next() {
+  DPE_CHECK(started_, "DataLoader::next: no epoch started; call begin_epoch(epoch) first");
+  if (next_index_ >= num_batches()) return std::nullopt;
+
+  if (options_.prefetch == 0) {
+    const int64_t index = next_index_;
+    next_index_ = num_batches();  // an exception below ends the epoch, as on the producer thread
+    Batch batch = assemble(index, order_);
+    next_index_ = index + 1;
+    return batch;
+  }
+
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return !queue_.empty() || producer_done_; });
+  if (!queue_.empty()) {
+    Batch batch = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    cv_.notify_all();  // room for the producer
+    DPE_INTERNAL_ASSERT(batch.index == next_index_, "batch ", batch.index, " arrived, expected ", next_index_);
+    ++next_index_;
+    return batch;
+  }
+  next_index_ = num_batches();  // the producer is done: the epoch is over, with or without an error
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  DPE_INTERNAL_ASSERT(false, "the producer finished without delivering every batch");
+  return std::nullopt;
+}
+
+Batch DataLoader::assemble(int64_t batch_index, const std::vector<int64_t>& order) const {
+  // order: (N)  batch: order[start : start + count]
+  const int64_t start = batch_index * options_.batch_size;
+  const int64_t count = std::min(options_.batch_size, dataset_size() - start);
+  DPE_INTERNAL_ASSERT(count >= 1);
+  Batch batch{.inputs = gather_rows(inputs_, order.data() + start, count),
+              .targets = gather_rows(targets_, order.data() + start, count),
+              .index = batch_index};
+  // pin_memory would allocate the two tensors above in pinned host memory; core has none yet.
+  if (options_.transform) options_.transform(batch);
+  return batch;
+}
+
+void DataLoader::produce(std::vector<int64_t> order) {
+  const int64_t batches = num_batches();
+  const size_t capacity = static_cast<size_t>(options_.prefetch);
+  try {
+    for (int64_t b = 0; b < batches; ++b) {
+      {
+        // Wait for room first, so that at most `prefetch` finished batches exist ahead of the consumer.
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return queue_.size() < capacity || cancel_; });
+        if (cancel_) return;
+      }
+      Batch batch = assemble(b, order);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (cancel_) return;
+        queue_.push_back(std::move(batch));
+      }
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    producer_done_ = true;
+  }
+  cv_.notify_all();
+}
+
+void DataLoader::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancel_ = true;
+  }
+  cv_.notify_all();
+  if (producer_.joinable()) producer_.join();
+  // The producer has exited: nothing else touches the shared state.
+  queue_.clear();
+  error_ = nullptr;
+  producer_done_ = false;
+  cancel_ = false;
+  order_.clear();
+  started_ = false;
+}
+
+}  // namespace dpe::data

@@ -1,0 +1,44 @@
+// IDX reader: the file format of MNIST and Fashion-MNIST (http://yann.lecun.com/exdb/mnist/), gzip-compressed
+// or not (zlib's gzread reads plain files unchanged).
+//
+//   IdxArray labels = read_idx("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz", kIdxLabelsMagic);
+//   // labels.dims == {10000}, labels.data.size() == 10000
+//
+// Format: a big-endian uint32 magic number 0x0000TTDD (TT = element type, 0x08 for unsigned bytes;
+// DD = the number of dimensions), DD big-endian uint32 sizes, then prod(sizes) elements, row-major, and
+// nothing after them. Only unsigned bytes are read (the magic numbers below).
+//
+// Validation, every failure a dpe::Error whose message starts with the file's path: the file opens; the
+// magic number is the expected one; the header is complete; every size is >= 0 and their product fits;
+// the payload holds exactly prod(sizes) bytes (a short payload and trailing bytes are both errors);
+// the gzip stream is intact (zlib's CRC and length checks at its end).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpe::data {
+
+inline constexpr uint32_t kIdxImagesMagic = 0x00000803;  // 2051: unsigned bytes, 3 dimensions (N, rows, cols)
+inline constexpr uint32_t kIdxLabelsMagic = 0x00000801;  // 2049: unsigned bytes, 1 dimension (N)
+
+struct IdxReadOptions {
+  // Read only the first max_items items along dimension 0 (all when < 0). The file is then not read to
+  // its end, so trailing data and a damaged gzip tail go unnoticed; a short payload is still an error.
+  int64_t max_items = -1;
+  // Appended to the "cannot open" message, e.g. how to install the missing file.
+  std::string open_hint;
+};
+
+struct IdxArray {
+  std::vector<int64_t> dims;   // dims[0] is the number of items read (<= file_items with max_items)
+  int64_t file_items = 0;      // dims[0] as stored in the file
+  std::vector<uint8_t> data;   // prod(dims) bytes, row-major
+};
+
+// Reads the IDX file at `path`, which must carry `expected_magic` (kIdxImagesMagic, kIdxLabelsMagic, or any
+// 0x000008DD). Throws dpe::Error naming the path and the problem.
+IdxArray read_idx(const std::string& path, uint32_t expected_magic, const IdxReadOptions& options = {});
+
+}  // namespace dpe::data

@@ -1,0 +1,150 @@
+#include "data/idx_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "data/test_files.h"
+#include "tests/testing/errors.h"
+
+namespace dpe::data {
+namespace {
+
+using dpe::testing::error_of;
+using testing::idx_bytes;
+using testing::test_dir;
+using testing::write_gz;
+
+std::vector<uint8_t> iota_bytes(size_t n) {
+  std::vector<uint8_t> v(n);
+  std::iota(v.begin(), v.end(), uint8_t{0});
+  return v;
+}
+
+// EXPECT that message contains every one of parts.
+void expect_contains(const std::string& message, const std::vector<std::string>& parts) {
+  for (const std::string& p : parts) {
+    EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' in: " << message;
+  }
+}
+
+TEST(IdxReader, ReadsImagesBigEndianSizes) {
+  const std::string path = test_dir() + "/images.gz";
+  // 2 items of 3x4: sizes 2, 3, 4 big-endian; 300 as a size would read as 0x2c010000 little-endian.
+  write_gz(path, idx_bytes(kIdxImagesMagic, {2, 3, 4}, iota_bytes(24)));
+  IdxArray a = read_idx(path, kIdxImagesMagic);
+  EXPECT_EQ(a.dims, (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(a.file_items, 2);
+  EXPECT_EQ(a.data, iota_bytes(24));
+}
+
+TEST(IdxReader, SizesAboveOneByte) {
+  const std::string path = test_dir() + "/labels.gz";
+  write_gz(path, idx_bytes(kIdxLabelsMagic, {300}, std::vector<uint8_t>(300, 7)));
+  IdxArray a = read_idx(path, kIdxLabelsMagic);
+  EXPECT_EQ(a.dims, (std::vector<int64_t>{300}));
+  EXPECT_EQ(a.data.size(), 300u);
+}
+
+TEST(IdxReader, ReadsPlainUncompressedFiles) {
+  const std::string path = test_dir() + "/labels";
+  const std::vector<uint8_t> bytes = idx_bytes(kIdxLabelsMagic, {5}, iota_bytes(5));
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  EXPECT_EQ(read_idx(path, kIdxLabelsMagic).data, iota_bytes(5));
+}
+
+TEST(IdxReader, MaxItemsReadsAPrefix) {
+  const std::string path = test_dir() + "/images.gz";
+  write_gz(path, idx_bytes(kIdxImagesMagic, {4, 2, 2}, iota_bytes(16)));
+  IdxArray a = read_idx(path, kIdxImagesMagic, {.max_items = 3});
+  EXPECT_EQ(a.dims, (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(a.file_items, 4);
+  EXPECT_EQ(a.data, iota_bytes(12));
+  // More than the file holds: everything.
+  EXPECT_EQ(read_idx(path, kIdxImagesMagic, {.max_items = 10}).dims[0], 4);
+  EXPECT_EQ(read_idx(path, kIdxImagesMagic, {.max_items = 0}).data.size(), 0u);
+}
+
+TEST(IdxReader, MissingFileNamesPathReasonAndHint) {
+  const std::string path = test_dir() + "/nope.gz";
+  expect_contains(error_of([&] { read_idx(path, kIdxLabelsMagic, {.open_hint = "try harder"}); }),
+                  {"cannot open " + path + ": No such file or directory; try harder"});
+}
+
+TEST(IdxReader, BadMagic) {
+  const std::string path = test_dir() + "/labels.gz";
+  write_gz(path, idx_bytes(kIdxImagesMagic, {1, 1, 1}, {0}));
+  expect_contains(error_of([&] { read_idx(path, kIdxLabelsMagic); }),
+                  {path, "bad magic number 2051 (0x00000803, unsigned bytes, 3 dimensions)",
+                   "expected 2049 (0x00000801, unsigned bytes, 1 dimension)"});
+  write_gz(path, {'h', 'e', 'l', 'l', 'o', '!'});
+  expect_contains(error_of([&] { read_idx(path, kIdxLabelsMagic); }), {path, "not an IDX file"});
+}
+
+TEST(IdxReader, ShortHeader) {
+  const std::string path = test_dir() + "/images.gz";
+  write_gz(path, {0, 0});
+  expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic); }), {path, "too short", "(2 bytes)"});
+  write_gz(path, idx_bytes(kIdxImagesMagic, {10, 28}, {}));  // the third size is missing
+  expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic); }),
+                  {path, "header ends early: size 2 of 3 is missing"});
+}
+
+TEST(IdxReader, TruncatedPayload) {
+  const std::string path = test_dir() + "/images.gz";
+  write_gz(path, idx_bytes(kIdxImagesMagic, {3, 2, 2}, iota_bytes(11)));  // 12 promised
+  expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic); }),
+                  {path, "truncated payload", "3 items of 4 bytes (12 bytes)", "only 11 bytes",
+                   "16-byte header"});
+  // Also when only a prefix is asked for that the file does not hold.
+  expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic, {.max_items = 3}); }),
+                  {path, "truncated payload"});
+  EXPECT_EQ(read_idx(path, kIdxImagesMagic, {.max_items = 2}).data.size(), 8u);
+}
+
+TEST(IdxReader, TrailingData) {
+  const std::string path = test_dir() + "/labels.gz";
+  write_gz(path, idx_bytes(kIdxLabelsMagic, {3}, iota_bytes(5)));  // 3 promised, 5 present
+  expect_contains(error_of([&] { read_idx(path, kIdxLabelsMagic); }),
+                  {path, "2 unexpected trailing bytes after the payload of 3 bytes"});
+}
+
+TEST(IdxReader, HugeSizesAreACorruptHeaderNotAnAllocation) {
+  const std::string path = test_dir() + "/images.gz";
+  write_gz(path, idx_bytes(kIdxImagesMagic, {0xffffffff, 0xffffffff, 0xffff}, {}));
+  expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic); }), {path, "header is corrupt"});
+  write_gz(path, idx_bytes(kIdxImagesMagic, {1000000, 1000, 1000}, iota_bytes(10)));  // claims 10^12 bytes
+  expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic); }), {path, "truncated payload"});
+}
+
+TEST(IdxReader, DamagedGzipStream) {
+  const std::string dir = test_dir();
+  const std::string good = dir + "/good.gz";
+  write_gz(good, idx_bytes(kIdxLabelsMagic, {4096}, iota_bytes(4096)));
+  std::ifstream in(good, std::ios::binary);
+  std::vector<char> gz((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(gz.size(), 30u);
+
+  // Cut in the middle of the compressed data: zlib reports the stream as truncated.
+  const std::string cut = dir + "/cut.gz";
+  std::ofstream(cut, std::ios::binary).write(gz.data(), gz.size() / 2);
+  expect_contains(error_of([&] { read_idx(cut, kIdxLabelsMagic); }), {cut, "truncated"});
+
+  // A flipped bit in the CRC-32 trailer: the data decompresses, the check at the end fails.
+  const std::string bad_crc = dir + "/crc.gz";
+  std::vector<char> flipped = gz;
+  flipped[flipped.size() - 8] ^= 1;
+  std::ofstream(bad_crc, std::ios::binary).write(flipped.data(), flipped.size());
+  expect_contains(error_of([&] { read_idx(bad_crc, kIdxLabelsMagic); }), {bad_crc, "corrupt gzip data"});
+}
+
+TEST(IdxReader, RejectsNonByteExpectedMagic) {
+  expect_contains(error_of([] { read_idx("/dev/null", 0x00000d01); }), {"not an IDX magic number"});
+}
+
+}  // namespace
+}  // namespace dpe::data
