@@ -82,8 +82,9 @@ struct DataParallelOptions {
 
 // What the last step did. Times are host wall-clock milliseconds per phase (on CUDA, work is asynchronous:
 // a phase's time includes waiting for earlier work that its copies depend on).
-// DDP mode: phases run on every replica at once; a phase's time is the slowest replica's. reduce_ms is the time
-// inside gradient all-reduces (overlapped with backward, so included in backward_ms); broadcast is the buffer
+// backward_ms is the whole backward, gradient reduction included; reduce_ms the part of it spent reducing (DP:
+// what was left after the replicas' backward; DDP: inside the overlapped all-reduces).
+// DDP mode: phases run on every replica at once; a phase's time is the slowest replica's. broadcast is the buffer
 // broadcast; reduce.bytes is the gradient bytes all-reduced, summed over replicas; reduce.transfers the
 // all-reduce calls.
 struct StepReport {

@@ -38,7 +38,9 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     DPE_CHECK(loss.defined() && loss.numel() == 1, "DataParallel: the loss function returned ",
               loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"), "; expected one value");
     report_.loss_ms = ms_since(start);
-    loss.backward();  // DataParallelGatherNode fills backward_ms and reduce_ms
+    start = Clock::now();
+    loss.backward();  // through DataParallelGatherNode, which fills reduce_ms, when several devices ran
+    report_.backward_ms = ms_since(start);
     loss_value = loss.item();
   }
   report_.loss = loss_value;

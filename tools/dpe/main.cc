@@ -2,6 +2,8 @@
 //
 //   dpe devices       devices, memory, peer access; checks a --device-ids / --output-device configuration
 //   dpe collectives   nccl-tests-style bandwidth table of the process group's collectives
+//   dpe train         train mlp / cnn / tiny-llama in single, DP or DDP mode
+//   dpe bench         the same model, data and batch in single, DP and DDP mode, side by side
 #include <cstdio>
 
 #include "core/error.h"
@@ -12,6 +14,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   dpe::tool::add_devices_command(app);
   dpe::tool::add_collectives_command(app);
+  dpe::tool::add_train_command(app);
+  dpe::tool::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,317 @@
+// dpe bench: the same model, data and global batch in single-device, DP and DDP mode (and, with
+// --compare-pytorch, PyTorch's own configurations in the same run), warm-up excluded, in one table:
+// samples/s, scaling efficiency against one device, milliseconds per phase, bytes moved, peak memory per
+// device (its peak allocation during the timed steps: model, gradients, optimizer state, activations,
+// copies; the input data set held on cpu:0 is not counted). --json, --csv and --png (gnuplot) write the
+// same rows.
+//
+// "One device" gets one device's share of the machine: on CPU devices, cores / number of devices threads,
+// the share each device has in DP and DDP mode, so the scaling efficiency compares like with like. The
+// "single-all" mode runs one device on every core.
+#include <omp.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "core/allocator.h"
+#include "models/models.h"
+#include "tools/dpe/cli_util.h"
+#include "tools/dpe/commands.h"
+#include "tools/dpe/training.h"
+
+namespace dpe::tool {
+
+namespace {
+
+struct BenchArgs {
+  std::string model = "mlp", device_ids, json, csv, png, pytorch_script, data_dir;
+  std::vector<std::string> modes = {"single", "dp", "ddp"};
+  std::vector<std::string> pytorch_configs = {"single-1t", "single-2t", "ddp-gloo"};
+  int64_t batch_size = 256, steps = 30, warmup = 5;
+  int cpu_devices = 2;
+  bool compare_pytorch = false;
+};
+
+struct Row {
+  std::string framework = "dpe", config;
+  int devices = 1;
+  double samples_per_s = 0, step_ms = 0, scaling = 0;
+  StepReport phases;  // per-step averages of the timed steps (ms), bytes per step
+  std::vector<std::pair<Device, int64_t>> peak;  // peak allocated bytes per device during the timed steps
+  std::string note;
+};
+
+// Runs fn on a thread limited to `threads` intra-op threads (oneTBB arena and OpenMP, as the engine's
+// workers are), so a one-device run uses one device's share of the cores.
+void with_threads(int threads, const std::function<void()>& fn) {
+  std::exception_ptr failure;
+  std::thread t([&] {
+    try {
+      omp_set_num_threads(threads);
+      tbb::task_arena arena(threads);
+      arena.execute(fn);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+void accumulate(StepReport& sum, const StepReport& s, double scale) {
+  sum.scatter_ms += s.scatter_ms * scale;
+  sum.broadcast_ms += s.broadcast_ms * scale;
+  sum.forward_ms += s.forward_ms * scale;
+  sum.gather_ms += s.gather_ms * scale;
+  sum.loss_ms += s.loss_ms * scale;
+  sum.backward_ms += s.backward_ms * scale;
+  sum.reduce_ms += s.reduce_ms * scale;
+  sum.optimizer_ms += s.optimizer_ms * scale;
+  sum.scatter.bytes += static_cast<int64_t>(static_cast<double>(s.scatter.bytes) * scale);
+  sum.broadcast.bytes += static_cast<int64_t>(static_cast<double>(s.broadcast.bytes) * scale);
+  sum.gather.bytes += static_cast<int64_t>(static_cast<double>(s.gather.bytes) * scale);
+  sum.reduce.bytes += static_cast<int64_t>(static_cast<double>(s.reduce.bytes) * scale);
+}
+
+Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector<Device>& devices,
+               const ModelData& data) {
+  Row row;
+  row.config = mode;
+  std::string engine_mode = mode == "single-all" ? "single" : mode;
+  std::unique_ptr<DataParallel> dp =
+      make_engine({.model = args.model, .mode = engine_mode, .devices = devices, .seed = 1}, {.lr = 0.01});
+  row.devices = static_cast<int>(dp->device_ids().size());
+  LossFn loss = models::model_loss(args.model);
+  const int64_t n = data.train_inputs.size(0);
+  auto batch_at = [&](int64_t step) {
+    int64_t start = step * args.batch_size % std::max<int64_t>(1, n - args.batch_size + 1);
+    return std::pair{data.train_inputs.narrow(0, start, args.batch_size), data.train_targets.narrow(0, start, args.batch_size)};
+  };
+  auto run = [&] {
+    for (int64_t s = 0; s < args.warmup; ++s) {
+      auto [x, y] = batch_at(s);
+      dp->train_step(x, y, loss);
+    }
+    for (const Device& d : dp->device_ids()) reset_peak_memory_stats(d);
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t s = 0; s < args.steps; ++s) {
+      auto [x, y] = batch_at(args.warmup + s);
+      dp->train_step(x, y, loss);
+      accumulate(row.phases, dp->last_step(), 1.0 / static_cast<double>(args.steps));
+    }
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    row.step_ms = seconds * 1e3 / static_cast<double>(args.steps);
+    row.samples_per_s = static_cast<double>(args.batch_size * args.steps) / seconds;
+  };
+  bool cpu = devices[0].is_cpu();
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (mode == "single" && cpu) {
+    with_threads(std::max(1, cores / static_cast<int>(devices.size())), run);
+  } else {
+    run();  // single-all: the caller's thread with every core; dp/ddp: the engine's workers
+  }
+  // The input data set lives on cpu:0 for the whole run; it is not the step's memory.
+  int64_t data_bytes = static_cast<int64_t>(data.train_inputs.nbytes() + data.train_targets.nbytes());
+  for (const Device& d : dp->device_ids()) {
+    int64_t peak = memory_stats(d).peak_allocated_bytes;
+    row.peak.emplace_back(d, d == data.train_inputs.device() ? peak - data_bytes : peak);
+  }
+  return row;
+}
+
+double json_number(const std::string& line, const std::string& key) {
+  size_t at = line.find("\"" + key + "\":");
+  return at == std::string::npos ? 0.0 : std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+}
+
+std::vector<Row> bench_pytorch(const BenchArgs& args) {
+  std::string script = args.pytorch_script;
+  if (script.empty()) {
+    const char* root = std::getenv("BUILD_WORKSPACE_DIRECTORY");  // set by `bazel run`
+    script = std::string(root ? root : ".") + "/tools/bench/pytorch_reference.py";
+  }
+  std::string configs;
+  for (const std::string& c : args.pytorch_configs) configs += (configs.empty() ? "" : ",") + c;
+  std::string command = "/usr/bin/python3 '" + script + "' --model " + args.model + " --batch " +
+                        std::to_string(args.batch_size) + " --steps " + std::to_string(args.steps) + " --warmup " +
+                        std::to_string(args.warmup) + " --configs " + configs;
+  std::fprintf(stderr, "running PyTorch: %s\n", command.c_str());
+  FILE* pipe = popen(command.c_str(), "r");
+  DPE_CHECK(pipe != nullptr, "--compare-pytorch: cannot run ", command);
+  std::vector<Row> rows;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe)) {
+    std::string line = buf;
+    if (line.find("\"framework\": \"pytorch\"") == std::string::npos) continue;
+    Row row;
+    row.framework = "pytorch";
+    size_t at = line.find("\"config\": \"");
+    row.config = at == std::string::npos ? "?" : line.substr(at + 11, line.find('"', at + 11) - at - 11);
+    row.devices = static_cast<int>(std::max(1.0, json_number(line, "processes")));
+    row.samples_per_s = json_number(line, "samples_per_s");
+    row.step_ms = json_number(line, "step_ms");
+    if (line.find("\"skipped\"") != std::string::npos) row.note = "skipped";
+    rows.push_back(row);
+  }
+  int status = pclose(pipe);
+  DPE_CHECK(status == 0 && !rows.empty(), "--compare-pytorch: ", command, " failed (exit status ", status,
+            "); it needs Debian's python3-torch (apt-get install python3-torch)");
+  return rows;
+}
+
+std::string mb(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
+void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
+  std::printf("\n# dpe bench: %s, global batch %lld, %lld timed steps after %lld warm-up, ms per step and phase\n",
+              args.model.c_str(), static_cast<long long>(args.batch_size), static_cast<long long>(args.steps),
+              static_cast<long long>(args.warmup));
+  std::printf("%-8s %-10s %3s %10s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s | %8s | %s\n", "impl", "config", "dev",
+              "samples/s", "scaling", "step", "scatter", "bcast", "fwd", "gather", "loss", "bwd", "reduce", "optim",
+              "MB moved", "peak MB per device");
+  for (const Row& r : rows) {
+    if (!r.note.empty()) {
+      std::printf("%-8s %-10s %3d %10s  (%s)\n", r.framework.c_str(), r.config.c_str(), r.devices, "-", r.note.c_str());
+      continue;
+    }
+    std::string peak;
+    for (const auto& [d, bytes] : r.peak) peak += d.str() + " " + mb(bytes) + "  ";
+    const StepReport& p = r.phases;
+    if (r.framework == "dpe") {
+      std::printf("%-8s %-10s %3d %10.0f %6.0f%% %8.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %8s | %s\n",
+                  r.framework.c_str(), r.config.c_str(), r.devices, r.samples_per_s, r.scaling * 100, r.step_ms,
+                  p.scatter_ms, p.broadcast_ms, p.forward_ms, p.gather_ms, p.loss_ms, p.backward_ms, p.reduce_ms,
+                  p.optimizer_ms, mb(p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes).c_str(),
+                  peak.c_str());
+    } else {
+      std::printf("%-8s %-10s %3d %10.0f %7s %8.2f |\n", r.framework.c_str(), r.config.c_str(), r.devices,
+                  r.samples_per_s, "", r.step_ms);
+    }
+  }
+  double peak_flops = 0;
+  const char* env = std::getenv("DPE_PEAK_GFLOPS");  // the machine's FMA peak, GFLOP/s (docs/BENCHMARKS.md)
+  if (env) peak_flops = std::strtod(env, nullptr) * 1e9;
+  double flops = models::train_flops_per_sample(args.model);
+  if (peak_flops > 0) {
+    std::printf("# FMA-peak limit: %.0f samples/s (%.1f GFLOP/s / %.2f MFLOP per sample)\n", peak_flops / flops,
+                peak_flops / 1e9, flops / 1e6);
+    for (const Row& r : rows) {
+      if (r.note.empty()) std::printf("#   %s %s: %.0f%% of it\n", r.framework.c_str(), r.config.c_str(), 100 * r.samples_per_s * flops / peak_flops);
+    }
+  }
+}
+
+void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
+  if (!args.csv.empty()) {
+    std::ofstream out(args.csv);
+    DPE_CHECK(out.good(), "--csv ", args.csv, ": cannot open for writing");
+    out << "framework,config,devices,samples_per_s,scaling,step_ms,scatter_ms,broadcast_ms,forward_ms,gather_ms,"
+           "loss_ms,backward_ms,reduce_ms,optimizer_ms,bytes_moved,peak_bytes_max\n";
+    for (const Row& r : rows) {
+      int64_t peak = 0;
+      for (const auto& [d, b] : r.peak) peak = std::max(peak, b);
+      const StepReport& p = r.phases;
+      out << r.framework << ',' << r.config << ',' << r.devices << ',' << r.samples_per_s << ',' << r.scaling << ','
+          << r.step_ms << ',' << p.scatter_ms << ',' << p.broadcast_ms << ',' << p.forward_ms << ',' << p.gather_ms
+          << ',' << p.loss_ms << ',' << p.backward_ms << ',' << p.reduce_ms << ',' << p.optimizer_ms << ','
+          << p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes << ',' << peak << '\n';
+    }
+  }
+  if (!args.json.empty()) {
+    std::ofstream out(args.json);
+    DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
+    out << "{\"model\": \"" << args.model << "\", \"batch_size\": " << args.batch_size << ", \"steps\": " << args.steps
+        << ", \"rows\": [";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      const StepReport& p = r.phases;
+      out << (i ? ", " : "") << "{\"framework\": \"" << r.framework << "\", \"config\": \"" << r.config
+          << "\", \"devices\": " << r.devices << ", \"samples_per_s\": " << r.samples_per_s << ", \"scaling\": "
+          << r.scaling << ", \"step_ms\": " << r.step_ms << ", \"phases_ms\": {\"scatter\": " << p.scatter_ms
+          << ", \"broadcast\": " << p.broadcast_ms << ", \"forward\": " << p.forward_ms << ", \"gather\": "
+          << p.gather_ms << ", \"loss\": " << p.loss_ms << ", \"backward\": " << p.backward_ms << ", \"reduce\": "
+          << p.reduce_ms << ", \"optimizer\": " << p.optimizer_ms << "}, \"peak_bytes\": {";
+      for (size_t k = 0; k < r.peak.size(); ++k) out << (k ? ", " : "") << '"' << r.peak[k].first << "\": " << r.peak[k].second;
+      out << "}" << (r.note.empty() ? "" : ", \"note\": \"" + r.note + "\"") << "}";
+    }
+    out << "]}\n";
+  }
+  if (!args.png.empty()) {
+    std::string data_path = args.png + ".dat", script_path = args.png + ".gp";
+    std::ofstream dat(data_path);
+    for (const Row& r : rows) {
+      if (r.note.empty()) dat << '"' << r.framework << ' ' << r.config << "\" " << r.samples_per_s << '\n';
+    }
+    dat.close();
+    std::ofstream gp(script_path);
+    gp << "set terminal png size 900,500\nset output '" << args.png << "'\n"
+       << "set title 'dpe bench: " << args.model << ", global batch " << args.batch_size << "'\n"
+       << "set ylabel 'samples/s'\nset style fill solid 0.6\nset boxwidth 0.6\nset yrange [0:*]\nset grid ytics\n"
+       << "set xtics rotate by -30\nplot '" << data_path << "' using 0:2:xtic(1) with boxes notitle, '' using 0:2:(sprintf('%.0f',$2)) with labels offset 0,1 notitle\n";
+    gp.close();
+    int status = std::system(("gnuplot '" + script_path + "'").c_str());
+    DPE_CHECK(status == 0, "--png: gnuplot failed (exit status ", status, "); install it with apt-get install gnuplot-nox");
+    std::remove(script_path.c_str());
+    std::remove(data_path.c_str());
+  }
+}
+
+void run_bench(const BenchArgs& args) {
+  std::vector<Device> devices = args.device_ids.empty() ? default_devices(args.cpu_devices) : parse_device_list(args.device_ids);
+  DPE_CHECK(args.batch_size > 0 && args.steps > 0 && args.warmup >= 0, "--batch-size ", args.batch_size, ", --steps ",
+            args.steps, ", --warmup ", args.warmup, ": expected positive sizes");
+  int64_t needed = args.batch_size * (args.steps + args.warmup);
+  ModelData data = load_model_data(args.model, args.data_dir, std::max<int64_t>(needed, args.batch_size), false);
+  std::vector<Row> rows;
+  for (const std::string& mode : args.modes) {
+    std::fprintf(stderr, "bench: %s %s on %s...\n", args.model.c_str(), mode.c_str(), device_list_str(devices).c_str());
+    rows.push_back(bench_mode(args, mode, devices, data));
+  }
+  double single = 0;
+  for (const Row& r : rows) {
+    if (r.config == "single") single = r.samples_per_s;
+  }
+  for (Row& r : rows) {
+    if (single > 0) r.scaling = r.samples_per_s / (single * r.devices);
+  }
+  if (args.compare_pytorch) {
+    for (Row& r : bench_pytorch(args)) rows.push_back(std::move(r));
+  }
+  print_table(args, rows);
+  write_outputs(args, rows);
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "Single-device, DP and DDP mode on the same model, data and batch");
+  cmd->add_option("--model", args->model, "model")->check(CLI::IsMember(models::kModelNames));
+  cmd->add_option("--modes", args->modes, "modes to run; single-all: one device on every core")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"single", "single-all", "dp", "ddp"}));
+  cmd->add_option("--device-ids", args->device_ids, "devices (default: every CUDA device, else --cpu-devices CPU devices)");
+  cmd->add_option("--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU")->check(CLI::PositiveNumber);
+  cmd->add_option("--batch-size", args->batch_size, "global batch");
+  cmd->add_option("--steps", args->steps, "timed steps per mode");
+  cmd->add_option("--warmup", args->warmup, "untimed steps before them");
+  cmd->add_option("--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
+  cmd->add_flag("--compare-pytorch", args->compare_pytorch, "also run tools/bench/pytorch_reference.py (Debian python3-torch)");
+  cmd->add_option("--pytorch-configs", args->pytorch_configs, "PyTorch configurations")->delimiter(',');
+  cmd->add_option("--pytorch-script", args->pytorch_script, "path of pytorch_reference.py (default: the repository's)");
+  cmd->add_option("--json", args->json, "write the rows as JSON");
+  cmd->add_option("--csv", args->csv, "write the rows as CSV");
+  cmd->add_option("--png", args->png, "draw samples/s per configuration (gnuplot)");
+  cmd->callback([args] { run_bench(*args); });
+}
+
+}  // namespace dpe::tool

@@ -1,0 +1,115 @@
+#include "tools/dpe/training.h"
+
+#include <algorithm>
+
+#include "core/autograd/grad_mode.h"
+#include "core/ops.h"
+#include "data/fashion_mnist.h"
+#include "data/text_corpus.h"
+#include "engine/checkpoint.h"
+#include "layers/sync_batchnorm.h"
+#include "models/models.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+
+namespace dpe::tool {
+
+ModelData load_model_data(const std::string& model, const std::string& data_dir, int64_t limit, bool with_test) {
+  ModelData data;
+  if (model == "tiny-llama") {
+    data::TextCorpus corpus = data::load_text_corpus({data_dir.empty() ? data::kFortunesPath : data_dir},
+                                                     models::kTinyLlamaSeqLen);
+    int64_t n = corpus.size(), test = std::max<int64_t>(1, n / 10), train = n - test;
+    DPE_CHECK(train > 0, "the text corpus has ", n, " records; expected at least 2");
+    if (limit >= 0) train = std::min(train, limit);
+    data.train_inputs = corpus.inputs.narrow(0, 0, train);
+    data.train_targets = corpus.targets.narrow(0, 0, train);
+    data.test_inputs = corpus.inputs.narrow(0, n - test, test);
+    data.test_targets = corpus.targets.narrow(0, n - test, test);
+    return data;
+  }
+  models::make_model(model);  // validates the name
+  std::string dir = data_dir.empty() ? data::kFashionMnistDir : data_dir;
+  data::Dataset train = data::load_fashion_mnist(dir, data::Split::Train, {.limit = limit});
+  data::Dataset test = with_test ? data::load_fashion_mnist(dir, data::Split::Test) : data::Dataset{};
+  return {train.images, train.labels, test.images, test.labels};
+}
+
+namespace {
+
+OptimizerFactory optimizer_factory(const OptimizerOptions& o) {
+  DPE_CHECK(o.lr > 0, "--lr ", o.lr, ": expected a positive learning rate");
+  if (o.name == "sgd") {
+    return [o](const std::vector<Tensor>& p) {
+      return std::make_unique<optim::SGD>(
+          p, optim::SGDOptions{.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
+    };
+  }
+  if (o.name == "adam") {
+    return [o](const std::vector<Tensor>& p) {
+      return std::make_unique<optim::Adam>(p, optim::AdamOptions{.lr = o.lr, .weight_decay = o.weight_decay});
+    };
+  }
+  DPE_CHECK(o.name == "adamw", "--optimizer ", o.name, ": expected sgd, adam or adamw");
+  return [o](const std::vector<Tensor>& p) {
+    return std::make_unique<optim::AdamW>(p, optim::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
+  };
+}
+
+}  // namespace
+
+std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const OptimizerOptions& optimizer,
+                                          int64_t* resumed_epoch) {
+  DPE_CHECK(std::find(kModes.begin(), kModes.end(), options.mode) != kModes.end(), "--mode ", options.mode,
+            ": expected single, dp or ddp");
+  DPE_CHECK(!options.devices.empty(), "no devices");
+  DPE_CHECK(!options.sync_bn || options.mode == "ddp", "--sync-bn needs --mode ddp (SyncBatchNorm synchronises DDP "
+            "replicas; DP computes BatchNorm statistics per replica, like PyTorch)");
+  manual_seed(options.seed);
+  std::shared_ptr<nn::Module> model = models::make_model(options.model);
+  if (options.sync_bn) model = nn::convert_sync_batchnorm(model);
+  model->to(options.devices[0]);
+  DataParallelOptions dp_options;
+  if (options.mode == "single") {
+    dp_options.device_ids = std::vector<Device>{options.devices[0]};
+  } else {
+    dp_options.device_ids = options.devices;
+    dp_options.output_device = options.output_device;
+    if (options.mode == "ddp") dp_options.mode = ParallelMode::DDP;
+  }
+  engine::TrainingState state;
+  if (!options.resume.empty()) engine::load_checkpoint(options.resume, *model, nullptr, &state);
+  auto dp = std::make_unique<DataParallel>(model, dp_options);  // DDP: replica 0's (resumed) weights to all
+  dp->set_optimizer(optimizer_factory(optimizer));
+  if (!options.resume.empty()) {
+    size_t optimizers = options.mode == "ddp" ? dp->device_ids().size() : 1;
+    for (size_t r = 0; r < optimizers; ++r) engine::load_checkpoint(options.resume, dp->replica(r), &dp->optimizer(r));
+    if (resumed_epoch) *resumed_epoch = state.epoch;
+  }
+  return dp;
+}
+
+double test_accuracy(DataParallel& dp, const std::string& model, const Tensor& inputs, const Tensor& targets,
+                     int64_t batch) {
+  NoGradGuard no_grad;
+  nn::Module& replica = dp.module();
+  replica.eval();
+  int64_t correct = 0, counted = 0;
+  const Device device = dp.device_ids()[0];
+  for (int64_t start = 0; start < inputs.size(0); start += batch) {
+    int64_t n = std::min(batch, inputs.size(0) - start);
+    Tensor logits = replica.forward(inputs.narrow(0, start, n).to(device)).to(Device::cpu(0));
+    Tensor predicted = argmax(logits, -1);
+    std::vector<int64_t> p = predicted.to_vector<int64_t>();
+    std::vector<int64_t> t = targets.narrow(0, start, n).to_vector<int64_t>();
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (model == "tiny-llama" && t[i] == data::kPad) continue;
+      correct += p[i] == t[i];
+      ++counted;
+    }
+  }
+  replica.train();
+  return counted == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(counted);
+}
+
+}  // namespace dpe::tool

@@ -1,0 +1,52 @@
+// What `dpe train` and `dpe bench` share: the data of each built-in model, the engine for a mode, the
+// optimizer, test accuracy. Modes: "single" (DataParallel on the first device alone: the module's own
+// forward, nothing scattered or reduced), "dp", "ddp".
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/data_parallel.h"
+
+namespace dpe::tool {
+
+inline const std::vector<std::string> kModes = {"single", "dp", "ddp"};
+
+// Train and test tensors for a model: Fashion-MNIST for mlp/cnn (images, labels), the fortunes corpus for
+// tiny-llama (token sequences, next tokens; the last tenth of the records is the test split).
+struct ModelData {
+  Tensor train_inputs, train_targets, test_inputs, test_targets;
+};
+// limit: at most this many training samples (all when < 0); the test split is kept whole (at most 10000),
+// or not loaded at all without with_test.
+ModelData load_model_data(const std::string& model, const std::string& data_dir, int64_t limit, bool with_test = true);
+
+struct EngineOptions {
+  std::string model = "cnn";
+  std::string mode = "ddp";
+  std::vector<Device> devices;          // all of them for dp/ddp; single uses devices[0]
+  std::optional<Device> output_device;  // dp only
+  bool sync_bn = false;                 // ddp: BatchNorm -> SyncBatchNorm
+  uint64_t seed = 0;                    // initial weights
+  std::string resume;                   // checkpoint to start from (model and optimizer)
+};
+struct OptimizerOptions {
+  std::string name = "sgd";  // sgd (momentum), adam, adamw
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+};
+
+// The engine with its optimizer(s) set; resumed from options.resume when given (every replica's optimizer
+// gets the saved state). Returns the training state stored in the checkpoint (epoch, step) when resuming.
+std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const OptimizerOptions& optimizer,
+                                          int64_t* resumed_epoch = nullptr);
+
+// Fraction of correct argmax predictions (for tiny-llama: of non-padding next tokens), computed with
+// replica 0 in eval mode on its device, in batches of `batch`.
+double test_accuracy(DataParallel& dp, const std::string& model, const Tensor& inputs, const Tensor& targets,
+                     int64_t batch = 1000);
+
+}  // namespace dpe::tool
