@@ -1,6 +1,34 @@
 #!/usr/bin/env bash
-# The main job. For now: the core's end-to-end check (examples/core_smoke.cc); the `dpe` tool replaces it.
+# The main job: trains the CNN (with BatchNorm) on Fashion-MNIST in DP mode and in DDP mode on the available
+# devices (every GPU, else two CPU devices), then benchmarks single-device, DP and DDP on the same batch, and
+# prints the comparison. Outputs (JSON, CSV, PNG) go to out/.
+#
+#   tools/run.sh                 # 2 epochs per mode (about 5 minutes on a 2-core machine)
+#   DPE_EPOCHS=10 tools/run.sh   # the full run of docs/BENCHMARKS.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-bazel run //examples:core_smoke -- "$@"
+bazel build //tools/dpe:dpe
+dpe=bazel-bin/tools/dpe/dpe
+epochs="${DPE_EPOCHS:-2}"
+mkdir -p out
+"$dpe" devices
+for mode in dp ddp; do
+  echo
+  echo "== dpe train --model cnn --mode $mode --epochs $epochs =="
+  "$dpe" train --model cnn --mode "$mode" --epochs "$epochs" --batch-size 128 --lr 0.05 --json "out/train_$mode.json"
+done
+echo
+echo "== dpe bench --model cnn (single device, DP, DDP; same model, data and global batch 128) =="
+"$dpe" bench --model cnn --batch-size 128 --steps 20 --warmup 3 --json out/bench_cnn.json --csv out/bench_cnn.csv \
+  --png out/bench_cnn.png
+python3 - <<'PY'
+import json
+print("\n== DP vs DDP: CNN on Fashion-MNIST ==")
+print(f"{'mode':6} {'devices':16} {'epochs':>6} {'test accuracy':>14} {'train samples/s':>16}")
+for mode in ("dp", "ddp"):
+    r = json.load(open(f"out/train_{mode}.json"))
+    rate = sum(e["samples_per_s"] for e in r["epochs"]) / len(r["epochs"])
+    print(f"{mode:6} {r['devices']:16} {len(r['epochs']):>6} {r['final_test_accuracy']:>14.4f} {rate:>16.0f}")
+PY
+echo "(tables, JSON, CSV and the chart: out/)"

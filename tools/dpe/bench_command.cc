@@ -130,7 +130,7 @@ double json_number(const std::string& line, const std::string& key) {
   return at == std::string::npos ? 0.0 : std::strtod(line.c_str() + at + key.size() + 3, nullptr);
 }
 
-std::vector<Row> bench_pytorch(const BenchArgs& args) {
+std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
   std::string script = args.pytorch_script;
   if (script.empty()) {
     const char* root = std::getenv("BUILD_WORKSPACE_DIRECTORY");  // set by `bazel run`
@@ -140,7 +140,7 @@ std::vector<Row> bench_pytorch(const BenchArgs& args) {
   for (const std::string& c : args.pytorch_configs) configs += (configs.empty() ? "" : ",") + c;
   std::string command = "/usr/bin/python3 '" + script + "' --model " + args.model + " --batch " +
                         std::to_string(args.batch_size) + " --steps " + std::to_string(args.steps) + " --warmup " +
-                        std::to_string(args.warmup) + " --configs " + configs;
+                        std::to_string(args.warmup) + " --samples " + std::to_string(samples) + " --configs " + configs;
   std::fprintf(stderr, "running PyTorch: %s\n", command.c_str());
   FILE* pipe = popen(command.c_str(), "r");
   DPE_CHECK(pipe != nullptr, "--compare-pytorch: cannot run ", command);
@@ -284,7 +284,7 @@ void run_bench(const BenchArgs& args) {
     if (single > 0) r.scaling = r.samples_per_s / (single * r.devices);
   }
   if (args.compare_pytorch) {
-    for (Row& r : bench_pytorch(args)) rows.push_back(std::move(r));
+    for (Row& r : bench_pytorch(args, data.train_inputs.size(0))) rows.push_back(std::move(r));
   }
   print_table(args, rows);
   write_outputs(args, rows);
