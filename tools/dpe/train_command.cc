@@ -42,6 +42,7 @@ void run_train(TrainArgs args) {
               static_cast<long long>(args.batch_size), static_cast<long long>(data.train_inputs.size(0)),
               static_cast<long long>(data.test_inputs.size(0)),
               first_epoch > 0 ? (" (resumed after epoch " + std::to_string(first_epoch) + ")").c_str() : "");
+  std::fflush(stdout);  // before the progress lines on stderr
   std::string epochs_json;
   double accuracy = 0;
   for (int64_t epoch = first_epoch; epoch < args.epochs; ++epoch) {
