@@ -1,0 +1,456 @@
+#!/usr/bin/env bash
+# Runs the packaged dpe tests and benchmarks (tools/gpu/package.sh) on the machine at hand, typically a bare
+# GPU machine. Run it from anywhere; it lives at the bundle's root:
+#
+#   bash gpu_bundle/run_suite.sh [OUT_DIR] [options]
+#
+# It first unpacks payload.tar.xz into $DPE_BUNDLE_DIR (default /tmp/dpe_gpu_bundle, replaced each time).
+# OUT_DIR (e.g. the device machine's $OUT) receives only summary.txt and logs.tar.gz (every log and gtest XML);
+# the working files go to results/ in the unpacked tree (wiped at each start). Without OUT_DIR, only there.
+#
+# Steps, in order, each skipped once the time budget is spent (what was not run is listed, never passed):
+#   1. environment: nvidia-smi, the CUDA libraries the binaries resolve to, system data, `dpe devices`
+#   2. every test in tests.tsv (gtest binaries with --gtest_output=xml, sh tests by exit status)
+#   3. with a GPU: the CUDA tests again with DPE_CUDA_LOGICAL_DEVICES=0,0 (two logical devices on GPU 0),
+#      which the multi-device CUDA tests need on a one-GPU machine
+#   4. benchmarks: bin/bench/*; with a GPU also `dpe bench` (mlp, cnn, tiny-llama; single, DP, DDP) and
+#      `dpe collectives`, with JSON results in results/bench/
+#   5. with --sanitizer: the CUDA tests under compute-sanitizer (memcheck, racecheck by default)
+#
+# Options:
+#   --sanitizer            also run step 5;  --sanitizer-only: steps 1 and 5 alone
+#   --sanitizer-tools=L    comma-separated compute-sanitizer tools (default memcheck,racecheck)
+#   --no-bench             skip step 4;  --bench-only: steps 1 and 4 alone
+#   --filter=PATTERN       a gtest filter for step 2 (default: all tests); --cuda-filter=PATTERN: the filter
+#                          that selects CUDA tests in steps 3 and 5 (default *Cuda*:*CUDA*:*Gpu*:*GPU*:*Parity*)
+#   --budget=SECONDS       stop starting new runs after this long (default 540: a device call lasts 600 s)
+#   --timeout=SECONDS      one binary's limit (default 300; under the sanitizer 420)
+#
+# Counting: per test case, from the gtest XML (or the log, if the binary died before writing it). A skipped
+# test is counted as skipped, never as passed. On a machine with a GPU, a test that skipped saying there is no
+# CUDA device or no CUDA support counts as failed: it means the GPU was not usable from dpe. A binary that
+# crashed, timed out or exited non-zero with no failed case adds one failure. Exit status 1 if anything failed.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+out_dir=""
+sanitizer=0 tests=1 bench=1
+san_tools="memcheck,racecheck"
+filter=""
+cuda_filter='*Cuda*:*CUDA*:*Gpu*:*GPU*:*Parity*'
+budget=540 timeout_s=300 san_timeout_s=420
+for arg in "$@"; do
+  case "$arg" in
+    --sanitizer) sanitizer=1 ;;
+    --sanitizer-only) sanitizer=1 tests=0 bench=0 ;;
+    --sanitizer-tools=*) san_tools="${arg#*=}" ;;
+    --no-bench) bench=0 ;;
+    --bench-only) bench=1 tests=0 sanitizer=0 ;;
+    --filter=*) filter="${arg#*=}" ;;
+    --cuda-filter=*) cuda_filter="${arg#*=}" ;;
+    --budget=*) budget="${arg#*=}" ;;
+    --timeout=*) timeout_s="${arg#*=}" san_timeout_s="${arg#*=}" ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "run_suite: unknown option $arg (see --help)" >&2; exit 2 ;;
+    *) out_dir="$arg" ;;
+  esac
+done
+case "$out_dir" in "" | /*) ;; *) out_dir="$(pwd)/$out_dir" ;; esac
+
+# The bundle's tree: here (package.sh --no-compress), or payload.tar.xz unpacked afresh into $DPE_BUNDLE_DIR.
+if [[ -f "$here/tests.tsv" ]]; then
+  bundle="$here"
+elif [[ -f "$here/payload.tar.xz" ]]; then
+  bundle="${DPE_BUNDLE_DIR:-${TMPDIR:-/tmp}/dpe_gpu_bundle}"
+  if [[ -e "$bundle" && ! -f "$bundle/.dpe_gpu_bundle" ]]; then
+    echo "run_suite: $bundle exists and is not an unpacked bundle; set DPE_BUNDLE_DIR elsewhere" >&2
+    exit 2
+  fi
+  rm -rf "$bundle"
+  mkdir -p "$bundle"
+  if command -v xz >/dev/null 2>&1; then
+    xz -dc "$here/payload.tar.xz" | tar -C "$bundle" -xf - || exit 2
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$here/payload.tar.xz" "$bundle" || exit 2
+  fi
+  echo "run_suite: unpacked $here/payload.tar.xz into $bundle ($(du -sh "$bundle" | cut -f1))"
+else
+  echo "run_suite: neither tests.tsv nor payload.tar.xz beside $0: not a bundle from tools/gpu/package.sh" >&2
+  exit 2
+fi
+
+start=$SECONDS
+results="$bundle/results"
+rm -rf "$results"
+mkdir -p "$results"/{logs,xml,tmp}
+summary="$results/summary.txt"
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }        # to the console and summary.txt
+note() { echo "$*" >>"$summary"; }              # summary.txt only
+left() { echo $((budget - (SECONDS - start))); }
+
+# --- environment --------------------------------------------------------------------------------------------
+# Helpers (python3) run with the machine's own library path: the bundle's libz or libgomp are for dpe alone.
+orig_ld="${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export GTEST_COLOR=no
+cd "$bundle/runfiles" || exit 2   # tests open their data relative to the runfiles root, as under bazel test
+
+say "== dpe GPU suite: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n), $(nproc) cores"
+sed 's/^/   /' "$bundle/MANIFEST.txt" | tee -a "$summary"
+
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  smi=$(nvidia-smi 2>&1)
+  echo "$smi" >"$results/logs/nvidia-smi.txt"
+  echo "$smi"
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  say "-- GPUs: $gpus"
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv 2>&1 | sed 's/^/   /' | tee -a "$summary"
+else
+  say "-- nvidia-smi not found: no GPU; CUDA tests will skip (and count as skipped)"
+fi
+
+# CUDA libraries: the GPU image has the CUDA 13 toolkit in /usr/local/cuda and PyTorch's nvidia-* wheels;
+# cuDNN and NCCL may be only in the latter. Add each folder that holds a soname the binaries miss.
+cuda_dirs=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
+for py in python3 /opt/torch/.venv/bin/python3; do
+  command -v "$py" >/dev/null 2>&1 || continue
+  site=$(LD_LIBRARY_PATH="$orig_ld" "$py" -c 'import site, sys; print("\n".join(site.getsitepackages()))' 2>/dev/null) || continue
+  while IFS= read -r s; do
+    for d in "$s"/nvidia/*/lib "$s"/nvidia/cu*/lib "$s"/torch/lib; do [[ -d "$d" ]] && cuda_dirs+=("$d"); done
+  done <<<"$site"
+done
+mapfile -t binaries < <(find "$bundle/bin" -type f ! -name '*.sh' | sort)
+missing_libs() { for b in "${binaries[@]}"; do ldd "$b" 2>/dev/null | awk '$2 == "=>" && $3 == "not" {print $1}'; done | sort -u; }
+mapfile -t missing < <(missing_libs)
+for so in "${missing[@]}"; do
+  for d in "${cuda_dirs[@]}"; do
+    if [[ -e "$d/$so" ]]; then
+      case ":$LD_LIBRARY_PATH:" in *":$d:"*) ;; *) export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d" ;; esac
+      break
+    fi
+  done
+done
+# libstdc++/libgcc_s: the machine's, unless too old for these binaries (then the bundled Debian 12 ones).
+probe="${binaries[0]:-}"
+if [[ -n "$probe" ]] && ldd "$probe" 2>&1 | grep -q "version \`GLIBCXX\|version \`GCC_"; then
+  export LD_LIBRARY_PATH="$bundle/lib/compat:$LD_LIBRARY_PATH"
+  say "-- the machine's libstdc++ is too old: using the bundled one (lib/compat)"
+fi
+mapfile -t missing < <(missing_libs)
+say "-- LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+if [[ -n "${binaries[0]:-}" ]]; then
+  # Which file each CUDA soname resolves to (from the binary that needs the most of them).
+  widest=$(for b in "${binaries[@]}"; do echo "$(ldd "$b" 2>/dev/null | grep -c -E 'libcu|libnccl') $b"; done | sort -rn | head -1 | cut -d' ' -f2-)
+  ldd "$widest" 2>/dev/null | grep -E 'libcu|libnccl|libnv' | sed 's/^[[:space:]]*/   /' | tee -a "$summary"
+fi
+if ((${#missing[@]} > 0)); then
+  say "!! shared libraries not found (binaries that need them will fail): ${missing[*]}"
+fi
+
+# Data the tests read by absolute path (Debian data packages here: Fashion-MNIST, fortunes): copied to / where
+# missing (the device machine runs commands as root and is discarded after the session). Never overwrites.
+if [[ -d "$bundle/sysdata" ]]; then
+  present=0 installed=0 failed_sys=0
+  while IFS= read -r -d '' f; do
+    dest="/${f#"$bundle"/sysdata/}"
+    if [[ -e "$dest" || -L "$dest" ]]; then
+      present=$((present + 1))
+    elif mkdir -p "$(dirname "$dest")" 2>/dev/null && cp -a "$f" "$dest" 2>/dev/null; then
+      installed=$((installed + 1))
+    else
+      failed_sys=$((failed_sys + 1))
+    fi
+  done < <(find "$bundle/sysdata" \( -type f -o -type l \) -print0)
+  dirs=$(cd "$bundle/sysdata" && find . \( -type f -o -type l \) -printf '/%h\n' | sed 's|^/\./|/|' | sort -u | paste -sd' ')
+  say "-- system data in $dirs: $present files already there, $installed installed"
+  ((failed_sys > 0)) && say "!! $failed_sys system data files could not be installed (not root?): tests reading them will fail"
+fi
+
+# The device list dpe sees (a GPU that is there but unusable shows here, with the reason).
+dpe_tool="$bundle/bin/tools/tools.dpe.dpe"
+dev_cmd=()
+if [[ -x "$dpe_tool" ]]; then
+  dev_cmd=("$dpe_tool" devices)
+else
+  t=$(find "$bundle/bin/tools" -name '*dpe_devices' -type f | head -1)
+  [[ -n "$t" ]] && dev_cmd=("$t")
+fi
+if ((${#dev_cmd[@]} > 0)); then
+  say "-- dpe devices:"
+  "${dev_cmd[@]}" 2>&1 | sed 's/^/   /' | tee -a "$summary"
+fi
+
+# --- running and counting -----------------------------------------------------------------------------------
+rows=()                      # one table row per run
+total_pass=0 total_fail=0 total_skip=0
+fail_cases=() skip_cases=() not_run=()
+
+# count_xml XML LOG -> "passed failed skipped", then one line per failed case ("F name") and skipped case
+# ("S name: message"). The XML when it exists, else the gtest log (a binary that died writes no XML).
+count_results() {
+  local xml="$1" log="$2"
+  if [[ -s "$xml" ]] && command -v python3 >/dev/null 2>&1; then
+    LD_LIBRARY_PATH="$orig_ld" python3 - "$xml" <<'EOF' && return 0
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+p = f = s = 0
+lines = []
+for case in root.iter("testcase"):
+    name = f"{case.get('classname')}.{case.get('name')}"
+    if case.get("status") == "notrun":
+        continue  # DISABLED_ tests
+    if case.find("failure") is not None or case.find("error") is not None:
+        f += 1
+        lines.append(f"F {name}")
+    elif case.get("result") == "skipped" or case.find("skipped") is not None:
+        s += 1
+        sk = case.find("skipped")
+        msg = (sk.get("message") or sk.text or "") if sk is not None else ""
+        msg = " ".join(msg.split())
+        lines.append(f"S {name}: {msg[:160]}")
+    else:
+        p += 1
+print(p, f, s)
+print("\n".join(lines))
+EOF
+  fi
+  # Fallback: gtest's console output.
+  local p f s
+  p=$(grep -c '^\[       OK \]' "$log")
+  f=$(grep -E '^\[  FAILED  \] [A-Za-z_0-9/]+\.[A-Za-z_0-9/]+' "$log" | grep -v ', listed below' | sort -u | wc -l)
+  s=$(grep -E '^\[  SKIPPED \] [A-Za-z_0-9/]+\.[A-Za-z_0-9/]+' "$log" | grep -v ', listed below' | sort -u | wc -l)
+  echo "$p $f $s"
+  grep -E '^\[  FAILED  \] [A-Za-z_0-9/]+\.[A-Za-z_0-9/]+' "$log" | grep -v ', listed below' | sort -u | sed 's/^\[  FAILED  \] /F /; s/ (.*//'
+  grep -E '^\[  SKIPPED \] [A-Za-z_0-9/]+\.[A-Za-z_0-9/]+' "$log" | grep -v ', listed below' | sort -u | sed 's/^\[  SKIPPED \] /S /; s/ (.*//'
+}
+
+# A skip that means "this machine's GPU was not usable", which on a GPU machine is a failure.
+gpu_unusable_skip() { grep -qiE 'no CUDA device|no CUDA support|has no CUDA|no GPU' <<<"$1"; }
+
+# run_one LABEL KIND TIMEOUT ENV_ASSIGNMENTS -- CMD...   (KIND: gtest | sh | san)
+run_one() {
+  local label="$1" kind="$2" limit="$3" envs="$4"
+  shift 5
+  local remaining
+  remaining=$(left)
+  if ((remaining <= 5)); then
+    not_run+=("$label")
+    rows+=("$(printf '%-44s %6s %6s %6s %7s  %s' "$label" - - - - "NOT RUN (time budget spent)")")
+    total_fail=$((total_fail + 1))
+    return
+  fi
+  ((limit > remaining)) && limit=$remaining
+  local log="$results/logs/$label.log" xml="$results/xml/$label.xml" tmp="$results/tmp/$label"
+  mkdir -p "$tmp"
+  local cmd=("$@")
+  [[ "$kind" != sh ]] && cmd+=("--gtest_output=xml:$xml")
+  local t0=$SECONDS rc
+  # shellcheck disable=SC2086
+  env TEST_TMPDIR="$tmp" $envs timeout -k 10 "$limit" "${cmd[@]}" >"$log" 2>&1
+  rc=$?
+  local secs=$((SECONDS - t0))
+  rm -rf "$tmp"
+
+  local p=0 f=0 s=0 status="ok" detail
+  if [[ "$kind" == sh ]]; then
+    if ((rc == 0)); then
+      p=1
+    elif ((rc != 124 && rc != 137)); then
+      f=1; status="FAILED (rc $rc)"; fail_cases+=("$label: exit status $rc")
+    fi
+  else
+    detail=$(count_results "$xml" "$log")
+    read -r p f s <<<"$(head -1 <<<"$detail")"
+    while IFS= read -r line; do
+      [[ -z "$line" ]] && continue
+      case "$line" in
+        F\ *) fail_cases+=("$label: ${line#F }") ;;
+        S\ *)
+          if ((gpus > 0)) && gpu_unusable_skip "$line"; then
+            s=$((s - 1)) f=$((f + 1))
+            fail_cases+=("$label: ${line#S } [skipped on a machine with a GPU]")
+          else
+            skip_cases+=("$label: ${line#S }")
+          fi ;;
+      esac
+    done < <(tail -n +2 <<<"$detail")
+  fi
+  if ((rc == 124 || rc == 137)); then
+    status="TIMEOUT after ${limit}s"; f=$((f + 1)); fail_cases+=("$label: timed out after ${limit}s")
+  elif [[ "$kind" == san ]] && ! grep -q '^========= ERROR SUMMARY' "$log"; then
+    status="NO SANITIZER SUMMARY (rc $rc)"; f=$((f + 1)); fail_cases+=("$label: compute-sanitizer printed no summary (rc $rc)")
+  elif [[ "$kind" == san ]] && grep -qE '^========= ERROR SUMMARY: [1-9][0-9]* error' "$log"; then
+    local errors
+    errors=$(grep -E '^========= ERROR SUMMARY: [0-9]+ error' "$log" | awk '{s += $4} END {print s + 0}')
+    status="$errors SANITIZER ERRORS"; f=$((f + 1)); fail_cases+=("$label: $errors compute-sanitizer errors (logs/$label.log)")
+  elif ((rc != 0)) && [[ "$kind" != sh ]]; then
+    if ((f == 0)); then
+      f=1; fail_cases+=("$label: exit status $rc with no failed test case (crash?)")
+    fi
+    [[ -s "$xml" ]] && status="FAILED (rc $rc)" || status="CRASHED (rc $rc, no XML)"
+  elif ((f > 0)); then
+    status="FAILED"
+  fi
+  total_pass=$((total_pass + p)) total_fail=$((total_fail + f)) total_skip=$((total_skip + s))
+  rows+=("$(printf '%-44s %6d %6d %6d %6ds  %s' "$label" "$p" "$f" "$s" "$secs" "$status")")
+  printf '   %-44s %4d passed %3d failed %3d skipped %5ds  %s\n' "$label" "$p" "$f" "$s" "$secs" "$status" >&2
+}
+
+# has_tests BINARY FILTER: does the binary hold a test case that FILTER selects?
+has_tests() { "$1" --gtest_list_tests --gtest_filter="$2" 2>/dev/null | grep -q '^  '; }
+
+mapfile -t suite < <(grep -v '^#' "$bundle/tests.tsv")
+
+if ((tests)); then
+  say "== tests${filter:+ (filter $filter)}"
+  for line in "${suite[@]}"; do
+    IFS=$'\t' read -r -a f <<<"$line"
+    name="${f[0]}" kind="${f[1]}"
+    argv=("${f[@]:2}")
+    argv[0]="$bundle/${argv[0]}"
+    for i in "${!argv[@]}"; do [[ "${argv[$i]}" == bin/* ]] && argv[$i]="$bundle/${argv[$i]}"; done
+    if [[ "$kind" == gtest ]]; then
+      if [[ -n "$filter" ]]; then
+        has_tests "${argv[0]}" "$filter" || continue
+        argv+=("--gtest_filter=$filter")
+      fi
+      run_one "$name" gtest "$timeout_s" "" -- "${argv[@]}"
+    else
+      [[ -n "$filter" ]] && continue
+      run_one "$name" sh "$timeout_s" "" -- bash "${argv[@]}"
+    fi
+  done
+
+  if ((gpus > 0)); then
+    say "== CUDA tests on two logical devices (DPE_CUDA_LOGICAL_DEVICES=0,0), filter $cuda_filter"
+    for line in "${suite[@]}"; do
+      IFS=$'\t' read -r -a f <<<"$line"
+      [[ "${f[1]}" == gtest ]] || continue
+      exe="$bundle/${f[2]}"
+      has_tests "$exe" "$cuda_filter" || continue
+      run_one "${f[0]}@2dev" gtest "$timeout_s" "DPE_CUDA_LOGICAL_DEVICES=0,0" -- "$exe" "--gtest_filter=$cuda_filter"
+    done
+  fi
+fi
+
+bench_rows=()
+bench_fail=0
+# run_bench NAME ENV_ASSIGNMENTS CMD...: output to logs/bench.NAME.log, its last lines to bench_tails.txt.
+run_bench() {
+  local name="$1" envs="$2"
+  shift 2
+  local remaining limit t0 rc
+  remaining=$(left)
+  if ((remaining <= 5)); then bench_rows+=("$name: NOT RUN (time budget spent)"); not_run+=("$name"); return; fi
+  limit=$((remaining < 240 ? remaining : 240))
+  t0=$SECONDS
+  # shellcheck disable=SC2086
+  env $envs timeout -k 10 "$limit" "$@" >"$results/logs/bench.$name.log" 2>&1
+  rc=$?
+  ((rc != 0)) && bench_fail=$((bench_fail + 1))
+  bench_rows+=("$(printf '%-28s exit %3d in %4ds  %s' "$name" "$rc" "$((SECONDS - t0))" "${envs:+($envs)}")")
+  printf '   %-44s exit %d in %ds\n' "bench $name" "$rc" "$((SECONDS - t0))" >&2
+  { echo "--- $name ${envs:+($envs) }(exit $rc, $((SECONDS - t0))s); last lines:"; tail -25 "$results/logs/bench.$name.log"; } \
+    >>"$results/bench_tails.txt"
+}
+if ((bench)); then
+  say "== benchmarks"
+  for exe in "$bundle"/bin/bench/*; do
+    [[ -f "$exe" ]] && run_bench "$(basename "$exe")" "" "$exe"
+  done
+  # The GPU benchmarks: the dpe tool's `bench` (single-device, DP and DDP mode on the same model, data and
+  # batch; default devices: every CUDA device) and `collectives` (nccl-tests style bandwidth). On one GPU, the
+  # @2dev rows run two logical devices on it: the multi-device code paths and their overhead, not scaling.
+  if ((gpus > 0)) && [[ -x "$dpe_tool" ]]; then
+    mkdir -p "$results/bench"
+    for model in mlp cnn tiny-llama; do
+      run_bench "dpe_bench_$model" "" "$dpe_tool" bench --model "$model" --modes single,dp,ddp \
+        --json "$results/bench/dpe_bench_$model.json"
+    done
+    run_bench "dpe_bench_mlp@2dev" "DPE_CUDA_LOGICAL_DEVICES=0,0" "$dpe_tool" bench --model mlp \
+      --modes single,dp,ddp --json "$results/bench/dpe_bench_mlp@2dev.json"
+    run_bench "dpe_collectives@2dev" "DPE_CUDA_LOGICAL_DEVICES=0,0" "$dpe_tool" collectives \
+      --json "$results/bench/dpe_collectives@2dev.json"
+  elif [[ -x "$dpe_tool" ]]; then
+    say "   (no GPU: the dpe bench / dpe collectives GPU benchmarks are not run)"
+  fi
+fi
+
+san_ran=0
+if ((sanitizer)); then
+  cs=""
+  for c in compute-sanitizer /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
+    /opt/nvidia/*/compute-sanitizer/compute-sanitizer; do
+    if command -v "$c" >/dev/null 2>&1; then cs=$(command -v "$c"); break; fi
+  done
+  if [[ -z "$cs" ]]; then
+    say "== compute-sanitizer not found: sanitizer runs skipped"
+  elif ((gpus == 0)); then
+    say "== no GPU: sanitizer runs skipped"
+  else
+    san_ran=1
+    say "== compute-sanitizer ($cs; $("$cs" --version 2>/dev/null | grep -i version | head -1)), tools $san_tools, filter $cuda_filter"
+    # --report-api-errors no: tests provoke CUDA errors on purpose (out-of-memory); dpe checks every call
+    # itself. The test with a deliberate 1 PiB allocation is left out for the same reason.
+    san_filter="$cuda_filter-*OutOfMemory*"
+    IFS=',' read -r -a tool_list <<<"$san_tools"
+    for tool in "${tool_list[@]}"; do
+      for line in "${suite[@]}"; do
+        IFS=$'\t' read -r -a f <<<"$line"
+        [[ "${f[1]}" == gtest ]] || continue
+        exe="$bundle/${f[2]}"
+        has_tests "$exe" "$san_filter" || continue
+        run_one "${f[0]}@$tool" san "$san_timeout_s" "DPE_CUDA_LOGICAL_DEVICES=0,0" -- \
+          "$cs" --tool "$tool" --report-api-errors no --print-limit 50 "$exe" "--gtest_filter=$san_filter"
+      done
+    done
+  fi
+fi
+
+# --- summary ------------------------------------------------------------------------------------------------
+# summary.txt gets every list in full; the console (whose tail is what a device call returns) at most 25 lines
+# of each, so that the table and the closing line always fit.
+print_list() {  # print_list TITLE MAX ITEMS...
+  local title="$1" max="$2"
+  shift 2
+  (($# == 0)) && return
+  echo
+  echo "$title ($#):"
+  local i=0
+  for item in "$@"; do
+    if ((i == max)); then echo "  ... $(($# - max)) more in summary.txt"; break; fi
+    echo "  $item"
+    i=$((i + 1))
+  done
+}
+report() {  # report MAX_LIST_LINES
+  echo
+  echo "== summary ($((SECONDS - start))s; budget ${budget}s; $gpus GPU(s))"
+  printf '%-44s %6s %6s %6s %7s  %s\n' "run" passed failed skipped time status
+  ((${#rows[@]} > 0)) && printf '%s\n' "${rows[@]}"
+  if ((${#bench_rows[@]} > 0)); then
+    echo
+    echo "benchmarks (last lines of their output: end of summary.txt; in full: logs/bench.*.log):"
+    printf '  %s\n' "${bench_rows[@]}"
+  fi
+  print_list "failed" "$1" "${fail_cases[@]}"
+  print_list "skipped" "$1" "${skip_cases[@]}"
+  print_list "not run, time budget spent" "$1" "${not_run[@]}"
+  ((sanitizer && !san_ran)) && echo "sanitizer: requested but not run (see above)"
+  echo
+  echo "$total_pass passed, $total_fail failed, $total_skip skipped"
+}
+report 1000000 >>"$summary"
+report 25
+[[ -f "$results/bench_tails.txt" ]] && { echo; cat "$results/bench_tails.txt"; } >>"$summary"
+
+if [[ -n "$out_dir" ]]; then
+  mkdir -p "$out_dir"
+  cp "$summary" "$out_dir/summary.txt"
+  tar -czf "$out_dir/logs.tar.gz" -C "$results" --exclude=tmp . 2>/dev/null
+  echo "run_suite: wrote $out_dir/summary.txt and $out_dir/logs.tar.gz ($(du -h "$out_dir/logs.tar.gz" | cut -f1))"
+fi
+
+((total_fail == 0 && bench_fail == 0))
