@@ -1,0 +1,402 @@
+#!/usr/bin/python3
+"""PyTorch side of dpe's DP-vs-DDP benchmark (`dpe bench --compare-pytorch` runs it).
+
+Trains dpe's built-in models (models/models.h: the same layers in the same order) with PyTorch on the first
+--samples Fashion-MNIST training images and prints one JSON object per configuration on stdout:
+
+  {"framework": "pytorch", "torch": "1.13.0a0", "config": "ddp-gloo", "model": "mlp", "batch": 256,
+   "steps": 30, "step_ms": 12.3, "samples_per_s": 20813.0, "processes": 2, "threads_per_process": 1,
+   "final_loss": 0.61}
+
+A configuration that cannot run here prints "skipped": "<why>" in place of the numbers (step_ms and
+samples_per_s are null). Everything else (progress, warnings) goes to stderr. Exit status: 0 on success,
+2 when the data files are missing, 3 when torch cannot be imported, 1 on bad arguments or a failed run.
+
+Configurations (--configs, comma-separated):
+  single-Nt  one process, torch.set_num_threads(N) (and OpenBLAS's threads, see set_threads), a plain
+             step on the whole global batch;
+             "single" alone uses --threads threads.
+  dp         nn.DataParallel over every CUDA device; it needs CUDA, so on CPU the row is skipped.
+  ddp-gloo   DistributedDataParallel, gloo backend, 2 processes (torch.multiprocessing.spawn, file://
+             rendezvous, so no network is needed), each with max(1, --threads // 2) threads (1 by default).
+             Each process takes global_batch / 2 samples of every global batch, strided like
+             DistributedSampler (rank r: samples r, r + 2, ...; an odd batch is padded from its start);
+             synchronous steps, timed on rank 0 between barriers after the warm-up.
+
+Each configuration: torch.manual_seed(1), the model, cross_entropy, SGD(lr=0.01, momentum=0.9); --warmup
+untimed steps, then --steps timed ones (zero_grad, forward, loss, backward, step). step_ms is the mean time
+per timed step, samples_per_s = batch * steps / seconds; final_loss is the last step's loss (for ddp-gloo,
+the mean over the processes, which is the loss of the whole global batch).
+
+Global batch s covers samples [start, start + batch) with start = s * batch % (samples - batch + 1), the
+rule `dpe bench` uses (tools/dpe/bench_command.cc), so both iterate over the same data in the same order.
+
+  /usr/bin/python3 tools/bench/pytorch_reference.py --model mlp --batch 256 --steps 30 --warmup 5 \\
+      --configs single-1t,single-2t,ddp-gloo --threads 2
+  /usr/bin/python3 tools/bench/pytorch_reference.py --model cnn --print-params   # {"model": ..., "params": ...}
+
+Threads: each configuration limits OpenBLAS's threads as well as torch's (set_threads), and the script sets
+OMP_WAIT_POLICY=PASSIVE unless the environment sets it (see main): both matter with Debian's torch, whose
+matrix products go to OpenBLAS's own thread pool rather than torch's OpenMP one.
+
+Needs Debian's python3-torch (1.13, CPU) and python3-numpy: apt-get install python3-torch.
+"""
+
+import argparse
+import gzip
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+
+DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530  # data/fashion_mnist.h
+LR, MOMENTUM, SEED = 0.01, 0.9, 1
+DDP_PROCESSES = 2
+
+EXIT_BAD_ARGS, EXIT_NO_DATA, EXIT_NO_TORCH = 1, 2, 3
+
+
+def log(*args):
+    print("pytorch_reference:", *args, file=sys.stderr, flush=True)
+
+
+def emit(row):
+    print(json.dumps(row), flush=True)  # ", " and ": " separators: the C++ parser expects them
+
+
+# ---------------------------------------------------------------- data
+
+
+def data_paths(data_dir):
+    return (os.path.join(data_dir, "train-images-idx3-ubyte.gz"),
+            os.path.join(data_dir, "train-labels-idx1-ubyte.gz"))
+
+
+def read_idx(path, expected_magic, count):
+    """The first `count` items of a gzip'd IDX file: (numpy uint8 array of shape (n, *dims), total items)."""
+    import numpy as np
+    with gzip.open(path, "rb") as f:
+        header = f.read(4)
+        if len(header) != 4:
+            raise ValueError(f"{path}: truncated IDX header")
+        zero, dtype, ndim = struct.unpack(">HBB", header)
+        if zero != 0 or dtype != 0x08 or (dtype << 8 | ndim) != expected_magic:
+            raise ValueError(f"{path}: not an unsigned-byte IDX file of the expected kind "
+                             f"(magic 0x{struct.unpack('>I', header)[0]:08x}, expected 0x{expected_magic:08x})")
+        dims = struct.unpack(f">{ndim}I", f.read(4 * ndim))
+        n = min(count, dims[0])
+        item = 1
+        for d in dims[1:]:
+            item *= d
+        raw = f.read(n * item)
+        if len(raw) != n * item:
+            raise ValueError(f"{path}: truncated data ({len(raw)} of {n * item} bytes)")
+    return np.frombuffer(raw, dtype=np.uint8).reshape((n,) + tuple(dims[1:])), dims[0]
+
+
+def load_fashion_mnist(data_dir, samples):
+    """(images (N, 1, 28, 28) float32 normalised, labels (N,) int64) as torch tensors."""
+    import numpy as np
+    import torch
+    images_path, labels_path = data_paths(data_dir)
+    images, total_images = read_idx(images_path, 0x0803, samples)
+    labels, total_labels = read_idx(labels_path, 0x0801, samples)
+    if total_images != total_labels or images.shape[1:] != (28, 28):
+        raise ValueError(f"{data_dir}: {total_images} images of shape {images.shape[1:]} but {total_labels} labels")
+    x = ((images.astype(np.float32) / np.float32(255.0) - np.float32(MEAN)) / np.float32(STD)).reshape(-1, 1, 28, 28)
+    return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(labels.astype(np.int64))
+
+
+# ---------------------------------------------------------------- threads
+
+
+_blas = None
+
+
+def set_threads(n):
+    """torch.set_num_threads(n), and the same for the BLAS torch calls for matrix products.
+
+    Debian's torch (BLAS_INFO=generic) calls libblas.so.3, by default OpenBLAS's pthread build, whose own
+    thread pool uses every core whatever torch.set_num_threads says: "single-1t" would run its matrix
+    products on 2 threads, "single-2t" would have torch's OpenMP threads and OpenBLAS's fight over the 2
+    cores, and each ddp-gloo process would run 2 BLAS threads. openblas_set_num_threads fixes that.
+    """
+    global _blas
+    import ctypes
+    import torch
+    torch.set_num_threads(n)
+    if _blas is None:
+        try:
+            lib = ctypes.CDLL("libblas.so.3")  # the library torch loaded (same soname)
+            _blas = lib if hasattr(lib, "openblas_set_num_threads") else False
+        except OSError:
+            _blas = False
+        if not _blas:
+            log("libblas.so.3 is not OpenBLAS: its threads are not limited (the thread counts may be off)")
+    if _blas:
+        _blas.openblas_set_num_threads(ctypes.c_int(n))
+
+
+def batch_start(step, batch, n):
+    return step * batch % max(1, n - batch + 1)
+
+
+def rank_indices(start, batch, rank, world):
+    """DistributedSampler's split of the global batch [start, start + batch): padded[rank::world]."""
+    idx = list(range(start, start + batch))
+    total = math.ceil(batch / world) * world
+    idx += idx[:total - batch]
+    return idx[rank::world]
+
+
+# ---------------------------------------------------------------- models
+
+
+def make_model(name):
+    from torch import nn
+    if name == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                             nn.Linear(512, 10))
+    if name == "cnn":
+        return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+    raise ValueError(f"unknown model {name!r}")
+
+
+def parameter_count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------- configurations
+
+
+def base_row(args, config):
+    import torch
+    return {"framework": "pytorch", "torch": torch.__version__, "config": config, "model": args.model,
+            "batch": args.batch, "steps": args.steps}
+
+
+def timed_row(args, config, seconds, processes, threads, final_loss):
+    row = base_row(args, config)
+    row.update({"step_ms": seconds * 1e3 / args.steps, "samples_per_s": args.batch * args.steps / seconds,
+                "processes": processes, "threads_per_process": threads, "final_loss": final_loss})
+    return row
+
+
+def train_loop(args, model, optimizer, batch_fn, sync=None, before_timing=None):
+    """Warm-up, then timed steps; returns (seconds, last loss tensor). batch_fn(step) -> (x, y)."""
+    import torch.nn.functional as F
+    loss = None
+
+    def step(s):
+        nonlocal loss
+        x, y = batch_fn(s)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    for s in range(args.warmup):
+        step(s)
+    if before_timing:
+        before_timing()
+    if sync:
+        sync()
+    start = time.perf_counter()
+    for s in range(args.steps):
+        step(args.warmup + s)
+    if sync:
+        sync()
+    return time.perf_counter() - start, loss.detach()
+
+
+def run_single(args, config, threads, data):
+    import torch
+    set_threads(threads)
+    torch.manual_seed(SEED)
+    images, labels = data
+    model = make_model(args.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    n = images.shape[0]
+
+    def batch_fn(s):
+        start = batch_start(s, args.batch, n)
+        return images[start:start + args.batch], labels[start:start + args.batch]
+
+    seconds, loss = train_loop(args, model, optimizer, batch_fn)
+    return timed_row(args, config, seconds, 1, threads, loss.item())
+
+
+def run_dp(args, data):
+    import torch
+    if not torch.cuda.is_available():
+        row = base_row(args, "dp")
+        row.update({"skipped": "nn.DataParallel needs CUDA devices", "step_ms": None, "samples_per_s": None,
+                    "processes": 1, "threads_per_process": torch.get_num_threads()})
+        return row
+    # Not exercised on the CPU-only machines this project runs on (Debian's torch has no CUDA).
+    torch.manual_seed(SEED)
+    images, labels = data
+    model = torch.nn.DataParallel(make_model(args.model).cuda())
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    n = images.shape[0]
+
+    def batch_fn(s):
+        start = batch_start(s, args.batch, n)
+        return images[start:start + args.batch], labels[start:start + args.batch].cuda()
+
+    seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=torch.cuda.synchronize)
+    return timed_row(args, "dp", seconds, 1, torch.get_num_threads(), loss.item()) | {
+        "devices": torch.cuda.device_count()}
+
+
+def ddp_worker(rank, world, init_file, args, threads, queue):
+    import torch
+    import torch.distributed as dist
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only: no network needed
+    set_threads(threads)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        images, labels = load_fashion_mnist(args.data_dir, args.samples)
+        torch.manual_seed(SEED)
+        model = torch.nn.parallel.DistributedDataParallel(make_model(args.model))
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        n = images.shape[0]
+        # Index tensors per distinct batch start, made once: the split is not part of the timed step.
+        index_cache = {}
+
+        def batch_fn(s):
+            start = batch_start(s, args.batch, n)
+            idx = index_cache.get(start)
+            if idx is None:
+                idx = index_cache[start] = torch.tensor(rank_indices(start, args.batch, rank, world))
+            return images.index_select(0, idx), labels.index_select(0, idx)
+
+        seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=dist.barrier)
+        dist.all_reduce(loss)  # after the timing: the mean of the ranks' losses
+        if rank == 0:
+            queue.put(timed_row(args, "ddp-gloo", seconds, world, threads, loss.item() / world))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ddp_gloo(args):
+    import torch.multiprocessing as mp
+    threads = max(1, args.threads // DDP_PROCESSES)
+    tmp = tempfile.mkdtemp(prefix="dpe_pytorch_ddp_")
+    try:
+        queue = mp.get_context("spawn").SimpleQueue()
+        mp.spawn(ddp_worker, args=(DDP_PROCESSES, os.path.join(tmp, "rendezvous"), args, threads, queue),
+                 nprocs=DDP_PROCESSES, join=True)
+        if queue.empty():
+            raise RuntimeError("ddp-gloo: rank 0 reported no result")
+        return queue.get()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- main
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # exit 1, so that 2 means "data files missing" only
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_ARGS, f"{self.prog}: error: {message}\n")
+
+
+def parse_config(name, threads):
+    if name == "single":
+        return ("single", threads)
+    if name.startswith("single-") and name.endswith("t") and name[7:-1].isdigit() and int(name[7:-1]) > 0:
+        return ("single", int(name[7:-1]))
+    if name in ("dp", "ddp-gloo"):
+        return (name, None)
+    raise ValueError(f"unknown config {name!r} (known: single, single-Nt, dp, ddp-gloo)")
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the output format.")
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--batch", type=int, default=256, help="global batch size (default 256)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
+    p.add_argument("--configs", default="single-1t,single-2t,ddp-gloo",
+                   help="comma-separated: single, single-Nt, dp, ddp-gloo (default single-1t,single-2t,ddp-gloo)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="cores to use: threads of 'single'; ddp-gloo's 2 processes get threads // 2 each (default 2)")
+    p.add_argument("--samples", type=int, default=8192, help="first N training images (default 8192)")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"Fashion-MNIST directory (default {DEFAULT_DATA_DIR})")
+    p.add_argument("--print-params", action="store_true",
+                   help="print {\"model\": ..., \"params\": N} for --model and exit (no data needed)")
+    args = p.parse_args(argv)
+
+    # Before torch loads libgomp (it reads this once): idle OpenMP threads sleep instead of spinning, which
+    # otherwise take the cores from OpenBLAS's own threads (set_threads): on the 2-core VMs single-2t ran
+    # 2-3x slower than single-1t with the default spinning. OMP_WAIT_POLICY=ACTIVE in the environment wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        import numpy  # noqa: F401
+        import torch
+    except ImportError as e:
+        print(f"pytorch_reference: cannot import {e.name}: install Debian's python3-torch "
+              f"(apt-get install python3-torch) and run with /usr/bin/python3", file=sys.stderr)
+        return EXIT_NO_TORCH
+
+    if args.print_params:
+        model = make_model(args.model)
+        emit({"model": args.model, "params": parameter_count(model),
+              "layers": [{"name": n, "shape": list(t.shape), "numel": t.numel()} for n, t in model.named_parameters()]})
+        return 0
+
+    for name in ("batch", "steps", "threads", "samples"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if args.warmup < 0:
+        p.error("--warmup must be at least 0")
+    try:
+        configs = [(c, parse_config(c, args.threads)) for c in args.configs.split(",") if c]
+    except ValueError as e:
+        p.error(str(e))
+    if not configs:
+        p.error("--configs is empty")
+
+    missing = [f for f in data_paths(args.data_dir) if not os.path.isfile(f)]
+    if missing:
+        print(f"pytorch_reference: Fashion-MNIST data files missing: {', '.join(missing)}\n"
+              f"  install them (apt-get install dataset-fashion-mnist) or point --data-dir at a directory with "
+              f"train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz", file=sys.stderr)
+        return EXIT_NO_DATA
+    try:
+        data = load_fashion_mnist(args.data_dir, args.samples)
+    except (OSError, ValueError) as e:
+        print(f"pytorch_reference: cannot read the Fashion-MNIST data: {e}", file=sys.stderr)
+        return EXIT_NO_DATA
+    if data[0].shape[0] < args.batch:
+        p.error(f"--batch {args.batch} is larger than the {data[0].shape[0]} samples loaded")
+    if args.samples > data[0].shape[0]:
+        log(f"only {data[0].shape[0]} training samples, not {args.samples}")
+        args.samples = data[0].shape[0]
+
+    log(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+    log(f"torch {torch.__version__}, model {args.model} ({parameter_count(make_model(args.model))} parameters), "
+        f"global batch {args.batch}, {args.warmup} warm-up + {args.steps} timed steps, {args.samples} samples")
+    for name, (kind, threads) in configs:
+        log(f"running {name}")
+        if kind == "single":
+            row = run_single(args, name, threads, data)
+        elif kind == "dp":
+            row = run_dp(args, data)
+        else:
+            row = run_ddp_gloo(args)
+        emit(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
