@@ -4,12 +4,22 @@
 //   dpe collectives   nccl-tests-style bandwidth table of the process group's collectives
 //   dpe train         train mlp / cnn / tiny-llama in single, DP or DDP mode
 //   dpe bench         the same model, data and batch in single, DP and DDP mode, side by side
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "tools/dpe/commands.h"
 
 int main(int argc, char** argv) {
+  // oneDNN's OpenMP threads spin after every GEMM by default, taking the cores that the next kernels (oneTBB)
+  // need whenever a device has more than one thread: one CPU device on 2 cores ran the MLP 5x slower. libgomp
+  // reads the policy once, when it is loaded, so the tool sets it and starts itself again.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+  }
   CLI::App app{"dpe: a data-parallel training engine (DP and DDP modes on CPU and CUDA devices)", "dpe"};
   app.require_subcommand(1);
   dpe::tool::add_devices_command(app);
