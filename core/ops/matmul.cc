@@ -35,6 +35,11 @@ MatrixOperand as_operand(const Tensor& t) {
   return {packed, Transpose::No, std::max<int64_t>(cols, 1), batch_stride(packed)};
 }
 
+// A 2-d view whose columns are contiguous: the transpose of a row-major matrix.
+bool is_transposed_matrix(const Tensor& t) {
+  return t.size(0) > 1 && t.size(1) > 1 && t.strides()[0] == 1 && t.strides()[1] == t.size(0);
+}
+
 // out (batch?, m, n) = a @ b with a: (batch?, m, k), b: (batch?, k, n); no autograd.
 Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
@@ -97,9 +102,17 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     Tensor ga, gb;
     if (grad_a) ga = sum_to(matmul(g, sb.transpose(-2, -1)), sa.shape());
     if (grad_b) {
-      // (B, m, k)^T @ (B, m, n) for a broadcast 2-d b sums over the batch: fold it into one GEMM.
+      // b's gradient a^T @ g (k, n), folded into one GEMM over the batch for a broadcast 2-d b.
+      Tensor a2 = sa, g2 = g;
       if (sb.dim() == 2 && sa.dim() == 3) {
-        Tensor a2 = sa.reshape({-1, sa.size(-1)}), g2 = g.reshape({-1, g.size(-1)});
+        a2 = sa.reshape({-1, sa.size(-1)});
+        g2 = g.reshape({-1, g.size(-1)});
+      }
+      if (sb.dim() == 2 && a2.dim() == 2 && is_transposed_matrix(sb)) {
+        // b is a transposed view (Linear's weight.t()): compute g^T @ a, (n, k) contiguous, and hand back its
+        // transpose, so the gradient reaching the weight is contiguous and nobody copies a transpose.
+        gb = matmul(g2.transpose(0, 1), a2).transpose(0, 1);
+      } else if (sb.dim() == 2 && sa.dim() == 3) {
         gb = matmul(a2.transpose(0, 1), g2);
       } else {
         gb = sum_to(matmul(sa.transpose(-2, -1), g), sb.shape());
