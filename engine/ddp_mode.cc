@@ -122,6 +122,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
       }
       broadcast_ms[r] = ms_since(start);
 
+      if (sync) ddp_reducer_->attach_gradients(r);
       start = Clock::now();
       Tensor out = replicas_[r]->forward(x);
       forward_ms[r] = ms_since(start);

@@ -155,6 +155,29 @@ void DdpReducer::prepare_for_backward() {
   armed_ = true;
 }
 
+namespace {
+
+bool same_memory(const Tensor& a, const Tensor& b) { return a.defined() && a.data_ptr() == b.data_ptr(); }
+
+}  // namespace
+
+void DdpReducer::attach_gradients(size_t replica) {
+  if (!armed_ || options_.find_unused_parameters) return;
+  NoGradGuard no_grad;
+  ReplicaState& state = *replicas_[replica];
+  for (size_t p = 0; p < params_[replica].size(); ++p) {
+    const Tensor& param = params_[replica][p];
+    const Tensor& view = state.views[p];
+    if (same_memory(param.grad(), view)) continue;
+    if (param.grad().defined()) {
+      copy_into(view, param.grad());
+    } else {
+      fill_into(view, 0.0);
+    }
+    param.set_grad(view);
+  }
+}
+
 void DdpReducer::on_gradient_ready(size_t replica, size_t param) {
   if (!armed_) return;  // no_sync, or a backward the engine does not manage: gradients accumulate locally
   mark_ready(replica, param, true);
@@ -172,7 +195,7 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   const Tensor& view = state.views[param];
   if (from_hook && grad.defined()) {
     state.used[param] = 1;
-    copy_into(view, grad);
+    if (!same_memory(grad, view)) copy_into(view, grad);
     scale_into(view, 1.0 / static_cast<double>(group_->size()));  // pre-divide: the SUM is the average
   } else {
     fill_into(view, 0.0);
@@ -235,6 +258,7 @@ void DdpReducer::finalize_backward(size_t replica) {
   for (size_t p = 0; p < params_[replica].size(); ++p) {
     if (!used[p]) continue;  // unused on every replica: .grad untouched, like PyTorch
     const Tensor& param = params_[replica][p];
+    if (same_memory(param.grad(), state.views[p])) continue;  // attached: already the reduced values
     if (param.grad().defined()) {
       copy_into(param.grad(), state.views[p]);
     } else {

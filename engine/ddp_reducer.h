@@ -13,7 +13,10 @@
 // buckets are launched, the replica launches it (and any ready buckets after it) as a SUM all-reduce, in
 // bucket index order — the same order on every replica whatever order its gradients become ready in. The
 // launch happens inside backward, on the replica's worker thread, overlapping the rest of its backward.
-// finalize_backward writes the averaged buckets back into .grad.
+// finalize_backward writes the averaged buckets back into .grad where they are not already there: without
+// find_unused_parameters, attach_gradients points every .grad at its slot in the bucket before a
+// synchronised backward (PyTorch's gradient_as_bucket_view), so backward accumulates straight into the bucket
+// and the reduced values need no copy in or out.
 //
 // Unused parameters. Without find_unused_parameters a parameter that gets no gradient leaves its bucket
 // incomplete and finalize_backward throws PyTorch's error naming it. With it, parameters unreachable from the
@@ -69,6 +72,10 @@ class DdpReducer {
 
   // Before a synchronised backward of every replica: rebuilds the buckets if due and arms the hooks.
   void prepare_for_backward();
+  // Before a synchronised backward, on replica r's worker: every .grad becomes its bucket slot (holding the
+  // gradient accumulated so far, or zeros). Does nothing with find_unused_parameters (unused parameters
+  // must keep .grad untouched).
+  void attach_gradients(size_t replica);
   // With find_unused_parameters: marks replica r's parameters that `loss` does not depend on as ready.
   void mark_unused_parameters(size_t replica, const Tensor& loss);
   // After replica r's backward: checks every bucket was launched, all-reduces the used-map (find_unused),

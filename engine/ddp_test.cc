@@ -126,6 +126,11 @@ TEST(DdpTest, OneBucketFirstThenRebuiltFromTheReadyOrder) {
   // One all-reduce per bucket per step, each launched from a gradient hook (during backward).
   EXPECT_EQ(dp.last_step().reduce.transfers, 2);
   EXPECT_EQ(dp.last_step().buckets_reduced_during_backward, 2);
+  // Gradients are views into their bucket (gradient_as_bucket_view): one storage per bucket.
+  auto params = dp.replica(1).parameters();
+  EXPECT_EQ(params[5].grad().storage(), params[2].grad().storage());
+  EXPECT_EQ(params[1].grad().storage(), params[0].grad().storage());
+  EXPECT_NE(params[0].grad().storage(), params[2].grad().storage());
 }
 
 TEST(DdpTest, DefaultCapsArePyTorchs) {
