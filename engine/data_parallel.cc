@@ -1,6 +1,5 @@
 #include "engine/data_parallel.h"
 
-#include <chrono>
 #include <set>
 
 #include "core/autograd/engine.h"
@@ -8,19 +7,13 @@
 #include "core/autograd/node.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "engine/timing.h"
 #include "scatter_gather/scatter_gather.h"
 
 namespace dpe {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-}  // namespace
+using engine_detail::Clock;
+using engine_detail::ms_since;
 
 // The grad_fn of a DP step's gathered outputs (output j of the step is this node's output j): backward
 // lands here with the gradients of the gathered outputs, and this node runs the replicas' backward passes in

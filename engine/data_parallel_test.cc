@@ -10,6 +10,7 @@
 #include "layers/conv.h"
 #include "layers/linear.h"
 #include "layers/pooling.h"
+#include "tests/testing/compare.h"
 #include "tests/testing/errors.h"
 #include "tests/testing/devices.h"
 
@@ -53,18 +54,7 @@ class Counter : public Cloneable<Counter> {
 
 using dpe::testing::error_of;
 
-// max |a - b| relative to the tensor's scale max |b|: float32 sums taken in a different order (per chunk, then
-// across devices) differ by a few ulps of the largest terms, which an elementwise ratio would inflate on
-// entries that are sums of cancelling terms.
-double max_relative_diff(const Tensor& a, const Tensor& b) {
-  std::vector<float> x = a.to_vector<float>(), y = b.to_vector<float>();
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::abs(x[i] - y[i])));
-    scale = std::max(scale, static_cast<double>(std::abs(y[i])));
-  }
-  return worst / (scale + 1e-12);
-}
+using testing::max_relative_diff;
 
 TEST(DataParallelTest, GradientsEqualTheSingleDeviceFullBatch) {
   auto devices = cpu_devices(4);

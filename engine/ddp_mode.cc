@@ -1,25 +1,18 @@
 // DataParallel's DDP mode: construction (structure check, broadcast from replica 0, process group, reducer)
 // and the DDP step. The DP-mode parts are in data_parallel.cc, the step API shared by both in train_step.cc.
 #include <algorithm>
-#include <chrono>
 
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
+#include "engine/timing.h"
 #include "layers/sync_batchnorm.h"
 
 namespace dpe {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-}  // namespace
+using engine_detail::Clock;
+using engine_detail::ms_since;
 
 void DataParallel::verify_replica_structure() const {
   for (size_t r = 1; r < replicas_.size(); ++r) {

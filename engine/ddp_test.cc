@@ -14,6 +14,7 @@
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "tests/testing/devices.h"
+#include "tests/testing/compare.h"
 #include "tests/testing/errors.h"
 
 #if DPE_WITH_CUDA
@@ -27,6 +28,7 @@ using nn::Cloneable;
 using nn::Linear;
 using testing::cpu_devices;
 using testing::error_of;
+using testing::max_relative_diff;
 
 // Three layers; `skip` (when built with it) is a layer forward() never uses.
 class Net : public Cloneable<Net> {
@@ -59,16 +61,6 @@ Tensor mse(const Tensor& out, const Tensor& target) { return nn::functional::mse
 
 std::vector<Device> first(int n) { return cpu_devices(n); }
 
-// max |a - b| / max |b|: float sums in another order differ by a few ulps of the largest terms.
-double relative_diff(const Tensor& a, const Tensor& b) {
-  std::vector<float> x = a.to_vector<float>(), y = b.to_vector<float>();
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::abs(x[i] - y[i])));
-    scale = std::max(scale, static_cast<double>(std::abs(y[i])));
-  }
-  return worst / (scale + 1e-12);
-}
 
 void expect_replicas_identical(DataParallel& dp, bool grads) {
   auto reference = dp.replica(0).state_dict();
@@ -204,7 +196,7 @@ TEST(DdpTest, EvenShardsGiveTheFullBatchGradientOnEveryReplica) {
     for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
       auto params = dp.replica(r).parameters();
       for (size_t k = 0; k < params.size(); ++k) {
-        EXPECT_LT(relative_diff(params[k].grad(), expected[k]), 1e-5) << "n=" << n << " replica " << r << " param " << k;
+        EXPECT_LT(max_relative_diff(params[k].grad(), expected[k]), 1e-5) << "n=" << n << " replica " << r << " param " << k;
       }
     }
     expect_replicas_identical(dp, true);
@@ -227,9 +219,9 @@ TEST(DdpTest, UnevenShardsAverageTheReplicaMeansWhereDpTakesTheFullBatchMean) {
   auto dp_params = dp.module().parameters();
   for (size_t k = 0; k < full.size(); ++k) {
     Tensor mean_of_means = (first_shard[k] + second_shard[k]) * 0.5;
-    EXPECT_LT(relative_diff(ddp_params[k].grad(), mean_of_means), 1e-5) << k;
-    EXPECT_LT(relative_diff(dp_params[k].grad(), full[k]), 1e-5) << k;
-    EXPECT_GT(relative_diff(mean_of_means, full[k]), 1e-3) << k;  // the difference is real
+    EXPECT_LT(max_relative_diff(ddp_params[k].grad(), mean_of_means), 1e-5) << k;
+    EXPECT_LT(max_relative_diff(dp_params[k].grad(), full[k]), 1e-5) << k;
+    EXPECT_GT(max_relative_diff(mean_of_means, full[k]), 1e-3) << k;  // the difference is real
   }
 }
 
@@ -255,8 +247,8 @@ void check_lock_step(const OptimizerFactory& make_optimizer) {
   auto expected = single->parameters();
   auto dp_params = dp.module().parameters(), ddp_params = ddp.replica(2).parameters();
   for (size_t k = 0; k < expected.size(); ++k) {
-    EXPECT_LT(relative_diff(dp_params[k], expected[k]), 1e-5) << k;
-    EXPECT_LT(relative_diff(ddp_params[k], dp_params[k]), 1e-5) << k;
+    EXPECT_LT(max_relative_diff(dp_params[k], expected[k]), 1e-5) << k;
+    EXPECT_LT(max_relative_diff(ddp_params[k], dp_params[k]), 1e-5) << k;
   }
 }
 
@@ -305,7 +297,7 @@ TEST(DdpTest, NoSyncAccumulatesLocallyWithoutCollectives) {
   ddp.forward_backward(xs[micro], ys[micro], mse);
   for (int r = 0; r < n; ++r) {
     auto params = ddp.replica(r).parameters();
-    for (size_t p = 0; p < params.size(); ++p) EXPECT_LT(relative_diff(params[p].grad(), expected[p]), 1e-5) << r << " " << p;
+    for (size_t p = 0; p < params.size(); ++p) EXPECT_LT(max_relative_diff(params[p].grad(), expected[p]), 1e-5) << r << " " << p;
   }
 }
 
@@ -330,7 +322,7 @@ TEST(DdpTest, UnusedParametersNeedFindUnusedParameters) {
         if (named[k].first.starts_with("skip.")) {
           EXPECT_FALSE(g.defined()) << named[k].first;  // unused everywhere: untouched
         } else {
-          EXPECT_LT(relative_diff(g, expected[k]), 1e-5) << named[k].first;
+          EXPECT_LT(max_relative_diff(g, expected[k]), 1e-5) << named[k].first;
         }
       }
     }
@@ -373,7 +365,7 @@ TEST(DdpTest, SyncBatchNormMatchesSingleDeviceBatchNorm) {
     auto state = ddp.replica(r).state_dict();
     for (size_t k = 0; k < state.size(); ++k) {
       if (state[k].first.find("running_") != std::string::npos) {
-        EXPECT_LT(relative_diff(state[k].second, expected[k].second), 1e-5) << r << " " << state[k].first;
+        EXPECT_LT(max_relative_diff(state[k].second, expected[k].second), 1e-5) << r << " " << state[k].first;
       }
     }
     auto params = ddp.replica(r).parameters();
@@ -451,7 +443,7 @@ TEST(DdpCudaTest, LogicalDevicesOnOneGpu) {
   for (size_t r = 0; r < gpus.size(); ++r) {
     auto params = ddp.replica(r).parameters();
     for (size_t k = 0; k < params.size(); ++k) {
-      EXPECT_LT(relative_diff(params[k].grad().to(Device::cpu(0)), expected[k]), 1e-4) << r << " " << k;
+      EXPECT_LT(max_relative_diff(params[k].grad().to(Device::cpu(0)), expected[k]), 1e-4) << r << " " << k;
     }
   }
   expect_replicas_identical(ddp, true);

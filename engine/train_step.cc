@@ -1,20 +1,12 @@
 // The step API shared by DP and DDP mode: forward_backward, the optimizers, zero_grad, no_sync.
-#include <chrono>
-
 #include "core/error.h"
 #include "engine/data_parallel.h"
+#include "engine/timing.h"
 
 namespace dpe {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-}  // namespace
+using engine_detail::Clock;
+using engine_detail::ms_since;
 
 NoSyncGuard::NoSyncGuard(DataParallel& dp) : dp_(dp), previous_(dp.require_backward_grad_sync_) {
   dp_.require_backward_grad_sync_ = false;

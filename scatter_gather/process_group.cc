@@ -182,6 +182,20 @@ std::string ProcessGroup::check_common(const Posted& mine) const {
   return "";
 }
 
+std::string ProcessGroup::check_every(Tensor Posted::*field, const char* name, size_t reference) const {
+  const Tensor& expected = posted_[reference]->*field;
+  const std::string article_name = detail::str_cat(std::string("aeiou").find(name[0]) == std::string::npos ? "a " : "an ", name);
+  const std::string reference_name = detail::str_cat("member ", reference, "'s");
+  for (size_t k = 0; k < posted_.size(); ++k) {
+    const Tensor& t = posted_[k]->*field;
+    if (std::string e = check_tensor(devices_, k, t, devices_[k], name); !e.empty()) return e;
+    if (std::string e = check_like(devices_, k, t, expected, article_name.c_str(), reference_name.c_str()); !e.empty()) {
+      return e;
+    }
+  }
+  return "";
+}
+
 void ProcessGroup::fail_alone(const std::string& message) {
   rendezvous_.abort(message);
   DPE_CHECK(false, message);
@@ -259,14 +273,7 @@ void ProcessGroup::combine(int rank, const std::vector<Tensor>& dsts, const std:
 
 void ProcessGroup::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {
   Posted mine{.kind = Collective::AllReduce, .op = op, .tensor = tensor};
-  auto validate = [&]() -> std::string {
-    for (size_t k = 0; k < posted_.size(); ++k) {
-      const Tensor& t = posted_[k]->tensor;
-      if (std::string e = check_tensor(devices_, k, t, devices_[k], "tensor"); !e.empty()) return e;
-      if (std::string e = check_like(devices_, k, t, posted_[0]->tensor, "a tensor", "member 0's"); !e.empty()) return e;
-    }
-    return "";
-  };
+  auto validate = [&] { return check_every(&Posted::tensor, "tensor", 0); };
   run(rank, mine, validate, [&] {
     if (uses_nccl()) {
 #if DPE_WITH_CUDA
@@ -284,14 +291,7 @@ void ProcessGroup::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {
 
 void ProcessGroup::broadcast(int rank, const Tensor& tensor, int root) {
   Posted mine{.kind = Collective::Broadcast, .root = root, .tensor = tensor};
-  auto validate = [&]() -> std::string {
-    for (size_t k = 0; k < posted_.size(); ++k) {
-      const Tensor& t = posted_[k]->tensor;
-      if (std::string e = check_tensor(devices_, k, t, devices_[k], "tensor"); !e.empty()) return e;
-      if (std::string e = check_like(devices_, k, t, posted_[root]->tensor, "a tensor", "the root's"); !e.empty()) return e;
-    }
-    return "";
-  };
+  auto validate = [&] { return check_every(&Posted::tensor, "tensor", static_cast<size_t>(root)); };
   run(rank, mine, validate, [&] {
     if (uses_nccl()) {
 #if DPE_WITH_CUDA
@@ -305,14 +305,7 @@ void ProcessGroup::broadcast(int rank, const Tensor& tensor, int root) {
 
 void ProcessGroup::reduce(int rank, const Tensor& tensor, int root, ReduceOp op) {
   Posted mine{.kind = Collective::Reduce, .root = root, .op = op, .tensor = tensor};
-  auto validate = [&]() -> std::string {
-    for (size_t k = 0; k < posted_.size(); ++k) {
-      const Tensor& t = posted_[k]->tensor;
-      if (std::string e = check_tensor(devices_, k, t, devices_[k], "tensor"); !e.empty()) return e;
-      if (std::string e = check_like(devices_, k, t, posted_[root]->tensor, "a tensor", "the root's"); !e.empty()) return e;
-    }
-    return "";
-  };
+  auto validate = [&] { return check_every(&Posted::tensor, "tensor", static_cast<size_t>(root)); };
   run(rank, mine, validate, [&] {
     if (uses_nccl()) {
 #if DPE_WITH_CUDA
@@ -331,10 +324,9 @@ void ProcessGroup::reduce(int rank, const Tensor& tensor, int root, ReduceOp op)
 void ProcessGroup::all_gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input) {
   Posted mine{.kind = Collective::AllGather, .tensor = input, .list = outputs};
   auto validate = [&]() -> std::string {
+    if (std::string e = check_every(&Posted::tensor, "input", 0); !e.empty()) return e;
     for (size_t k = 0; k < posted_.size(); ++k) {
       const Posted& p = *posted_[k];
-      if (std::string e = check_tensor(devices_, k, p.tensor, devices_[k], "input"); !e.empty()) return e;
-      if (std::string e = check_like(devices_, k, p.tensor, posted_[0]->tensor, "an input", "member 0's"); !e.empty()) return e;
       if (std::string e = check_list(devices_, k, p.list, devices_[k], "outputs"); !e.empty()) return e;
       for (const Tensor& out : p.list) {
         if (std::string e = check_like(devices_, k, out, p.tensor, "an output", "its input"); !e.empty()) return e;
@@ -355,13 +347,8 @@ void ProcessGroup::all_gather_into_tensor(int rank, const Tensor& output, const 
 #if DPE_WITH_CUDA
   Posted mine{.kind = Collective::AllGather, .tensor = input, .flat = output, .list = outputs};
   auto validate = [&]() -> std::string {
-    for (size_t k = 0; k < posted_.size(); ++k) {
-      const Posted& p = *posted_[k];
-      if (std::string e = check_tensor(devices_, k, p.tensor, devices_[k], "input"); !e.empty()) return e;
-      if (std::string e = check_like(devices_, k, p.tensor, posted_[0]->tensor, "an input", "member 0's"); !e.empty()) return e;
-      if (std::string e = check_tensor(devices_, k, p.flat, devices_[k], "output"); !e.empty()) return e;
-    }
-    return "";
+    std::string e = check_every(&Posted::tensor, "input", 0);
+    return e.empty() ? check_every(&Posted::flat, "output", 0) : e;
   };
   run(rank, mine, validate, [&] { nccl_->all_gather(rank, output, input); });
 #endif
@@ -370,10 +357,9 @@ void ProcessGroup::all_gather_into_tensor(int rank, const Tensor& output, const 
 void ProcessGroup::reduce_scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
   Posted mine{.kind = Collective::ReduceScatter, .op = op, .tensor = output, .list = inputs};
   auto validate = [&]() -> std::string {
+    if (std::string e = check_every(&Posted::tensor, "output", 0); !e.empty()) return e;
     for (size_t k = 0; k < posted_.size(); ++k) {
       const Posted& p = *posted_[k];
-      if (std::string e = check_tensor(devices_, k, p.tensor, devices_[k], "output"); !e.empty()) return e;
-      if (std::string e = check_like(devices_, k, p.tensor, posted_[0]->tensor, "an output", "member 0's"); !e.empty()) return e;
       if (std::string e = check_list(devices_, k, p.list, devices_[k], "inputs"); !e.empty()) return e;
       for (const Tensor& in : p.list) {
         if (std::string e = check_like(devices_, k, in, p.tensor, "an input", "its output"); !e.empty()) return e;
@@ -397,13 +383,8 @@ void ProcessGroup::reduce_scatter_tensor(int rank, const Tensor& output, const T
 #if DPE_WITH_CUDA
   Posted mine{.kind = Collective::ReduceScatter, .op = op, .tensor = output, .flat = input, .list = inputs};
   auto validate = [&]() -> std::string {
-    for (size_t k = 0; k < posted_.size(); ++k) {
-      const Posted& p = *posted_[k];
-      if (std::string e = check_tensor(devices_, k, p.tensor, devices_[k], "output"); !e.empty()) return e;
-      if (std::string e = check_like(devices_, k, p.tensor, posted_[0]->tensor, "an output", "member 0's"); !e.empty()) return e;
-      if (std::string e = check_tensor(devices_, k, p.flat, devices_[k], "input"); !e.empty()) return e;
-    }
-    return "";
+    std::string e = check_every(&Posted::tensor, "output", 0);
+    return e.empty() ? check_every(&Posted::flat, "input", 0) : e;
   };
   run(rank, mine, validate, [&] { nccl_->reduce_scatter(rank, output, input, op); });
 #endif

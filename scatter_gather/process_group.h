@@ -113,6 +113,8 @@ class ProcessGroup {
   template <typename Validate, typename Work>
   void run(int rank, Posted& mine, const Validate& validate, const Work& work);
   std::string check_common(const Posted& mine) const;
+  // Every member's `field`: on its own device, contiguous, of member `reference`'s count and dtype ("" if so).
+  std::string check_every(Tensor Posted::*field, const char* name, size_t reference) const;
   // An error only this member can see (its arguments are not posted yet): aborts the group so that the
   // others do not wait for it, then throws.
   [[noreturn]] void fail_alone(const std::string& message);
