@@ -164,6 +164,7 @@ class DataParallel {
   nn::Module& module() { return *replicas_[0]; }  // the master (DDP: replica 0)
   nn::Module& replica(size_t i) { return *replicas_.at(i); }
   optim::Optimizer& optimizer(size_t replica = 0);
+  size_t num_optimizers() const { return optimizers_.size(); }  // DP: 1, DDP: one per replica
   ProcessGroup* process_group() { return group_.get(); }  // DDP mode only (else null)
   const DdpReducer* ddp_reducer() const { return ddp_reducer_.get(); }
   std::shared_ptr<nn::Module> module_ptr() { return replicas_[0]; }

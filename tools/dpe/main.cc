@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"dpe: a data-parallel training engine (DP and DDP modes on CPU and CUDA devices)", "dpe"};
   app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();  // --help shows every default
   dpe::tool::add_devices_command(app);
   dpe::tool::add_collectives_command(app);
   dpe::tool::add_train_command(app);

@@ -8,6 +8,7 @@
 #include "data/data_loader.h"
 #include "engine/checkpoint.h"
 #include "models/models.h"
+#include "optim/lr_scheduler.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
 #include "tools/dpe/progress.h"
@@ -22,6 +23,7 @@ struct TrainArgs {
   OptimizerOptions optimizer;
   std::string device_ids, output_device, data_dir, json;
   std::string checkpoint = "dpe_checkpoint.safetensors";
+  std::string schedule = "cosine";
   int64_t batch_size = 128, epochs = 10, limit = -1, save_every = 0;
   int cpu_devices = 2;
 };
@@ -43,6 +45,19 @@ void run_train(TrainArgs args) {
               static_cast<long long>(data.test_inputs.size(0)),
               first_epoch > 0 ? (" (resumed after epoch " + std::to_string(first_epoch) + ")").c_str() : "");
   std::fflush(stdout);  // before the progress lines on stderr
+  // One scheduler per optimizer (DDP: per replica, so every replica keeps the same learning rate), stepped
+  // after every optimizer step; a resumed run fast-forwards it to where the checkpoint stopped.
+  std::vector<std::unique_ptr<optim::LRScheduler>> schedulers;
+  if (args.schedule == "cosine") {
+    for (size_t r = 0; r < dp->num_optimizers(); ++r) {
+      // A resumed optimizer holds the decayed rate; the schedule starts from --lr and is replayed below.
+      for (optim::ParamGroup& group : dp->optimizer(r).param_groups()) group.lr = args.optimizer.lr;
+      schedulers.push_back(std::make_unique<optim::CosineWithWarmup>(dp->optimizer(r), 0, args.epochs * loader.num_batches()));
+    }
+  }
+  for (int64_t s = 0; s < first_epoch * loader.num_batches(); ++s) {
+    for (auto& scheduler : schedulers) scheduler->step();
+  }
   std::string epochs_json;
   double accuracy = 0;
   for (int64_t epoch = first_epoch; epoch < args.epochs; ++epoch) {
@@ -53,6 +68,7 @@ void run_train(TrainArgs args) {
     int64_t samples = 0, steps = 0;
     while (std::optional<data::Batch> batch = loader.next()) {
       double loss = dp->train_step(batch->inputs, batch->targets, loss_fn);
+      for (auto& scheduler : schedulers) scheduler->step();
       loss_sum += loss * static_cast<double>(batch->inputs.size(0));
       samples += batch->inputs.size(0);
       progress.update(++steps, loss_sum / static_cast<double>(samples), samples);
@@ -104,6 +120,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--lr", args->optimizer.lr, "learning rate");
   cmd->add_option("--optimizer", args->optimizer.name, "optimizer")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   cmd->add_option("--momentum", args->optimizer.momentum, "SGD momentum");
+  cmd->add_option("--schedule", args->schedule, "learning rate: constant, or cosine decay to 0 over the run (per step)")
+      ->check(CLI::IsMember({"constant", "cosine"}));
   cmd->add_option("--weight-decay", args->optimizer.weight_decay, "weight decay");
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
   cmd->add_option("--seed", args->engine.seed, "initial weights and data order");
