@@ -376,6 +376,49 @@ TEST(DdpTest, SyncBatchNormMatchesSingleDeviceBatchNorm) {
   }
 }
 
+// Two branches whose backward order follows their forward order, which `flip` reverses: replicas with
+// different flips produce their gradients in different orders.
+class TwoBranches : public Cloneable<TwoBranches> {
+ public:
+  TwoBranches() : Cloneable("TwoBranches") { reset(); }
+  void reset() override {
+    left = register_module("left", std::make_shared<Linear>(6, 3));
+    right = register_module("right", std::make_shared<Linear>(6, 3));
+  }
+  Tensor forward(const Tensor& x) override {
+    if (flip) {
+      Tensor r = right->forward(x);
+      return left->forward(x) + r;
+    }
+    Tensor l = left->forward(x);
+    return l + right->forward(x);
+  }
+  std::shared_ptr<Linear> left, right;
+  bool flip = false;
+};
+
+TEST(DdpTest, LaunchOrderIsTheBucketOrderWhateverOrderGradientsArriveIn) {
+  manual_seed(95);
+  auto net = std::make_shared<TwoBranches>();
+  Tensor x = randn({8, 6}), y = randn({8, 3});
+  auto expected = reference_grads(*net, x, y);
+  // A tiny cap: every parameter is a bucket of its own after the rebuild.
+  DataParallel ddp(net, {.device_ids = first(2), .mode = ParallelMode::DDP, .bucket_cap_mb = 1e-6,
+                         .timeout = std::chrono::seconds(20)});
+  dynamic_cast<TwoBranches&>(ddp.replica(1)).flip = true;
+  for (int step = 0; step < 3; ++step) {  // the first iteration, the rebuild, and after it
+    ddp.zero_grad();
+    ddp.forward_backward(x, y, mse);
+    for (size_t r = 0; r < 2; ++r) {
+      auto params = ddp.replica(r).parameters();
+      for (size_t k = 0; k < params.size(); ++k) {
+        EXPECT_LT(max_relative_diff(params[k].grad(), expected[k]), 1e-5) << "step " << step << " replica " << r;
+      }
+    }
+  }
+  EXPECT_EQ(ddp.ddp_reducer()->num_buckets(), 4u);
+}
+
 TEST(DdpTest, ErrorsNameTheProblem) {
   DataParallel ddp(std::make_shared<Net>(), {.device_ids = first(3), .mode = ParallelMode::DDP});
   EXPECT_NE(error_of([&] { ddp.forward(randn({3, 6})); }).find("forward() with gradients enabled"), std::string::npos);
