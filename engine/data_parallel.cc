@@ -178,6 +178,7 @@ void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
       if (i == 0) state_names_.push_back(name);
     }
     replica_state_.push_back(std::move(state));
+    replica_buffers_.push_back(replicas_[i]->buffers());
     if (i == 0) check_master_placement();  // before cloning a misplaced master
   }
   pool_ = std::make_unique<DeviceWorkerPool>(device_ids_);
@@ -242,7 +243,7 @@ void DataParallel::average_buffers(size_t used) {
   std::vector<std::vector<Tensor>> per_replica(used);
   std::vector<Tensor> master;
   for (size_t r = 0; r < used; ++r) {
-    for (const Tensor& b : replicas_[r]->buffers()) {
+    for (const Tensor& b : replica_buffers_[r]) {
       if (!is_floating_point(b.dtype())) continue;
       per_replica[r].push_back(b);
       if (r == 0) master.push_back(b);

@@ -188,6 +188,8 @@ class DataParallel {
   // Runs fn(r) on every replica's worker; a replica that throws aborts the process group first, so that
   // partners waiting for it in a collective fail at once instead of at the timeout.
   void run_replicas(const std::function<void(size_t)>& fn);
+  // loss(output, target), checked to be one value.
+  static Tensor checked_loss(const LossFn& loss, const Tensor& output, const Tensor& target);
   double forward_backward_ddp(const Tensor& input, const Tensor& target, const LossFn& loss);
   void validate_devices();
   void check_master_placement() const;
@@ -204,6 +206,7 @@ class DataParallel {
   // DDP, registering new parameters after construction is not seen by the engine.
   std::vector<std::vector<Tensor>> replica_state_;
   std::vector<std::string> state_names_;
+  std::vector<std::vector<Tensor>> replica_buffers_;  // each replica's buffers() (a subset of its state), likewise
   std::unique_ptr<DeviceWorkerPool> pool_;
   std::unique_ptr<GradientReducer> reducer_;    // DP mode
   std::shared_ptr<ProcessGroup> group_;         // DDP mode

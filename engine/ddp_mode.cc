@@ -108,7 +108,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
       start = Clock::now();
       if (options_.broadcast_buffers && sync) {
         NoGradGuard no_grad;
-        for (const Tensor& b : replicas_[r]->buffers()) {
+        for (const Tensor& b : replica_buffers_[r]) {
           group_->broadcast(rank, b, 0);
           if (r != 0) broadcast_bytes[r] += static_cast<int64_t>(b.nbytes());
         }
@@ -120,9 +120,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
       Tensor out = replicas_[r]->forward(x);
       forward_ms[r] = ms_since(start);
       start = Clock::now();
-      Tensor loss = loss_fn(out, y);
-      DPE_CHECK(loss.defined() && loss.numel() == 1, "DataParallel: the loss function returned ",
-                loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"), "; expected one value");
+      Tensor loss = checked_loss(loss_fn, out, y);
       loss_ms[r] = ms_since(start);
 
       start = Clock::now();

@@ -1,7 +1,6 @@
 #include "engine/ddp_reducer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <deque>
 #include <map>
 #include <unordered_set>
@@ -11,6 +10,7 @@
 #include "core/copy.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "engine/timing.h"
 
 namespace dpe {
 
@@ -85,21 +85,11 @@ DdpReducer::DdpReducer(std::vector<std::vector<Tensor>> replica_params, std::vec
   }
   std::reverse(initial.begin(), initial.end());  // bucket 0 holds the last-registered parameters
   assign_buckets(std::move(initial));
-  for (size_t r = 0; r < params_.size(); ++r) {
-    std::vector<int64_t> handles;
-    for (size_t p = 0; p < n; ++p) {
-      handles.push_back(params_[r][p].register_post_accumulate_grad_hook(
-          [this, r, p](const Tensor&) { on_gradient_ready(r, p); }));
-    }
-    hook_handles_.push_back(std::move(handles));
-  }
+  hooks_ = std::make_unique<engine_detail::ReplicaGradientHooks>(
+      params_, [this](size_t r, size_t p) { on_gradient_ready(r, p); });
 }
 
-DdpReducer::~DdpReducer() {
-  for (size_t r = 0; r < params_.size(); ++r) {
-    for (size_t p = 0; p < params_[r].size(); ++p) params_[r][p].remove_post_accumulate_grad_hook(hook_handles_[r][p]);
-  }
-}
+DdpReducer::~DdpReducer() = default;
 
 void DdpReducer::assign_buckets(std::vector<std::vector<size_t>> buckets) {
   buckets_ = std::move(buckets);
@@ -206,9 +196,9 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
 void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
   ReplicaState& state = *replicas_[replica];
   while (state.next_bucket < buckets_.size() && state.pending[state.next_bucket] == 0) {
-    auto start = std::chrono::steady_clock::now();
+    auto start = engine_detail::Clock::now();
     group_->all_reduce(static_cast<int>(replica), state.buffers[state.next_bucket], ReduceOp::Sum);
-    state.allreduce_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    state.allreduce_ms += engine_detail::ms_since(start);
     if (from_hook) ++state.launched_from_hooks;
     ++state.next_bucket;
   }

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "engine/replica_hooks.h"
 #include "scatter_gather/process_group.h"
 
 namespace dpe {
@@ -110,11 +111,11 @@ class DdpReducer {
   std::vector<size_t> bucket_of_;     // param -> bucket
   std::vector<int64_t> offset_of_;    // param -> element offset in its bucket
   std::vector<std::unique_ptr<ReplicaState>> replicas_;
-  std::vector<std::vector<int64_t>> hook_handles_;
   bool armed_ = false;
   bool rebuilt_ = false;
   bool rebuild_due_ = false;
   std::vector<size_t> ready_order_;  // replica 0's gradient-ready order in the first synchronised iteration
+  std::unique_ptr<engine_detail::ReplicaGradientHooks> hooks_;  // last: removed before the state above
 };
 
 }  // namespace dpe

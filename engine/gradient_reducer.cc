@@ -26,21 +26,11 @@ GradientReducer::GradientReducer(std::vector<std::vector<Tensor>> replica_params
     pending_.push_back(std::make_unique<std::atomic<int64_t>>(0));
     reduced_.push_back(std::make_unique<std::atomic<bool>>(true));
   }
-  for (size_t r = 0; r < params_.size(); ++r) {
-    std::vector<int64_t> handles;
-    for (size_t p = 0; p < n; ++p) {
-      handles.push_back(params_[r][p].register_post_accumulate_grad_hook(
-          [this, r, p](const Tensor&) { on_gradient_ready(r, p); }));
-    }
-    hook_handles_.push_back(handles);
-  }
+  hooks_ = std::make_unique<engine_detail::ReplicaGradientHooks>(
+      params_, [this](size_t r, size_t p) { on_gradient_ready(r, p); });
 }
 
-GradientReducer::~GradientReducer() {
-  for (size_t r = 0; r < params_.size(); ++r) {
-    for (size_t p = 0; p < params_[r].size(); ++p) params_[r][p].remove_post_accumulate_grad_hook(hook_handles_[r][p]);
-  }
-}
+GradientReducer::~GradientReducer() = default;
 
 void GradientReducer::prepare(size_t used) {
   DPE_INTERNAL_ASSERT(used >= 1 && used <= params_.size());

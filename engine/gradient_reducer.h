@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "engine/replica_hooks.h"
 #include "scatter_gather/coalesced.h"
 
 namespace dpe {
@@ -56,12 +57,12 @@ class GradientReducer {
   size_t bucket_bytes_;
   std::vector<std::unique_ptr<std::atomic<int64_t>>> pending_;  // per bucket: hooks still to come
   std::vector<std::unique_ptr<std::atomic<bool>>> reduced_;     // per bucket: done this step
-  std::vector<std::vector<int64_t>> hook_handles_;
   std::atomic<bool> armed_{false};
   size_t used_ = 0;
   std::mutex stats_mutex_;
   TransferStats stats_;
   int64_t reduced_early_ = 0;
+  std::unique_ptr<engine_detail::ReplicaGradientHooks> hooks_;  // last: removed before the state above
 };
 
 }  // namespace dpe

@@ -14,6 +14,13 @@ NoSyncGuard::NoSyncGuard(DataParallel& dp) : dp_(dp), previous_(dp.require_backw
 
 NoSyncGuard::~NoSyncGuard() { dp_.require_backward_grad_sync_ = previous_; }
 
+Tensor DataParallel::checked_loss(const LossFn& loss_fn, const Tensor& output, const Tensor& target) {
+  Tensor loss = loss_fn(output, target);
+  DPE_CHECK(loss.defined() && loss.numel() == 1, "DataParallel: the loss function returned ",
+            loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"), "; expected one value");
+  return loss;
+}
+
 double DataParallel::forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
   DPE_CHECK(input.defined() && target.defined(), "DataParallel::forward_backward: undefined input or target");
   DPE_CHECK(input.dim() > 0, "DataParallel::forward_backward: the input is 0-dim; expected a batch along dim ",
@@ -26,9 +33,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   } else {
     Tensor output = forward(input);  // resets report_ and fills the scatter/broadcast/forward/gather phases
     auto start = Clock::now();
-    Tensor loss = loss_fn(output, target.to(output_device_));
-    DPE_CHECK(loss.defined() && loss.numel() == 1, "DataParallel: the loss function returned ",
-              loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"), "; expected one value");
+    Tensor loss = checked_loss(loss_fn, output, target.to(output_device_));
     report_.loss_ms = ms_since(start);
     start = Clock::now();
     loss.backward();  // through DataParallelGatherNode, which fills reduce_ms, when several devices ran

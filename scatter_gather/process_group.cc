@@ -196,6 +196,17 @@ std::string ProcessGroup::check_every(Tensor Posted::*field, const char* name, s
   return "";
 }
 
+std::string ProcessGroup::check_every_list(const char* name, const char* item, const char* relation) const {
+  for (size_t k = 0; k < posted_.size(); ++k) {
+    const Posted& p = *posted_[k];
+    if (std::string e = check_list(devices_, k, p.list, devices_[k], name); !e.empty()) return e;
+    for (const Tensor& t : p.list) {
+      if (std::string e = check_like(devices_, k, t, p.tensor, item, relation); !e.empty()) return e;
+    }
+  }
+  return "";
+}
+
 void ProcessGroup::fail_alone(const std::string& message) {
   rendezvous_.abort(message);
   DPE_CHECK(false, message);
@@ -324,15 +335,8 @@ void ProcessGroup::reduce(int rank, const Tensor& tensor, int root, ReduceOp op)
 void ProcessGroup::all_gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input) {
   Posted mine{.kind = Collective::AllGather, .tensor = input, .list = outputs};
   auto validate = [&]() -> std::string {
-    if (std::string e = check_every(&Posted::tensor, "input", 0); !e.empty()) return e;
-    for (size_t k = 0; k < posted_.size(); ++k) {
-      const Posted& p = *posted_[k];
-      if (std::string e = check_list(devices_, k, p.list, devices_[k], "outputs"); !e.empty()) return e;
-      for (const Tensor& out : p.list) {
-        if (std::string e = check_like(devices_, k, out, p.tensor, "an output", "its input"); !e.empty()) return e;
-      }
-    }
-    return "";
+    std::string e = check_every(&Posted::tensor, "input", 0);
+    return e.empty() ? check_every_list("outputs", "an output", "its input") : e;
   };
   run(rank, mine, validate, [&] {
     for (int k = 0; k < size(); ++k) copy(outputs[k], posted_[k]->tensor);
@@ -357,15 +361,8 @@ void ProcessGroup::all_gather_into_tensor(int rank, const Tensor& output, const 
 void ProcessGroup::reduce_scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
   Posted mine{.kind = Collective::ReduceScatter, .op = op, .tensor = output, .list = inputs};
   auto validate = [&]() -> std::string {
-    if (std::string e = check_every(&Posted::tensor, "output", 0); !e.empty()) return e;
-    for (size_t k = 0; k < posted_.size(); ++k) {
-      const Posted& p = *posted_[k];
-      if (std::string e = check_list(devices_, k, p.list, devices_[k], "inputs"); !e.empty()) return e;
-      for (const Tensor& in : p.list) {
-        if (std::string e = check_like(devices_, k, in, p.tensor, "an input", "its output"); !e.empty()) return e;
-      }
-    }
-    return "";
+    std::string e = check_every(&Posted::tensor, "output", 0);
+    return e.empty() ? check_every_list("inputs", "an input", "its output") : e;
   };
   run(rank, mine, validate, [&] {
     std::vector<Tensor> mine_from_each;

@@ -115,6 +115,8 @@ class ProcessGroup {
   std::string check_common(const Posted& mine) const;
   // Every member's `field`: on its own device, contiguous, of member `reference`'s count and dtype ("" if so).
   std::string check_every(Tensor Posted::*field, const char* name, size_t reference) const;
+  // Every member's `list`: one tensor per member, on its own device, contiguous, like its own `tensor`.
+  std::string check_every_list(const char* name, const char* item, const char* relation) const;
   // An error only this member can see (its arguments are not posted yet): aborts the group so that the
   // others do not wait for it, then throws.
   [[noreturn]] void fail_alone(const std::string& message);
