@@ -8,6 +8,7 @@
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_copy.h"
+#include "core/pinned_memory.h"
 #endif
 
 namespace dpe {
@@ -44,13 +45,20 @@ bool storages_overlap(const Tensor& a, const Tensor& b) {
 
 #if DPE_WITH_CUDA
 // Raw byte transfer of a contiguous tensor to a contiguous tensor of the same dtype on another device.
-void transfer_bytes(const Tensor& dst, const Tensor& src) {
+void transfer_bytes(const Tensor& dst, const Tensor& src, bool non_blocking) {
   DPE_INTERNAL_ASSERT(dst.is_contiguous() && src.is_contiguous() && dst.dtype() == src.dtype());
   size_t nbytes = src.nbytes();
   if (nbytes == 0) return;
   const Device &from = src.device(), &to = dst.device();
   if (from.is_cpu()) {
-    cuda::copy_host_to_device(to.index, dst.data_ptr(), src.data_ptr(), nbytes);
+    // From pinned memory, non_blocking only enqueues the copy; the pinned allocator then keeps the block from
+    // reuse until the device's stream has passed the copy.
+    const bool enqueue_only = non_blocking && src.is_pinned();
+    cuda::copy_host_to_device(to.index, dst.data_ptr(), src.data_ptr(), nbytes, /*synchronize=*/!enqueue_only);
+    if (enqueue_only) {
+      bool recorded = pinned_host_allocator().record_use(src.storage()->data(), to.index);
+      DPE_INTERNAL_ASSERT(recorded, "a pinned tensor's storage is not a live pinned block");
+    }
   } else if (to.is_cpu()) {
     cuda::copy_device_to_host(dst.data_ptr(), from.index, src.data_ptr(), nbytes);
   } else {
@@ -61,7 +69,7 @@ void transfer_bytes(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
-void copy_into(const Tensor& dst, const Tensor& src) {
+void copy_into(const Tensor& dst, const Tensor& src, bool non_blocking) {
   DPE_CHECK(dst.shape() == src.shape(), "copy: source shape ", shape_str(src.shape()),
             " does not match destination shape ", shape_str(dst.shape()));
   if (dst.numel() == 0) return;
@@ -78,11 +86,11 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   // Across backends: make the source contiguous where it lives, move its bytes, convert where it lands.
   Tensor packed = src.contiguous();
   if (dst.is_contiguous() && dst.dtype() == src.dtype()) {
-    transfer_bytes(dst, packed);
+    transfer_bytes(dst, packed, non_blocking);
     return;
   }
   Tensor landed = Tensor::empty(src.shape(), TensorOptions(src.dtype()).with_device(dst.device()));
-  transfer_bytes(landed, packed);
+  transfer_bytes(landed, packed, non_blocking);
   copy_same_backend(dst, landed);
 #else
   DPE_CHECK(false, "copy from ", src.device(), " to ", dst.device(), ": this dpe build has no CUDA support");

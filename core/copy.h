@@ -13,8 +13,8 @@
 namespace dpe {
 
 // dst[...] = src[...]; same shape (src may be an expanded view), any devices and dtypes. Overlapping
-// storage is handled (src is copied out first).
-void copy_into(const Tensor& dst, const Tensor& src);
+// storage is handled (src is copied out first). non_blocking: see Tensor::to(device, non_blocking).
+void copy_into(const Tensor& dst, const Tensor& src, bool non_blocking = false);
 void fill_into(const Tensor& dst, double value);
 // dst += alpha * src (same shape and floating dtype; same device, or any two CPU devices).
 void axpy_into(const Tensor& dst, const Tensor& src, double alpha);

@@ -1,12 +1,29 @@
 #include "core/storage.h"
 
 #include "core/allocator.h"
+#include "core/error.h"
+#include "core/pinned_memory.h"
 
 namespace dpe {
 
-Storage::Storage(Device device, size_t nbytes)
-    : device_(device), nbytes_(nbytes), data_(allocator_for(device).allocate(nbytes)) {}
+namespace {
+void* allocate(const Device& device, size_t nbytes, bool pinned) {
+  if (!pinned) return allocator_for(device).allocate(nbytes);
+  DPE_CHECK(device.is_cpu(), "pinned memory is host memory: it needs a CPU device, got ", device);
+  check_device_exists(device);
+  return pinned_host_allocator().allocate(nbytes);
+}
+}  // namespace
 
-Storage::~Storage() { allocator_for(device_).deallocate(data_, nbytes_); }
+Storage::Storage(Device device, size_t nbytes, bool pinned)
+    : device_(device), nbytes_(nbytes), pinned_(pinned), data_(allocate(device, nbytes, pinned)) {}
+
+Storage::~Storage() {
+  if (pinned_) {
+    pinned_host_allocator().deallocate(data_);
+  } else {
+    allocator_for(device_).deallocate(data_, nbytes_);
+  }
+}
 
 }  // namespace dpe

@@ -1,5 +1,7 @@
 // Storage: one allocation on one device, owned (move-only) and returned to the device's caching
 // allocator when the last Tensor viewing it goes away. Tensors share Storage through shared_ptr.
+// Pinned storage (CPU devices only) comes from the pinned host allocator (core/pinned_memory.h) instead;
+// it is host memory like any CPU storage and is not counted in the CPU device's memory_stats.
 #pragma once
 
 #include <cstddef>
@@ -10,7 +12,9 @@ namespace dpe {
 
 class Storage {
  public:
-  Storage(Device device, size_t nbytes);  // uninitialised memory from allocator_for(device)
+  // Uninitialised memory from allocator_for(device), or pinned host memory (device must be a CPU device;
+  // throws when pinned memory is unavailable).
+  Storage(Device device, size_t nbytes, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -18,10 +22,12 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
+  bool is_pinned() const { return pinned_; }
 
  private:
   Device device_;
   size_t nbytes_;
+  bool pinned_;
   void* data_;
 };
 

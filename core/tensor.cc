@@ -93,7 +93,8 @@ Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
   impl->strides = contiguous_strides(shape);
   impl->dtype = options.dtype;
   impl->device = options.device;
-  impl->storage = std::make_shared<Storage>(options.device, shape_numel(shape) * element_size(options.dtype));
+  impl->storage = std::make_shared<Storage>(options.device, shape_numel(shape) * element_size(options.dtype),
+                                            options.pinned_memory);
   Tensor t(std::move(impl));
   if (options.requires_grad) t.set_requires_grad(true);
   return t;
@@ -137,6 +138,17 @@ DType Tensor::dtype() const { return checked().dtype; }
 const Device& Tensor::device() const { return checked().device; }
 int64_t Tensor::storage_offset() const { return checked().storage_offset; }
 const std::shared_ptr<Storage>& Tensor::storage() const { return checked().storage; }
+
+bool Tensor::is_pinned() const { return checked().storage->is_pinned(); }
+
+Tensor Tensor::pin_memory() const {
+  DPE_CHECK(device().is_cpu(), "pin_memory: only CPU tensors can be pinned; this tensor is on ", device());
+  if (is_pinned()) return *this;
+  Tensor out = empty(shape(), TensorOptions(dtype()).with_device(device()).with_pinned_memory(true));
+  copy_into(out, *this);
+  autograd::record(out, {*this}, "PinMemoryBackward", [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
+  return out;
+}
 
 bool Tensor::is_contiguous() const {
   const auto& impl = checked();
@@ -392,11 +404,11 @@ Tensor Tensor::clone() const {
   return out;
 }
 
-Tensor Tensor::to(const Device& target) const {
+Tensor Tensor::to(const Device& target, bool non_blocking) const {
   if (target == device()) return *this;
   check_device_exists(target);
   Tensor out = empty(shape(), TensorOptions(dtype()).with_device(target));
-  copy_into(out, *this);
+  copy_into(out, *this, non_blocking);
   Device source = device();
   autograd::record(out, {*this}, "ToDeviceBackward",
                    [source](const Tensor& g) -> std::vector<Tensor> { return {g.to(source)}; });

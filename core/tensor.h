@@ -33,6 +33,7 @@ struct TensorOptions {
   DType dtype = DType::Float32;
   Device device = Device::cpu(0);
   bool requires_grad = false;
+  bool pinned_memory = false;  // page-locked host memory (CPU devices only; core/pinned_memory.h)
 
   TensorOptions() = default;
   TensorOptions(DType t) : dtype(t) {}     // NOLINT: implicit, like PyTorch's TensorOptions
@@ -40,6 +41,7 @@ struct TensorOptions {
   TensorOptions with_dtype(DType t) const { auto o = *this; o.dtype = t; return o; }
   TensorOptions with_device(Device d) const { auto o = *this; o.device = d; return o; }
   TensorOptions with_requires_grad(bool r) const { auto o = *this; o.requires_grad = r; return o; }
+  TensorOptions with_pinned_memory(bool p) const { auto o = *this; o.pinned_memory = p; return o; }
 };
 
 namespace autograd {
@@ -73,6 +75,7 @@ class Tensor {
   const Device& device() const;
   int64_t storage_offset() const;
   bool is_contiguous() const;
+  bool is_pinned() const;  // in pinned host memory (core/pinned_memory.h)
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(dtype()); }
   const std::shared_ptr<Storage>& storage() const;
   // Same storage region (used to detect aliasing).
@@ -102,8 +105,15 @@ class Tensor {
   // ---- copies (differentiable) ----
   Tensor contiguous() const;  // self if already contiguous
   Tensor clone() const;
-  Tensor to(const Device& device) const;  // self if already there
+  // Self if already there. non_blocking (PyTorch's): a copy from pinned memory to a CUDA device is only
+  // enqueued on the device's stream, and the call returns at once; kernels enqueued later on that device see
+  // the data, and the pinned block is not reused before the copy has read it, but writing to the source
+  // before then races with the copy. Every other copy returns when it is done, as without non_blocking.
+  Tensor to(const Device& device, bool non_blocking = false) const;
   Tensor to(DType dtype) const;           // self if already that dtype
+  // A copy in pinned host memory (self if already pinned), for fast and non_blocking copies to CUDA devices.
+  // CPU tensors only; throws when pinned memory is unavailable (no CUDA device), naming the reason.
+  Tensor pin_memory() const;
 
   // ---- in-place (not differentiable; refused on tensors that require grad while grad mode is on) ----
   Tensor& copy_(const Tensor& src);  // any devices, any dtypes; src broadcast to self's shape

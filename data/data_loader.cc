@@ -1,10 +1,12 @@
 #include "data/data_loader.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
 #include "core/error.h"
+#include "core/pinned_memory.h"
 
 namespace dpe::data {
 namespace {
@@ -20,11 +22,11 @@ Tensor prepare(const Tensor& t, const char* name) {
 }
 
 // rows of `src` (N, ...) listed in idx -> a new (idx.size(), ...) tensor on src's device.
-Tensor gather_rows(const Tensor& src, const int64_t* idx, int64_t count) {
+Tensor gather_rows(const Tensor& src, const int64_t* idx, int64_t count, bool pinned) {
   Shape shape = src.shape();
   const int64_t n = shape[0];
   shape[0] = count;
-  Tensor out = Tensor::empty(shape, TensorOptions(src.dtype()).with_device(src.device()));
+  Tensor out = Tensor::empty(shape, TensorOptions(src.dtype()).with_device(src.device()).with_pinned_memory(pinned));
   if (count == 0 || out.nbytes() == 0) return out;
   const size_t row_bytes = src.nbytes() / static_cast<size_t>(n);
   const auto* from = static_cast<const uint8_t*>(src.data_ptr());
@@ -42,6 +44,7 @@ DataLoader::DataLoader(Tensor inputs, Tensor targets, DataLoaderOptions options)
     : inputs_(prepare(inputs, "inputs")),
       targets_(prepare(targets, "targets")),
       options_(std::move(options)),
+      pin_(options_.pin_memory && pinned_memory_available()),
       sampler_(inputs_.size(0), {.num_replicas = 1, .rank = 0, .shuffle = options_.shuffle,
                                  .seed = options_.seed, .drop_last = false}) {
   DPE_CHECK(inputs_.size(0) == targets_.size(0), "DataLoader: inputs have ", inputs_.size(0),
@@ -51,7 +54,10 @@ DataLoader::DataLoader(Tensor inputs, Tensor targets, DataLoaderOptions options)
             " is invalid; expected batch_size >= 1");
   DPE_CHECK(options_.prefetch >= 0, "DataLoader: prefetch ", options_.prefetch,
             " is invalid; expected prefetch >= 0 (0: no background thread)");
-  // pin_memory: no pinned host allocator in core yet (see DataLoaderOptions::pin_memory); ignored.
+  if (options_.pin_memory && !pin_) {
+    std::fprintf(stderr, "dpe DataLoader: pin_memory=true, but pinned host memory needs a CUDA device and %s; "
+                 "batches stay in pageable memory\n", pinned_memory_unavailable_reason().c_str());
+  }
 }
 
 DataLoader::~DataLoader() { stop(); }
@@ -109,11 +115,15 @@ Batch DataLoader::assemble(int64_t batch_index, const std::vector<int64_t>& orde
   const int64_t start = batch_index * options_.batch_size;
   const int64_t count = std::min(options_.batch_size, dataset_size() - start);
   DPE_INTERNAL_ASSERT(count >= 1);
-  Batch batch{.inputs = gather_rows(inputs_, order.data() + start, count),
-              .targets = gather_rows(targets_, order.data() + start, count),
+  Batch batch{.inputs = gather_rows(inputs_, order.data() + start, count, pin_),
+              .targets = gather_rows(targets_, order.data() + start, count, pin_),
               .index = batch_index};
-  // pin_memory would allocate the two tensors above in pinned host memory; core has none yet.
   if (options_.transform) options_.transform(batch);
+  if (pin_) {  // what the transform made is pinned too (a no-op for the gathered, already pinned tensors)
+    for (Tensor* t : {&batch.inputs, &batch.targets}) {
+      if (t->defined() && t->device().is_cpu()) *t = t->pin_memory();
+    }
+  }
   return batch;
 }
 

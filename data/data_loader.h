@@ -55,8 +55,10 @@ struct DataLoaderOptions {
   uint64_t seed = 0;
   bool drop_last = false;  // drop the last batch when it has fewer than batch_size samples
   int prefetch = 2;        // batches assembled ahead by the producer thread, >= 0 (0: no thread)
-  // Pinned (page-locked) host memory for batches, for faster asynchronous host-to-GPU copies. dpe's core has
-  // no pinned host allocator yet, so this is accepted and ignored: a no-op on every build today.
+  // Batches in pinned (page-locked) host memory (core/pinned_memory.h): the producer thread gathers rows
+  // straight into pinned blocks (and pins what the transform returns), so that the step's copies to CUDA
+  // devices are DMA transfers that can run asynchronously (Tensor::to(device, non_blocking=true); DataParallel
+  // scatters that way). Without a CUDA device it warns once on stderr and batches stay pageable, like PyTorch.
   bool pin_memory = false;
   // Optional, run on the producer thread on every batch after the gather (e.g. augmentation or a dtype
   // conversion); what it throws reaches the consumer through next().
@@ -80,6 +82,8 @@ class DataLoader {
   int64_t num_batches() const;
   int64_t dataset_size() const { return sampler_.dataset_size(); }
   const DataLoaderOptions& options() const { return options_; }
+  // True when batches are in pinned memory: pin_memory was asked for and a CUDA device is visible.
+  bool pins_memory() const { return pin_; }
 
  private:
   Batch assemble(int64_t batch_index, const std::vector<int64_t>& order) const;
@@ -89,6 +93,7 @@ class DataLoader {
   Tensor inputs_;
   Tensor targets_;
   DataLoaderOptions options_;
+  bool pin_ = false;
   DistributedSampler sampler_;
 
   // The current epoch.

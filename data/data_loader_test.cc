@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/ops.h"
+#include "core/pinned_memory.h"
 #include "tests/testing/errors.h"
 
 namespace dpe::data {
@@ -316,10 +318,42 @@ TEST(DataLoader, BadArguments) {
   EXPECT_NE(error_of([&] { loader.next(); }).find("call begin_epoch(epoch) first"), std::string::npos);
 }
 
-TEST(DataLoader, PinMemoryIsAcceptedOnCpu) {
+TEST(DataLoader, PinMemoryWithoutCudaWarnsOnceAndKeepsBatchesPageable) {
+  if (pinned_memory_available()) GTEST_SKIP() << "a CUDA device is visible";
   Data d = make_data(5);
+  ::testing::internal::CaptureStderr();
   DataLoader loader(d.inputs, d.targets, {.batch_size = 2, .shuffle = false, .pin_memory = true});
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warning.find("pin_memory=true, but pinned host memory needs a CUDA device and " +
+                         pinned_memory_unavailable_reason() + "; batches stay in pageable memory"),
+            std::string::npos)
+      << warning;
+  EXPECT_FALSE(loader.pins_memory());
+  loader.begin_epoch(0);
+  EXPECT_FALSE(loader.next()->inputs.is_pinned());
   EXPECT_EQ(flat(run_epoch(loader, 0)), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(DataLoader, PinMemoryGivesPinnedBatchesEvenAfterATransform) {
+  if (!pinned_memory_available()) GTEST_SKIP() << "no CUDA device: " << pinned_memory_unavailable_reason();
+  Data d = make_data(7);
+  for (bool transform : {false, true}) {
+    DataLoaderOptions options{.batch_size = 3, .shuffle = false, .pin_memory = true};
+    if (transform) options.transform = [](Batch& b) { b.inputs = b.inputs.to(DType::Float64); };  // a new, pageable tensor
+    DataLoader loader(d.inputs, d.targets, options);
+    EXPECT_TRUE(loader.pins_memory());
+    loader.begin_epoch(0);
+    int64_t first = 0;
+    while (std::optional<Batch> batch = loader.next()) {
+      EXPECT_TRUE(batch->inputs.is_pinned()) << transform;
+      EXPECT_TRUE(batch->targets.is_pinned()) << transform;
+      const int64_t b = batch->inputs.size(0);
+      EXPECT_TRUE(equal(batch->inputs.to(DType::Float32), d.inputs.narrow(0, first, b)));
+      EXPECT_TRUE(equal(batch->targets, d.targets.narrow(0, first, b)));
+      first += b;
+    }
+    EXPECT_EQ(first, 7);
+  }
 }
 
 }  // namespace

@@ -468,13 +468,18 @@ TEST(DdpTest, StepReportHasEveryPhase) {
 #if DPE_WITH_CUDA
 // Three logical devices on GPU 0 (peer-copy collectives): the same gradients as the CPU reference, and
 // replicas that stay identical through SGD-momentum steps.
-TEST(DdpCudaTest, LogicalDevicesOnOneGpu) {
-  if (cuda::physical_device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+// Maps three logical devices onto GPU 0 (once: the mapping freezes on first use).
+void map_three_logical_devices_on_gpu0() {
   static bool mapped = [] {
     set_cuda_logical_devices({0, 0, 0});
     return true;
   }();
   (void)mapped;
+}
+
+TEST(DdpCudaTest, LogicalDevicesOnOneGpu) {
+  if (cuda::physical_device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  map_three_logical_devices_on_gpu0();
   manual_seed(81);
   auto net = std::make_shared<Net>();
   Tensor x = randn({12, 6}), y = randn({12, 3});
@@ -495,6 +500,35 @@ TEST(DdpCudaTest, LogicalDevicesOnOneGpu) {
   });
   for (int step = 0; step < 3; ++step) ddp.train_step(randn({12, 6}), randn({12, 3}), mse);
   expect_replicas_identical(ddp, false);
+}
+
+// Pinned batches take the asynchronous path (scatter / shard copies only enqueued, pinned blocks recycled
+// between steps once their copies ran): step for step the same losses and parameters as pageable batches.
+TEST(DdpCudaTest, PinnedBatchesTrainExactlyLikePageableOnes) {
+  if (cuda::physical_device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  map_three_logical_devices_on_gpu0();
+  std::vector<Device> gpus = {Device::cuda(0), Device::cuda(1)};
+  auto make_sgd = [](const std::vector<Tensor>& p) {
+    return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  };
+  for (ParallelMode mode : {ParallelMode::DP, ParallelMode::DDP}) {
+    manual_seed(83);
+    auto net = std::make_shared<Net>();
+    DataParallel pinned(nn::clone_module(*net, gpus[0]), {.device_ids = gpus, .mode = mode});
+    DataParallel pageable(nn::clone_module(*net, gpus[0]), {.device_ids = gpus, .mode = mode});
+    pinned.set_optimizer(make_sgd);
+    pageable.set_optimizer(make_sgd);
+    for (int step = 0; step < 4; ++step) {
+      Tensor x = randn({12, 6}), y = randn({12, 3});
+      double a = pinned.train_step(x.pin_memory(), y.pin_memory(), mse);
+      double b = pageable.train_step(x, y, mse);
+      EXPECT_NEAR(a, b, 1e-6 * std::abs(b)) << static_cast<int>(mode) << " step " << step;
+    }
+    auto got = pinned.module().parameters(), want = pageable.module().parameters();
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_LT(max_relative_diff(got[k].to(Device::cpu(0)), want[k].to(Device::cpu(0))), 1e-6) << k;
+    }
+  }
 }
 #endif
 

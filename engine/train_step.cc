@@ -33,7 +33,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   } else {
     Tensor output = forward(input);  // resets report_ and fills the scatter/broadcast/forward/gather phases
     auto start = Clock::now();
-    Tensor loss = checked_loss(loss_fn, output, target.to(output_device_));
+    Tensor loss = checked_loss(loss_fn, output, target.to(output_device_, /*non_blocking=*/true));
     report_.loss_ms = ms_since(start);
     start = Clock::now();
     loss.backward();  // through DataParallelGatherNode, which fills reduce_ms, when several devices ran

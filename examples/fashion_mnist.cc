@@ -67,8 +67,9 @@ int main(int argc, char** argv) {
     };
 
     // The loader yields the GLOBAL batch; DataParallel splits it across the devices. DDP needs at least one
-    // sample per device, so the short last batch is dropped.
-    data::DataLoader loader(train.images, train.labels, {.batch_size = batch_size, .seed = 42, .drop_last = true});
+    // sample per device, so the short last batch is dropped. On GPUs, batches in pinned memory copy asynchronously.
+    data::DataLoader loader(train.images, train.labels, {.batch_size = batch_size, .seed = 42, .drop_last = true,
+                                                         .pin_memory = dp.device_ids()[0].is_cuda()});
     std::printf("fashion_mnist: %s, %s mode on", model_name.c_str(), mode.c_str());
     for (const Device& d : dp.device_ids()) std::printf(" %s", d.str().c_str());
     std::printf("; %lld training and %lld test samples, global batch %lld\n", static_cast<long long>(train.size()),

@@ -64,7 +64,8 @@ std::vector<Tensor> scatter(const Tensor& x, const std::vector<Device>& devices,
     int64_t offset = 0;
     for (size_t i = 0; i < chunk_sizes.size(); ++i) {
       Tensor piece = x.narrow(d, offset, chunk_sizes[i]);
-      chunks.push_back(piece.device() == devices[i] ? piece : piece.to(devices[i]));
+      // non_blocking, as in PyTorch's scatter: from a pinned batch the copies to CUDA devices are only enqueued.
+      chunks.push_back(piece.device() == devices[i] ? piece : piece.to(devices[i], /*non_blocking=*/true));
       shapes.push_back(piece.shape());
       offset += chunk_sizes[i];
     }

@@ -69,12 +69,12 @@ void enable_peer_access_once(int dst_physical, int src_physical) {
 }  // namespace
 
 // src: host, nbytes  dst: device dst_logical, nbytes
-void copy_host_to_device(int dst_logical, void* dst, const void* src, size_t nbytes) {
+void copy_host_to_device(int dst_logical, void* dst, const void* src, size_t nbytes, bool synchronize) {
   if (nbytes == 0) return;
   cudaStream_t st = stream(dst_logical);
   DeviceGuard guard(dst_logical);
   DPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, st));
-  DPE_CUDA_CHECK(cudaStreamSynchronize(st));  // the host buffer may be reused when we return
+  if (synchronize) DPE_CUDA_CHECK(cudaStreamSynchronize(st));  // the host buffer may be reused when we return
 }
 
 // src: device src_logical, nbytes  dst: host, nbytes

@@ -1,5 +1,6 @@
 // dpe train: trains a built-in model in single, DP or DDP mode, with a progress line, test accuracy per
 // epoch, checkpoints every N epochs (replica 0 only, atomic) and resume.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -37,8 +38,11 @@ void run_train(TrainArgs args) {
   int64_t first_epoch = 0;
   std::unique_ptr<DataParallel> dp = make_engine(args.engine, args.optimizer, &first_epoch);
   LossFn loss_fn = models::model_loss(args.engine.model);
+  // Batches for GPUs are gathered into pinned memory, so that the scatter's copies are asynchronous DMA.
+  const bool to_cuda = std::ranges::any_of(dp->device_ids(), [](const Device& d) { return d.is_cuda(); });
   data::DataLoader loader(data.train_inputs, data.train_targets,
-                          {.batch_size = args.batch_size, .seed = args.engine.seed, .prefetch = 2});
+                          {.batch_size = args.batch_size, .seed = args.engine.seed, .prefetch = 2,
+                           .pin_memory = to_cuda});
   std::printf("dpe train: %s, mode %s on %s, global batch %lld, %lld training samples, %lld test samples%s\n",
               args.engine.model.c_str(), args.engine.mode.c_str(), device_list_str(dp->device_ids()).c_str(),
               static_cast<long long>(args.batch_size), static_cast<long long>(data.train_inputs.size(0)),
