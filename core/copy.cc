@@ -151,4 +151,21 @@ void scale_into(const Tensor& dst, double value) {
       });
 }
 
+void scaled_copy_into(const Tensor& dst, const Tensor& src, double value) {
+  const bool one_pass = dst.device() == src.device() && dst.dtype() == src.dtype() && is_compute_type(dst.dtype()) &&
+                        dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape();
+  if (!one_pass) {
+    copy_into(dst, src);
+    scale_into(dst, value);
+    return;
+  }
+  if (dst.numel() == 0) return;
+  dispatch(
+      dst.device(),
+      [&] { kernels::affine_cpu(dst.dtype(), dst.numel(), src.data_ptr(), value, 0.0, dst.data_ptr()); },
+      [&](auto stream) {
+        kernels::affine_cuda(stream, dst.dtype(), dst.numel(), src.data_ptr(), value, 0.0, dst.data_ptr());
+      });
+}
+
 }  // namespace dpe

@@ -20,6 +20,9 @@ void fill_into(const Tensor& dst, double value);
 void axpy_into(const Tensor& dst, const Tensor& src, double alpha);
 // dst *= value
 void scale_into(const Tensor& dst, double value);
+// dst = value * src (same shape): one pass when both are contiguous with the same float dtype on one device,
+// else a copy and a scale.
+void scaled_copy_into(const Tensor& dst, const Tensor& src, double value);
 
 kernels::Layout layout_of(const Tensor& t);
 

@@ -158,12 +158,11 @@ void DdpReducer::attach_gradients(size_t replica) {
   for (size_t p = 0; p < params_[replica].size(); ++p) {
     const Tensor& param = params_[replica][p];
     const Tensor& view = state.views[p];
-    if (same_memory(param.grad(), view)) continue;
-    if (param.grad().defined()) {
-      copy_into(view, param.grad());
-    } else {
-      fill_into(view, 0.0);
-    }
+    // A gradient kept from earlier backwards (no_sync, zero_grad(false)) moves into its view, so this backward
+    // accumulates there. An undefined one stays undefined: the backward's gradient is then stolen by the leaf
+    // and scaled into the view in one pass (mark_ready), cheaper than zero-filling the view and adding to it.
+    if (!param.grad().defined() || same_memory(param.grad(), view)) continue;
+    copy_into(view, param.grad());
     param.set_grad(view);
   }
 }
@@ -185,8 +184,14 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   const Tensor& view = state.views[param];
   if (from_hook && grad.defined()) {
     state.used[param] = 1;
-    if (!same_memory(grad, view)) copy_into(view, grad);
-    scale_into(view, 1.0 / static_cast<double>(group_->size()));  // pre-divide: the SUM is the average
+    const double inverse_world_size = 1.0 / static_cast<double>(group_->size());  // pre-divide: the SUM is the average
+    if (same_memory(grad, view)) {
+      scale_into(view, inverse_world_size);
+    } else {
+      scaled_copy_into(view, grad, inverse_world_size);
+      // Gradients as bucket views (what finalize_backward expects of attached gradients).
+      if (!options_.find_unused_parameters) params_[replica][param].set_grad(view);
+    }
   } else {
     fill_into(view, 0.0);
   }

@@ -13,10 +13,11 @@
 // buckets are launched, the replica launches it (and any ready buckets after it) as a SUM all-reduce, in
 // bucket index order — the same order on every replica whatever order its gradients become ready in. The
 // launch happens inside backward, on the replica's worker thread, overlapping the rest of its backward.
-// finalize_backward writes the averaged buckets back into .grad where they are not already there: without
-// find_unused_parameters, attach_gradients points every .grad at its slot in the bucket before a
-// synchronised backward (PyTorch's gradient_as_bucket_view), so backward accumulates straight into the bucket
-// and the reduced values need no copy in or out.
+// Without find_unused_parameters every .grad ends up as its slot in the bucket (PyTorch's
+// gradient_as_bucket_view), so the reduced values need no copy out: a gradient kept from earlier backwards is
+// moved into its slot before the backward (attach_gradients) and the backward accumulates there; an
+// undefined one (after zero_grad) is taken by the hook, scaled into its slot in one pass, and replaced by
+// the slot. With find_unused_parameters, finalize_backward writes the averaged buckets back into .grad.
 //
 // Unused parameters. Without find_unused_parameters a parameter that gets no gradient leaves its bucket
 // incomplete and finalize_backward throws PyTorch's error naming it. With it, parameters unreachable from the
@@ -73,9 +74,9 @@ class DdpReducer {
 
   // Before a synchronised backward of every replica: rebuilds the buckets if due and arms the hooks.
   void prepare_for_backward();
-  // Before a synchronised backward, on replica r's worker: every .grad becomes its bucket slot (holding the
-  // gradient accumulated so far, or zeros). Does nothing with find_unused_parameters (unused parameters
-  // must keep .grad untouched).
+  // Before a synchronised backward, on replica r's worker: every defined .grad becomes its bucket slot,
+  // holding the gradient accumulated so far (undefined ones stay undefined). Does nothing with
+  // find_unused_parameters (unused parameters must keep .grad untouched).
   void attach_gradients(size_t replica);
   // With find_unused_parameters: marks replica r's parameters that `loss` does not depend on as ready.
   void mark_unused_parameters(size_t replica, const Tensor& loss);

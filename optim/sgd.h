@@ -8,6 +8,8 @@
 //   p -= lr * d
 //
 // State per parameter: "momentum_buffer" (only when momentum != 0).
+// Contiguous parameters, gradients and buffers of one float dtype on one device (the usual case) take one
+// fused pass (core/kernels/optimizer.h); anything else the same update as separate tensor ops.
 #pragma once
 
 #include <vector>

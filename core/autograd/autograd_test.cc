@@ -20,6 +20,27 @@ TEST(AutogradTest, LeafGradientsAccumulate) {
   EXPECT_FALSE(w.grad().defined());
 }
 
+// The first gradient becomes the leaf's own: the backward's tensor itself when nothing else can reach it,
+// else a copy. Never an alias of the caller's tensor, nor a view that keeps a larger storage alive.
+TEST(AutogradTest, FirstGradientIsOwnedByTheLeaf) {
+  Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3}).set_requires_grad(true);
+  Tensor given = Tensor::from_vector(std::vector<float>{4, 5, 6}, {3});
+  w.backward(given);  // the incoming gradient is the caller's tensor: copied
+  EXPECT_NE(w.grad().storage(), given.storage());
+  given.fill_(0.0);
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{4, 5, 6}));
+
+  Tensor a = Tensor::from_vector(std::vector<float>{1, 2}, {2}).set_requires_grad(true);
+  Tensor b = Tensor::from_vector(std::vector<float>{3, 4, 5}, {3}).set_requires_grad(true);
+  sum(cat({a, b}) * 2.0).backward();  // a's and b's gradients arrive as views of one (5) gradient
+  for (const Tensor* leaf : {&a, &b}) {
+    EXPECT_TRUE(leaf->grad().is_contiguous());
+    EXPECT_EQ(leaf->grad().storage()->nbytes(), leaf->grad().nbytes());
+    EXPECT_EQ(leaf->grad().storage_offset(), 0);
+  }
+  EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{2, 2, 2}));
+}
+
 TEST(AutogradTest, SharedSubexpressionsSumTheirGradients) {
   Tensor x = Tensor::from_vector(std::vector<double>{2}, {1}).set_requires_grad(true);
   Tensor y = x * x;      // 2x

@@ -9,6 +9,14 @@ namespace {
 std::atomic<uint64_t> next_sequence_nr{0};
 // meta_of may be called concurrently for different tensors; creation of one tensor's meta is guarded.
 std::mutex meta_creation_mutex;
+// True when `t` can be kept as leaf's gradient without a copy: no other handle to it or its storage exists,
+// it fills its whole storage contiguously, and it has the leaf's dtype and device and no autograd history.
+bool is_sole_owner_of_layout(const Tensor& t, const Tensor& leaf) {
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous() &&
+         t.storage_offset() == 0 && t.nbytes() == t.storage()->nbytes() && t.dtype() == leaf.dtype() &&
+         t.device() == leaf.device() && !t.requires_grad();
+}
+
 }  // namespace
 
 Node::Node() : sequence_nr_(next_sequence_nr.fetch_add(1)) {}
@@ -47,11 +55,16 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   {
     std::lock_guard lock(meta.mutex);
     if (!meta.grad.defined()) {
-      // The first gradient is stored as a fresh contiguous tensor the leaf owns (never an alias of
-      // a tensor that the graph or the caller may still modify).
-      Tensor owned = Tensor::empty(leaf.shape(), TensorOptions(leaf.dtype()).with_device(leaf.device()));
-      owned.copy_(incoming);
-      meta.grad = owned;
+      // The first gradient becomes a contiguous tensor the leaf owns (never an alias of a tensor that the
+      // graph or the caller may still modify): the incoming one itself when nothing else can reach it
+      // (PyTorch steals it the same way), else a copy.
+      if (is_sole_owner_of_layout(incoming, leaf)) {
+        meta.grad = std::move(incoming);
+      } else {
+        Tensor owned = Tensor::empty(leaf.shape(), TensorOptions(leaf.dtype()).with_device(leaf.device()));
+        owned.copy_(incoming);
+        meta.grad = owned;
+      }
     } else {
       meta.grad.add_(incoming);
     }

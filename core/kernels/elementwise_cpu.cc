@@ -123,7 +123,7 @@ void activation_backward_cpu(ActivationOp op, DType dtype, int64_t n, const void
     T* dxs = static_cast<T*>(dx);
     dispatch_activation(op, [&](auto op_c) {
       parallel_range(n, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) dxs[i] = dys[i] * activation_derivative(op_c(), xs[i]);
+        for (int64_t i = begin; i < end; ++i) dxs[i] = activation_backward(op_c(), xs[i], dys[i]);
       });
     });
   });

@@ -149,6 +149,10 @@ TYPED_TEST(ElementwiseCpu, ActivationBackwardExactValues) {
   std::vector<T> dx(3);
   activation_backward_cpu(ActivationOp::Relu, dtype_of<T>(), 3, x.data(), dy.data(), dx.data());
   EXPECT_EQ(dx, (std::vector<T>{T(0), T(0), T(5)}));  // ReLU'(0) = 0, like PyTorch
+  // PyTorch's threshold_backward: 0 wherever x <= 0 whatever dy is (not dy * 0, which is NaN for inf or NaN).
+  const std::vector<T> bad_dy = {std::numeric_limits<T>::infinity(), std::numeric_limits<T>::quiet_NaN(), T(5)};
+  activation_backward_cpu(ActivationOp::Relu, dtype_of<T>(), 3, x.data(), bad_dy.data(), dx.data());
+  EXPECT_EQ(dx, (std::vector<T>{T(0), T(0), T(5)}));
   activation_backward_cpu(ActivationOp::Tanh, dtype_of<T>(), 3, x.data(), dy.data(), dx.data());
   EXPECT_EQ(dx[1], T(5));
   activation_backward_cpu(ActivationOp::Sigmoid, dtype_of<T>(), 3, x.data(), dy.data(), dx.data());

@@ -46,7 +46,7 @@ __global__ void unary_kernel(int64_t n, const T* x, T* y) {
 // x, dy, dx: (n)
 template <typename T, ActivationOp Op>
 __global__ void activation_backward_kernel(int64_t n, const T* x, const T* dy, T* dx) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) dx[i] = dy[i] * activation_derivative(Op, x[i]);
+  for (int64_t i = first_index(); i < n; i += grid_stride()) dx[i] = activation_backward(Op, x[i], dy[i]);
 }
 
 // out: (n) contiguous  a: a_layout  b: b_layout (out's sizes, stride 0 broadcasts). A contiguous operand

@@ -24,6 +24,7 @@
 #include "core/kernels/copy.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/matmul.h"
+#include "core/kernels/optimizer.h"
 #include "core/kernels/random.h"
 #include "core/kernels/reduce.h"
 #include "core/kernels/softmax.h"
@@ -394,6 +395,39 @@ TYPED_TEST(Parity, AffineAndAxpy) {
     auto d_y0 = upload(y0);
     axpy_cuda(stream(), dtype_of<T>(), n, alpha, d_x->get(), d_y0->get());
     expect_close(cpu_y, download<T>(*d_y0, x.size()), tol(cpu_y), "axpy n=" + std::to_string(n));
+  }
+}
+
+// The fused SGD step: the same per-element math (core/kernels/math.h, one fma per line) on both sides, three
+// steps so that the momentum buffer is written, then read.
+TYPED_TEST(Parity, SgdStep) {
+  SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  const SgdStep variants[] = {{.lr = 0.1},
+                              {.lr = 0.1, .momentum = 0.9, .dampening = 0.3},
+                              {.lr = 0.05, .momentum = 0.9, .nesterov = true},
+                              {.lr = 0.1, .momentum = 0.5, .weight_decay = 0.01}};
+  for (int64_t n : kSizes) {
+    for (const SgdStep& variant : variants) {
+      std::vector<T> p = random_vector<T, Rng>(n, -1, 1, n + 6), buf(n);
+      auto d_p = upload(p);
+      DeviceBuffer d_buf(bytes_of(p));
+      const bool momentum = variant.momentum != 0;
+      for (int step = 0; step < 3; ++step) {
+        const std::vector<T> g = random_vector<T, Rng>(n, -1, 1, n + 7 + step);
+        auto d_g = upload(g);
+        SgdStep s = variant;
+        s.first_step = step == 0;
+        sgd_step_cpu(dtype_of<T>(), n, p.data(), g.data(), momentum ? buf.data() : nullptr, s);
+        sgd_step_cuda(stream(), dtype_of<T>(), n, d_p->get(), d_g->get(), momentum ? d_buf.get() : nullptr, s);
+      }
+      const auto ulps = [&](const std::vector<T>& ref) {
+        return [&, ref](size_t i) { return 2 * kEps<T> * std::abs(double(ref[i])); };
+      };
+      const std::string what = "sgd n=" + std::to_string(n) + " momentum " + std::to_string(variant.momentum);
+      expect_close(p, download<T>(*d_p, p.size()), ulps(p), what);
+      if (momentum) expect_close(buf, download<T>(d_buf, buf.size()), ulps(buf), what + " buffer");
+    }
   }
 }
 

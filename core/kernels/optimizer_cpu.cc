@@ -1,0 +1,33 @@
+// CPU fused optimizer steps. The per-element math is core/kernels/math.h (shared with CUDA); this file
+// loops. Elements are independent, so results do not depend on how tbb splits the range.
+#include "core/error.h"
+#include "core/kernels/arg_checks.h"
+#include "core/kernels/cpu_parallel.h"
+#include "core/kernels/dtype_dispatch.h"
+#include "core/kernels/math.h"
+#include "core/kernels/optimizer.h"
+
+namespace dpe::kernels {
+
+void sgd_step_cpu(DType dtype, int64_t n, void* param, const void* grad, void* momentum_buffer, const SgdStep& step) {
+  detail::check_n("sgd_step_cpu", n);
+  if (n == 0) return;
+  DPE_INTERNAL_ASSERT(step.momentum == 0 || momentum_buffer != nullptr, "sgd_step_cpu: momentum without a buffer");
+  detail::dispatch_float(dtype, "sgd_step_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* ps = static_cast<T*>(param);
+    const T* gs = static_cast<const T*>(grad);
+    T* bufs = step.momentum != 0 ? static_cast<T*>(momentum_buffer) : nullptr;
+    const T lr = static_cast<T>(step.lr), momentum = static_cast<T>(step.momentum);
+    const T dampening_complement = static_cast<T>(1.0 - step.dampening);
+    const T weight_decay = static_cast<T>(step.weight_decay);
+    cpu_detail::parallel_range(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        ps[i] = sgd_updated_param(ps[i], gs[i], bufs ? bufs + i : nullptr, step.first_step, lr, momentum,
+                                  dampening_complement, weight_decay, step.nesterov);
+      }
+    });
+  });
+}
+
+}  // namespace dpe::kernels
