@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/host_device.h"
 #include "core/kernels/ops.h"
@@ -80,19 +81,52 @@ DPE_HOST_DEVICE T apply_binary(BinaryOp op, T a, T b) {
   return a;
 }
 
+// SGD's options as compile-time constants: each combination gets its own loop with no per-element branch
+// (the CPU loop then vectorises; with runtime flags it stayed scalar and was slower than the unfused ops).
+template <bool kMomentum, bool kFirstStep, bool kNesterov, bool kWeightDecay>
+struct SgdFlags {
+  static constexpr bool momentum = kMomentum, first_step = kFirstStep, nesterov = kNesterov,
+                        weight_decay = kWeightDecay;
+};
+
+// Calls f(SgdFlags<...>{}) for the given runtime values.
+template <typename F>
+void dispatch_sgd_flags(bool momentum, bool first_step, bool nesterov, bool weight_decay, F&& f) {
+  auto pick = [](bool value, auto&& next) {
+    if (value) {
+      next(std::true_type{});
+    } else {
+      next(std::false_type{});
+    }
+  };
+  pick(momentum, [&](auto m) {
+    pick(first_step, [&](auto first) {
+      pick(nesterov, [&](auto n) {
+        pick(weight_decay, [&](auto wd) {
+          f(SgdFlags<decltype(m)::value, decltype(first)::value, decltype(n)::value, decltype(wd)::value>{});
+        });
+      });
+    });
+  });
+}
+
 // One element of PyTorch's SGD step (torch/optim/sgd.py, foreach=False), in its order of operations:
 //   d = g + weight_decay * p;  buf = first_step ? d : momentum * buf + (1 - dampening) * d;
 //   d = nesterov ? d + momentum * buf : buf;  p = p - lr * d.
-// buf == nullptr: no momentum. Each line is one fma (CPU and CUDA round alike).
-template <typename T>
-DPE_HOST_DEVICE T sgd_updated_param(T p, T g, T* buf, bool first_step, T lr, T momentum, T dampening_complement,
-                                    T weight_decay, bool nesterov) {
+// buf: the element's momentum buffer (only touched with Flags::momentum). Each line is one fma, so CPU and
+// CUDA round alike.
+template <typename Flags, typename T>
+DPE_HOST_DEVICE T sgd_updated_param(T p, T g, T* buf, T lr, T momentum, T dampening_complement, T weight_decay) {
   using std::fma;
-  T d = weight_decay != T(0) ? fma(weight_decay, p, g) : g;
-  if (buf != nullptr) {
-    const T b = first_step ? d : fma(dampening_complement, d, momentum * *buf);
-    *buf = b;
-    d = nesterov ? fma(momentum, b, d) : b;
+  T d = g;
+  if constexpr (Flags::weight_decay) d = fma(weight_decay, p, g);
+  if constexpr (Flags::momentum) {
+    if constexpr (Flags::first_step) {
+      *buf = d;
+    } else {
+      *buf = fma(dampening_complement, d, momentum * *buf);
+    }
+    d = Flags::nesterov ? fma(momentum, *buf, d) : *buf;
   }
   return fma(-lr, d, p);
 }

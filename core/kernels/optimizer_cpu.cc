@@ -21,11 +21,14 @@ void sgd_step_cpu(DType dtype, int64_t n, void* param, const void* grad, void* m
     const T lr = static_cast<T>(step.lr), momentum = static_cast<T>(step.momentum);
     const T dampening_complement = static_cast<T>(1.0 - step.dampening);
     const T weight_decay = static_cast<T>(step.weight_decay);
-    cpu_detail::parallel_range(n, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        ps[i] = sgd_updated_param(ps[i], gs[i], bufs ? bufs + i : nullptr, step.first_step, lr, momentum,
-                                  dampening_complement, weight_decay, step.nesterov);
-      }
+    dispatch_sgd_flags(bufs != nullptr, step.first_step, step.nesterov, weight_decay != T(0), [&](auto flags) {
+      using Flags = decltype(flags);
+      cpu_detail::parallel_range(n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          ps[i] = sgd_updated_param<Flags>(ps[i], gs[i], Flags::momentum ? bufs + i : nullptr, lr, momentum,
+                                           dampening_complement, weight_decay);
+        }
+      });
     });
   });
 }

@@ -11,12 +11,12 @@ using cuda_detail::first_index;
 using cuda_detail::grid_stride;
 
 // param, grad, buf: (n); buf null without momentum.
-template <typename T>
-__global__ void sgd_step_kernel(int64_t n, T* param, const T* grad, T* buf, bool first_step, T lr, T momentum,
-                                T dampening_complement, T weight_decay, bool nesterov) {
+template <typename Flags, typename T>
+__global__ void sgd_step_kernel(int64_t n, T* param, const T* grad, T* buf, T lr, T momentum, T dampening_complement,
+                                T weight_decay) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    param[i] = sgd_updated_param(param[i], grad[i], buf ? buf + i : nullptr, first_step, lr, momentum,
-                                 dampening_complement, weight_decay, nesterov);
+    param[i] = sgd_updated_param<Flags>(param[i], grad[i], Flags::momentum ? buf + i : nullptr, lr, momentum,
+                                        dampening_complement, weight_decay);
   }
 }
 
@@ -29,12 +29,14 @@ void sgd_step_cuda(cudaStream_t stream, DType dtype, int64_t n, void* param, con
   DPE_INTERNAL_ASSERT(step.momentum == 0 || momentum_buffer != nullptr, "sgd_step_cuda: momentum without a buffer");
   cuda_detail::dispatch_compute_type(dtype, "sgd_step_cuda", [&](auto tag) {
     using T = decltype(tag);
-    sgd_step_kernel<T><<<cuda_detail::grid_for(n), cuda_detail::kBlock, 0, stream>>>(
-        n, static_cast<T*>(param), static_cast<const T*>(grad),
-        step.momentum != 0 ? static_cast<T*>(momentum_buffer) : nullptr, step.first_step, static_cast<T>(step.lr),
-        static_cast<T>(step.momentum), static_cast<T>(1.0 - step.dampening), static_cast<T>(step.weight_decay),
-        step.nesterov);
-    DPE_CUDA_CHECK_LAUNCH();
+    T* buf = step.momentum != 0 ? static_cast<T*>(momentum_buffer) : nullptr;
+    const T weight_decay = static_cast<T>(step.weight_decay);
+    dispatch_sgd_flags(buf != nullptr, step.first_step, step.nesterov, weight_decay != T(0), [&](auto flags) {
+      sgd_step_kernel<decltype(flags), T><<<cuda_detail::grid_for(n), cuda_detail::kBlock, 0, stream>>>(
+          n, static_cast<T*>(param), static_cast<const T*>(grad), buf, static_cast<T>(step.lr),
+          static_cast<T>(step.momentum), static_cast<T>(1.0 - step.dampening), weight_decay);
+      DPE_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
