@@ -48,6 +48,41 @@ int64_t gather_work(const Pool2dShape& s) {
   return ((s.kh + s.stride_h - 1) / s.stride_h) * ((s.kw + s.stride_w - 1) / s.stride_w);
 }
 
+// max_pool2d without padding: every window lies inside the plane, so no clipping, and one output row is
+// searched a window position at a time across all its outputs. The outputs are independent, so the inner
+// loop carries no dependency and vectorises; the window-by-window search (pool_detail::max_window) chained
+// each compare to the previous select and was 15% of a CNN step, this is about half of that. The same result
+// as max_window: the first maximum in window order, or the first NaN (once the running maximum is NaN nothing
+// replaces it).
+template <typename T>
+void max_pool2d_unpadded(const Pool2dShape& s, const T* xs, T* ys, int64_t* indices) {
+  for_each_row(s.planes, s.h_out, s.w_out * s.kh * s.kw, [&](int64_t p, int64_t oi) {
+    // Locals, not s's fields or captures: the int64 index stores could alias those, and the loops would not
+    // vectorise.
+    const int64_t w = s.w, w_out = s.w_out, kh = s.kh, kw = s.kw, stride_w = s.stride_w;
+    const T* plane = xs + p * s.h * w;
+    T* best = ys + (p * s.h_out + oi) * w_out;
+    int64_t* best_index = indices + (p * s.h_out + oi) * w_out;
+    const int64_t top = oi * s.stride_h * w;  // the windows' first element, for oj = 0
+    for (int64_t oj = 0; oj < w_out; ++oj) {
+      best[oj] = plane[top + oj * stride_w];
+      best_index[oj] = top + oj * stride_w;
+    }
+    for (int64_t di = 0; di < kh; ++di) {
+      for (int64_t dj = di == 0 ? 1 : 0; dj < kw; ++dj) {
+        const int64_t offset = top + di * w + dj;
+        for (int64_t oj = 0; oj < w_out; ++oj) {
+          const int64_t k = offset + oj * stride_w;
+          const T v = plane[k], b = best[oj];
+          const bool take = (v > b) | ((v != v) & (b == b));
+          best[oj] = take ? v : b;
+          best_index[oj] = take ? k : best_index[oj];
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // x: (P, H, W)  y, indices: (P, H_out, W_out)
@@ -55,6 +90,10 @@ void max_pool2d_cpu(const Pool2dShape& s, const void* x, void* y, int64_t* indic
   check_pool2d_shape("max_pool2d_cpu", s);
   dispatch_float(s.dtype, "max_pool2d_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (s.pad_h == 0 && s.pad_w == 0) {
+      max_pool2d_unpadded(s, static_cast<const T*>(x), static_cast<T*>(y), indices);
+      return;
+    }
     map_outputs<T>(s, s.kh * s.kw, x, y, [&](const T* plane, int64_t p, int64_t oi, int64_t oj) {
       return pool_detail::max_window(s, plane, oi, oj, indices + (p * s.h_out + oi) * s.w_out + oj);
     });

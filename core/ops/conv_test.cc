@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <functional>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -192,6 +195,37 @@ TEST(PoolTest, MaxPoolValuesAndIndices) {
   EXPECT_EQ(xl.grad().to_vector<double>(), (std::vector<double>{0, 2, 0, 0, 0, 0, 0, 1, 1}));
   // Default stride is the kernel size; unbatched input stays unbatched.
   EXPECT_EQ(max_pool2d(zeros({3, 6, 6}), {2, 3}).shape(), (Shape{3, 3, 2}));
+}
+
+// PyTorch's rules: the first maximum in window order wins a tie, and the first NaN wins outright.
+TEST(PoolTest, MaxPoolTiesAndNaNLikePyTorch) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor x = f64({1, 3, 3, nan, 3, 2, nan, 5}, {1, 1, 2, 4});
+  ValuesIndices r = max_pool2d_with_indices(x, {2, 2}, {2, 2});  // windows {0, 1, 4, 5} and {2, 3, 6, 7}
+  EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(r.values.to_vector<double>()[0], 3);
+  EXPECT_TRUE(std::isnan(r.values.to_vector<double>()[1]));
+  r = max_pool2d_with_indices(x, {2, 2}, {1, 1});  // overlapping windows
+  EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{1, 6, 3}));
+}
+
+// Unpadded pools take their own search (no clipping, selects instead of branches); a padded pool's interior
+// outputs see the same windows through the general search: both must pick the same values and indices, ties
+// and NaNs included.
+TEST(PoolTest, MaxPoolUnpaddedSearchMatchesTheGeneralOne) {
+  std::mt19937 gen(4);
+  std::uniform_int_distribution<int> small(-3, 3);  // few distinct values: many ties
+  std::vector<double> values(2 * 3 * 9 * 11);
+  for (double& v : values) v = small(gen);
+  Tensor x = f64(values, {2, 3, 9, 11});
+  x.select(3, 4).select(2, 6).fill_(std::numeric_limits<double>::quiet_NaN());
+  ValuesIndices unpadded = max_pool2d_with_indices(x, {3, 3}, {1, 1});
+  ValuesIndices padded = max_pool2d_with_indices(x, {3, 3}, {1, 1}, {1, 1});
+  auto interior = [](const Tensor& t) { return t.narrow(2, 1, 7).narrow(3, 1, 9).contiguous(); };
+  EXPECT_EQ(unpadded.indices.to_vector<int64_t>(), interior(padded.indices).to_vector<int64_t>());
+  std::vector<double> a = unpadded.values.to_vector<double>(), b = interior(padded.values).to_vector<double>();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) << i;
 }
 
 TEST(PoolTest, AvgPoolCountsPadding) {
