@@ -248,14 +248,18 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
   if (!args.png.empty()) {
     std::string data_path = args.png + ".dat", script_path = args.png + ".gp";
     std::ofstream dat(data_path);
+    double highest = 0;
     for (const Row& r : rows) {
-      if (r.note.empty()) dat << '"' << r.framework << ' ' << r.config << "\" " << r.samples_per_s << '\n';
+      if (!r.note.empty()) continue;
+      dat << '"' << r.framework << ' ' << r.config << "\" " << r.samples_per_s << '\n';
+      highest = std::max(highest, r.samples_per_s);
     }
     dat.close();
     std::ofstream gp(script_path);
     gp << "set terminal png size 900,500\nset output '" << args.png << "'\n"
        << "set title 'dpe bench: " << args.model << ", global batch " << args.batch_size << "'\n"
-       << "set ylabel 'samples/s'\nset style fill solid 0.6\nset boxwidth 0.6\nset yrange [0:*]\nset grid ytics\n"
+       << "set ylabel 'samples/s'\nset style fill solid 0.6\nset boxwidth 0.6\nset grid ytics\n"
+       << "set yrange [0:" << (highest > 0 ? highest * 1.15 : 1.0) << "]\n"  // room for the labels above the bars
        << "set xtics rotate by -30\nplot '" << data_path << "' using 0:2:xtic(1) with boxes notitle, '' using 0:2:(sprintf('%.0f',$2)) with labels offset 0,1 notitle\n";
     gp.close();
     int status = std::system(("gnuplot '" + script_path + "'").c_str());
