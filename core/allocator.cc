@@ -34,6 +34,14 @@ std::unique_ptr<BackendAllocator> make_backend(const Device& d) {
 
 }  // namespace
 
+void* detail::take_cached(BlockCache& cache, size_t size) {
+  auto it = cache.find(size);
+  if (it == cache.end() || it->second.empty()) return nullptr;
+  void* ptr = it->second.back();
+  it->second.pop_back();
+  return ptr;
+}
+
 CachingAllocator::CachingAllocator(Device device, std::unique_ptr<BackendAllocator> backend)
     : device_(device), backend_(std::move(backend)) {}
 
@@ -51,11 +59,8 @@ void* CachingAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   size_t size = round_size(nbytes);
   std::lock_guard lock(mutex_);
-  void* ptr = nullptr;
-  if (auto it = cache_.find(size); it != cache_.end() && !it->second.empty()) {
-    ptr = it->second.back();
-    it->second.pop_back();
-  } else {
+  void* ptr = detail::take_cached(cache_, size);
+  if (ptr == nullptr) {
     ptr = backend_->allocate(size);
     if (ptr == nullptr) {  // out of memory: give the cache back and try once more
       release_cache_locked();

@@ -32,6 +32,13 @@ struct MemoryStats {
   int64_t num_backend_allocations = 0;  // of which reached malloc / cudaMalloc (cache misses)
 };
 
+namespace detail {
+// Free blocks by rounded size: the cache of the device allocators and of the pinned host allocator.
+using BlockCache = std::unordered_map<size_t, std::vector<void*>>;
+// Removes and returns a cached block of exactly `size` bytes, or nullptr when there is none.
+void* take_cached(BlockCache& cache, size_t size);
+}  // namespace detail
+
 // Raw memory of one device. Implementations: CPU (aligned malloc), CUDA (cudaMalloc on the logical
 // device's physical GPU). allocate() returns nullptr when out of memory; the caching layer then frees
 // its cache, retries once, and reports a clear error naming the device.
@@ -69,7 +76,7 @@ class CachingAllocator {
   Device device_;
   std::unique_ptr<BackendAllocator> backend_;
   mutable std::mutex mutex_;
-  std::unordered_map<size_t, std::vector<void*>> cache_;  // rounded size -> free blocks
+  detail::BlockCache cache_;  // rounded size -> free blocks
   MemoryStats stats_;
 };
 

@@ -22,11 +22,8 @@ void* CachingHostAllocator::allocate(size_t nbytes) {
   const size_t size = CachingAllocator::round_size(nbytes);
   std::lock_guard lock(mutex_);
   collect_completed_locked();
-  void* ptr = nullptr;
-  if (auto it = free_.find(size); it != free_.end() && !it->second.empty()) {
-    ptr = it->second.back();
-    it->second.pop_back();
-  } else {
+  void* ptr = detail::take_cached(free_, size);
+  if (ptr == nullptr) {
     ptr = backend_->allocate(size);
     if (ptr == nullptr) {  // out of pinned memory: give the cache back and try once more
       release_free_locked();

@@ -72,9 +72,9 @@ class CachingHostAllocator {
 
   std::unique_ptr<HostAllocatorBackend> backend_;
   mutable std::mutex mutex_;
-  std::unordered_map<const void*, Block> blocks_;           // every block held, by start address
-  std::unordered_map<size_t, std::vector<void*>> free_;     // rounded size -> reusable blocks
-  std::vector<void*> awaiting_;                             // freed, some use still pending
+  std::unordered_map<const void*, Block> blocks_;  // every block held, by start address
+  detail::BlockCache free_;                        // rounded size -> reusable blocks
+  std::vector<void*> awaiting_;                    // freed, some use still pending
   MemoryStats stats_;
 };
 
