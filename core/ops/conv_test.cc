@@ -118,10 +118,12 @@ TEST(Conv2dTest, Float32OneDnnMatchesFloat64Im2col) {
 
 TEST(Conv2dTest, EmptyBatch) {
   Tensor x = zeros({0, 2, 4, 4}), w = ones({3, 2, 3, 3}).set_requires_grad(true);
-  Tensor y = conv2d(x, w);
+  Tensor b = ones({3}).set_requires_grad(true);
+  Tensor y = conv2d(x, w, b);
   EXPECT_EQ(y.shape(), (Shape{0, 3, 2, 2}));
   sum(y).backward();
   EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(54, 0.0f));
+  EXPECT_EQ(b.grad().to_vector<float>(), std::vector<float>(3, 0.0f));
 }
 
 TEST(Conv2dTest, Gradcheck) {
@@ -148,6 +150,9 @@ TEST(Conv2dTest, GradcheckInputOnly) {
   Tensor x2 = randn_leaf({1, 2, 4, 4}, 33).detach();
   Tensor w2 = randn_leaf({2, 2, 3, 3}, 34);
   EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return conv2d(x2, in[0], {}, {2, 1}); }, {w2}), "");
+  // Only the bias: its gradient comes from a reduction of dy, without the weight-gradient kernel.
+  Tensor b = randn_leaf({2}, 35);
+  EXPECT_EQ(gradcheck([&](const std::vector<Tensor>& in) { return conv2d(x2, w2.detach(), in[0]); }, {b}), "");
 }
 
 TEST(Conv2dTest, Errors) {
