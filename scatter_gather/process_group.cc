@@ -207,6 +207,28 @@ std::string ProcessGroup::check_every_list(const char* name, const char* item, c
   return "";
 }
 
+std::string ProcessGroup::check_root_list(size_t root, const char* list_name, const char* name,
+                                          const char* relation) const {
+  const std::vector<Tensor>& list = posted_[root]->list;
+  if (std::string e = check_list(devices_, root, list, devices_[root], list_name); !e.empty()) return e;
+  const std::string article_name = detail::str_cat("an ", name);
+  for (size_t k = 0; k < posted_.size(); ++k) {
+    const Tensor& t = posted_[k]->tensor;
+    if (std::string e = check_tensor(devices_, k, t, devices_[k], name); !e.empty()) return e;
+    if (std::string e = check_like(devices_, k, t, list[k], article_name.c_str(), relation); !e.empty()) return e;
+  }
+  return "";
+}
+
+std::vector<Tensor> ProcessGroup::share_of_every_tensor(int rank) const {
+  const Tensor& mine = posted_[rank]->tensor;  // validated: every member's has this count and dtype
+  auto [begin, end] = share_of(mine.numel(), element_size(mine.dtype()), size(), rank);
+  std::vector<Tensor> slices;
+  if (begin == end) return slices;
+  for (const Posted* p : posted_) slices.push_back(flat_slice(p->tensor, begin, end));
+  return slices;
+}
+
 void ProcessGroup::fail_alone(const std::string& message) {
   rendezvous_.abort(message);
   DPE_CHECK(false, message);
@@ -292,11 +314,8 @@ void ProcessGroup::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {
 #endif
       return;
     }
-    auto [begin, end] = share_of(tensor.numel(), element_size(tensor.dtype()), size(), rank);
-    if (begin == end) return;
-    std::vector<Tensor> slices;
-    for (const Posted* p : posted_) slices.push_back(flat_slice(p->tensor, begin, end));
-    combine(rank, slices, slices, op);
+    std::vector<Tensor> slices = share_of_every_tensor(rank);
+    if (!slices.empty()) combine(rank, slices, slices, op);
   });
 }
 
@@ -324,11 +343,8 @@ void ProcessGroup::reduce(int rank, const Tensor& tensor, int root, ReduceOp op)
 #endif
       return;
     }
-    auto [begin, end] = share_of(tensor.numel(), element_size(tensor.dtype()), size(), rank);
-    if (begin == end) return;
-    std::vector<Tensor> slices;
-    for (const Posted* p : posted_) slices.push_back(flat_slice(p->tensor, begin, end));
-    combine(rank, {slices[root]}, slices, op);
+    std::vector<Tensor> slices = share_of_every_tensor(rank);
+    if (!slices.empty()) combine(rank, {slices[root]}, slices, op);
   });
 }
 
@@ -389,31 +405,13 @@ void ProcessGroup::reduce_scatter_tensor(int rank, const Tensor& output, const T
 
 void ProcessGroup::gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input, int root) {
   Posted mine{.kind = Collective::Gather, .root = root, .tensor = input, .list = outputs};
-  auto validate = [&]() -> std::string {
-    const Posted& r = *posted_[root];
-    if (std::string e = check_list(devices_, root, r.list, devices_[root], "outputs"); !e.empty()) return e;
-    for (size_t k = 0; k < posted_.size(); ++k) {
-      const Tensor& in = posted_[k]->tensor;
-      if (std::string e = check_tensor(devices_, k, in, devices_[k], "input"); !e.empty()) return e;
-      if (std::string e = check_like(devices_, k, in, r.list[k], "an input", "the root's output for it"); !e.empty()) return e;
-    }
-    return "";
-  };
+  auto validate = [&] { return check_root_list(static_cast<size_t>(root), "outputs", "input", "the root's output for it"); };
   run(rank, mine, validate, [&] { copy(posted_[root]->list[rank], input); });
 }
 
 void ProcessGroup::scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, int root) {
   Posted mine{.kind = Collective::Scatter, .root = root, .tensor = output, .list = inputs};
-  auto validate = [&]() -> std::string {
-    const Posted& r = *posted_[root];
-    if (std::string e = check_list(devices_, root, r.list, devices_[root], "inputs"); !e.empty()) return e;
-    for (size_t k = 0; k < posted_.size(); ++k) {
-      const Tensor& out = posted_[k]->tensor;
-      if (std::string e = check_tensor(devices_, k, out, devices_[k], "output"); !e.empty()) return e;
-      if (std::string e = check_like(devices_, k, out, r.list[k], "an output", "the root's input for it"); !e.empty()) return e;
-    }
-    return "";
-  };
+  auto validate = [&] { return check_root_list(static_cast<size_t>(root), "inputs", "output", "the root's input for it"); };
   run(rank, mine, validate, [&] { copy(output, posted_[root]->list[rank]); });
 }
 

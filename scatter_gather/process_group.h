@@ -117,12 +117,17 @@ class ProcessGroup {
   std::string check_every(Tensor Posted::*field, const char* name, size_t reference) const;
   // Every member's `list`: one tensor per member, on its own device, contiguous, like its own `tensor`.
   std::string check_every_list(const char* name, const char* item, const char* relation) const;
+  // gather/scatter: the root's `list` (one tensor per member, on the root's device, contiguous) and every
+  // member's `tensor` (on its own device, like the root's entry for it).
+  std::string check_root_list(size_t root, const char* list_name, const char* name, const char* relation) const;
   // An error only this member can see (its arguments are not posted yet): aborts the group so that the
   // others do not wait for it, then throws.
   [[noreturn]] void fail_alone(const std::string& message);
   void check_rank(int rank, const char* what);
   void check_flat(int rank, const char* what, const Tensor& flat, const char* flat_name, const Tensor& piece);
   void copy(const Tensor& dst, const Tensor& src) const;
+  // Member `rank`'s share (share_of) of every member's `tensor`, flat; empty when that share is empty.
+  std::vector<Tensor> share_of_every_tensor(int rank) const;
   // dsts[m] = op over srcs[k], computed by member `rank` (its device does the arithmetic off the host).
   void combine(int rank, const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs, ReduceOp op) const;
   bool uses_nccl() const { return nccl_ != nullptr; }

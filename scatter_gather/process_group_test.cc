@@ -337,6 +337,32 @@ TEST(ProcessGroupTest, MismatchedArgumentsFailOnEveryMemberAndKeepTheGroupUsable
   EXPECT_EQ(group.calls(Collective::AllReduce), 1);
 }
 
+// gather and scatter check the root's list against every member's tensor, naming both sides.
+TEST(ProcessGroupTest, GatherAndScatterMismatchesNameTheRootsEntry) {
+  auto devices = cpu_devices(2);
+  ProcessGroup group(devices);
+  std::vector<Tensor> mine = {ones({4}, devices[0]), ones({5}, devices[1])};
+  std::vector<Tensor> roots_list = {ones({4}, devices[0]), ones({4}, devices[0])};
+  auto errors = run_members(2, [&](int r) { group.gather(r, r == 0 ? roots_list : std::vector<Tensor>{}, mine[r], 0); });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("member 1 (cpu:1) passed an input of 5 float32 elements on cpu:1 but the root's output "
+                             "for it has 4 float32 elements on cpu:0"),
+              std::string::npos) << errors[r];
+  }
+  errors = run_members(2, [&](int r) { group.scatter(r, mine[r], r == 0 ? roots_list : std::vector<Tensor>{}, 0); });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("member 1 (cpu:1) passed an output of 5 float32 elements on cpu:1 but the root's input "
+                             "for it has 4"),
+              std::string::npos) << errors[r];
+  }
+  std::vector<Tensor> short_list = {ones({4}, devices[0])};
+  errors = run_members(2, [&](int r) { group.gather(r, r == 0 ? short_list : std::vector<Tensor>{}, mine[r], 0); });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("member 0 (cpu:0) passed 1 outputs; expected one per member (2)"), std::string::npos)
+        << errors[r];
+  }
+}
+
 TEST(ProcessGroupTest, ALocalArgumentErrorAbortsSoPartnersDoNotWait) {
   auto devices = cpu_devices(2);
   ProcessGroup group(devices);
