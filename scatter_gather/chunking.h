@@ -6,6 +6,11 @@
 //            when B >= n: 4/3 -> 2,1,1; 10/4 -> 3,3,2,2.
 //   Weighted: proportional to weights (largest remainders get the leftover items, ties to lower index).
 // Empty chunks are dropped (the devices after them are not used), except that B = 0 gives one empty chunk.
+// So the result has at most min(B, n) entries, and they sum to B exactly, for any B up to INT64_MAX (no
+// intermediate overflows; the weighted rule's floating-point shares are clamped and corrected so rounding
+// never makes them sum above B, and leftover items only go to positive weights).
+// Errors (dpe::Error): B < 0, n < 1; for Weighted a weight count other than n, a weight that is NaN, infinite
+// or negative (naming its index and value), weights summing to 0.
 #pragma once
 
 #include <cstdint>
