@@ -179,16 +179,68 @@ void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
     }
     replica_state_.push_back(std::move(state));
     replica_buffers_.push_back(replicas_[i]->buffers());
+    std::vector<Tensor> params;
+    for (auto& [name, p] : replicas_[i]->named_parameters()) {
+      params.push_back(p);
+      if (i == 0) {
+        param_names_.push_back(name);
+        trainable_.push_back(p.requires_grad());
+      }
+    }
+    replica_params_.push_back(std::move(params));
     if (i == 0) check_master_placement();  // before cloning a misplaced master
   }
   pool_ = std::make_unique<DeviceWorkerPool>(device_ids_);
+  if (options_.mode == ParallelMode::DDP) init_ddp();
+  build_reducer();
+}
+
+void DataParallel::build_reducer() {
+  std::vector<std::vector<Tensor>> params(replicas_.size());
+  std::vector<std::string> names;
+  for (size_t k = 0; k < trainable_.size(); ++k) {
+    if (!trainable_[k]) continue;
+    for (size_t r = 0; r < replicas_.size(); ++r) params[r].push_back(replica_params_[r][k]);
+    names.push_back(param_names_[k]);
+  }
   if (options_.mode == ParallelMode::DDP) {
-    init_ddp();
+    DdpReducerOptions reducer_options{.find_unused_parameters = options_.find_unused_parameters};
+    if (options_.bucket_cap_mb.has_value()) {
+      reducer_options.bucket_cap_bytes = static_cast<size_t>(*options_.bucket_cap_mb * 1024 * 1024);
+      reducer_options.first_bucket_bytes = reducer_options.bucket_cap_bytes;
+    }
+    ddp_reducer_.reset();  // its hooks go before the new reducer's are registered
+    ddp_reducer_ = std::make_unique<DdpReducer>(std::move(params), std::move(names), group_, reducer_options);
   } else if (device_ids_.size() > 1) {
-    std::vector<std::vector<Tensor>> params;
-    for (const auto& r : replicas_) params.push_back(r->parameters());
+    reducer_.reset();
     reducer_ = std::make_unique<GradientReducer>(std::move(params), options_.bucket_bytes);
   }
+}
+
+// Note [Frozen parameters]
+void DataParallel::refresh_trainable() {
+  bool changed = false;
+  for (size_t k = 0; k < trainable_.size(); ++k) {
+    const bool master = replica_params_[0][k].requires_grad();
+    changed = changed || master != trainable_[k];
+    for (size_t r = 1; r < replicas_.size(); ++r) {
+      const bool mine = replica_params_[r][k].requires_grad();
+      DPE_CHECK(mine == trainable_[k] || master != trainable_[k], "DataParallel: requires_grad of replica ", r,
+                "'s '", param_names_[k], "' was set to ", mine ? "true" : "false", " but the master's (replica 0's) is ",
+                master ? "true" : "false", "; change it on module() (replica 0): the engine copies the master's flags "
+                "to every replica at the next step");
+    }
+  }
+  if (!changed) return;
+  for (size_t k = 0; k < trainable_.size(); ++k) {
+    trainable_[k] = replica_params_[0][k].requires_grad();
+    for (size_t r = 1; r < replicas_.size(); ++r) {
+      replica_params_[r][k].set_requires_grad(trainable_[k]);
+      // DP's replica gradients are the engine's scratch, one step long: none is left on a frozen parameter.
+      if (options_.mode == ParallelMode::DP && !trainable_[k]) replica_params_[r][k].set_grad({});
+    }
+  }
+  build_reducer();
 }
 
 DataParallel::~DataParallel() = default;
@@ -316,6 +368,7 @@ std::vector<Tensor> DataParallel::forward_args(const nn::ModuleInput& input) {
     return outputs;
   }
 
+  if (GradMode::is_enabled()) refresh_trainable();
   auto start = Clock::now();
   report_.chunk_sizes =
       compute_chunk_sizes(batch, static_cast<int64_t>(device_ids_.size()), options_.split, options_.split_weights);

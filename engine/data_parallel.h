@@ -29,6 +29,15 @@
 //  3. optimizer_step runs every replica's own optimizer on its worker; replicas stay bit-identical because
 //     they start identical (broadcast at construction) and see identical averaged gradients.
 //
+// Note [Frozen parameters]
+// A parameter whose requires_grad is false (a frozen backbone while fine-tuning) is PyTorch's frozen
+// parameter in both modes: replicas keep the flag (clone copies it), it gets no gradient, it is left out of
+// DP's reduction and DDP's buckets (so it is never an "unused parameter"), and optimizers skip it, so it stays
+// bit-identical. The master's (replica 0's) flags are the model's: a change made to them after construction
+// is picked up at the next step (the flags are copied to every replica and the reducer is rebuilt); a change
+// made to another replica alone is refused with an error naming the replica and the parameter. DDP replicas
+// built by the caller must agree with replica 0's flags at construction.
+//
 // Thread-safety: one thread drives a DataParallel at a time.
 #pragma once
 
@@ -185,6 +194,10 @@ class DataParallel {
   void init(std::vector<std::shared_ptr<nn::Module>> given_replicas);
   void init_ddp();
   void verify_replica_structure() const;
+  // The mode's gradient reducer over the parameters that require grad (trainable_).
+  void build_reducer();
+  // Picks up requires_grad changes made after construction (Note [Frozen parameters]).
+  void refresh_trainable();
   // Runs fn(r) on every replica's worker; a replica that throws aborts the process group first, so that
   // partners waiting for it in a collective fail at once instead of at the timeout.
   void run_replicas(const std::function<void(size_t)>& fn);
@@ -207,6 +220,9 @@ class DataParallel {
   std::vector<std::vector<Tensor>> replica_state_;
   std::vector<std::string> state_names_;
   std::vector<std::vector<Tensor>> replica_buffers_;  // each replica's buffers() (a subset of its state), likewise
+  std::vector<std::vector<Tensor>> replica_params_;   // each replica's parameters(), frozen ones included, likewise
+  std::vector<std::string> param_names_;
+  std::vector<bool> trainable_;  // per parameter: requires_grad when the reducer was last built
   std::unique_ptr<DeviceWorkerPool> pool_;
   std::unique_ptr<GradientReducer> reducer_;    // DP mode
   std::shared_ptr<ProcessGroup> group_;         // DDP mode

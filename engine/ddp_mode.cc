@@ -16,6 +16,9 @@ using engine_detail::ms_since;
 
 void DataParallel::verify_replica_structure() const {
   for (size_t r = 1; r < replicas_.size(); ++r) {
+    DPE_CHECK(replica_params_[r].size() == param_names_.size(), "DDP: replica ", r, " has ",
+              replica_params_[r].size(), " parameters, replica 0 has ", param_names_.size(),
+              "; every replica must be the same model");
     nn::StateDict state = replicas_[r]->state_dict();
     DPE_CHECK(state.size() == state_names_.size(), "DDP: replica ", r, " has ", state.size(),
               " parameters and buffers, replica 0 has ", state_names_.size(), "; every replica must be the same model");
@@ -30,10 +33,18 @@ void DataParallel::verify_replica_structure() const {
       DPE_CHECK(t.device() == device_ids_[r], "DDP: replica ", r, "'s '", name, "' is on ", t.device(),
                 "; expected device_ids[", r, "] = ", device_ids_[r]);
     }
+    for (size_t k = 0; k < param_names_.size(); ++k) {
+      const bool mine = replica_params_[r][k].requires_grad();
+      DPE_CHECK(mine == trainable_[k], "DDP: replica ", r, "'s '", param_names_[k], "' has requires_grad ",
+                mine ? "true" : "false", ", replica 0's has ", trainable_[k] ? "true" : "false",
+                "; every replica must freeze the same parameters");
+    }
   }
 }
 
 void DataParallel::init_ddp() {
+  DPE_CHECK(!options_.bucket_cap_mb.has_value() || *options_.bucket_cap_mb > 0, "DDP: bucket_cap_mb must be positive, got ",
+            options_.bucket_cap_mb.value_or(0));
   verify_replica_structure();
   group_ = std::make_shared<ProcessGroup>(device_ids_, ProcessGroupOptions{options_.backend, options_.timeout});
   // PyTorch's _sync_module_states: replica 0's parameters and buffers, broadcast to every replica.
@@ -41,36 +52,24 @@ void DataParallel::init_ddp() {
     NoGradGuard no_grad;
     for (const Tensor& t : replica_state_[r]) group_->broadcast(static_cast<int>(r), t, 0);
   });
-  std::vector<std::vector<Tensor>> params(replicas_.size());
-  std::vector<std::string> names;
-  for (size_t r = 0; r < replicas_.size(); ++r) {
-    for (const auto& [name, p] : replicas_[r]->named_parameters()) {
-      if (!p.requires_grad()) continue;
-      params[r].push_back(p);
-      if (r == 0) names.push_back(name);
-    }
-  }
-  DdpReducerOptions reducer_options{.find_unused_parameters = options_.find_unused_parameters};
-  if (options_.bucket_cap_mb.has_value()) {
-    DPE_CHECK(*options_.bucket_cap_mb > 0, "DDP: bucket_cap_mb must be positive, got ", *options_.bucket_cap_mb);
-    reducer_options.bucket_cap_bytes = static_cast<size_t>(*options_.bucket_cap_mb * 1024 * 1024);
-    reducer_options.first_bucket_bytes = reducer_options.bucket_cap_bytes;
-  }
-  ddp_reducer_ = std::make_unique<DdpReducer>(std::move(params), std::move(names), group_, reducer_options);
   for (size_t r = 0; r < replicas_.size(); ++r) nn::set_sync_batchnorm_group(*replicas_[r], group_, static_cast<int>(r));
 }
 
 void DataParallel::run_replicas(const std::function<void(size_t)>& fn) {
+  // The partners may be waiting for a failed replica inside a collective: wake them with the cause. Their
+  // "aborted" errors come after it, so the pool reports the failed replica's own error.
+  auto abort_group = [&](size_t r, const std::exception_ptr& error) {
+    if (!group_) return;
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      group_->abort(detail::str_cat("replica ", r, " on ", device_ids_[r], " failed: ", e.what()));
+    } catch (...) {
+      group_->abort(detail::str_cat("replica ", r, " on ", device_ids_[r], " failed"));
+    }
+  };
   try {
-    pool_->run(device_ids_.size(), [&](size_t r) {
-      try {
-        fn(r);
-      } catch (const std::exception& e) {
-        // The partners may be waiting for this replica inside a collective: wake them with the cause.
-        if (group_) group_->abort(detail::str_cat("replica ", r, " on ", device_ids_[r], " failed: ", e.what()));
-        throw;
-      }
-    });
+    pool_->run(device_ids_.size(), fn, abort_group);
   } catch (...) {
     if (group_) group_->reset();  // every worker has returned: nobody is inside a collective
     throw;
@@ -91,6 +90,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
   std::vector<int64_t> offsets(n, 0);
   for (size_t r = 1; r < n; ++r) offsets[r] = offsets[r - 1] + sizes[r - 1];
 
+  refresh_trainable();
   const bool sync = require_backward_grad_sync_;
   if (sync) ddp_reducer_->prepare_for_backward();
   const int64_t allreduces_before = group_->calls(Collective::AllReduce);

@@ -2,6 +2,9 @@
 // training against DP mode and a single device, no_sync, unused parameters, buffer broadcast, errors.
 #include <gtest/gtest.h>
 
+#include <atomic>
+
+#include "core/autograd/function.h"
 #include "core/autograd/grad_mode.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
@@ -445,6 +448,76 @@ TEST(DdpTest, ErrorsNameTheProblem) {
   ddp.zero_grad();
   ddp.forward_backward(randn({6, 6}), randn({6, 3}), mse);
   expect_replicas_identical(ddp, true);
+}
+
+// Fails on one device, in one phase of the DDP step: forward, the loss or backward.
+enum class Phase { Forward, Loss, Backward };
+
+class FailsOnOneDevice : public Cloneable<FailsOnOneDevice> {
+ public:
+  FailsOnOneDevice(Device where = Device::cpu(0), Phase phase = Phase::Forward)
+      : Cloneable("FailsOnOneDevice"), where_(where), phase_(phase) {
+    reset();
+  }
+  void reset() override { fc = register_module("fc", std::make_shared<Linear>(6, 3)); }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = fc->forward(x);
+    if (x.device() != where_ || !*armed) return y;
+    DPE_CHECK(phase_ != Phase::Forward, "forward refused on ", where_);
+    if (phase_ == Phase::Backward) {
+      Tensor out = y.detach();
+      autograd::record(out, {y}, "RefuseBackward", [where = where_](const Tensor&) -> std::vector<Tensor> {
+        DPE_CHECK(false, "backward refused on ", where);
+      });
+      return out;
+    }
+    return y;
+  }
+  std::shared_ptr<Linear> fc;
+  std::shared_ptr<std::atomic<bool>> armed = std::make_shared<std::atomic<bool>>(true);  // shared by clones
+
+ private:
+  Device where_;
+  Phase phase_;
+};
+
+// Regression (issue 13, item 2): the caller got a partner's secondary "process group is aborted" error
+// (replica 0's) instead of the failed replica's own.
+TEST(DdpTest, AFailedReplicaIsReportedAsItselfNotAsItsPartners) {
+  for (int failing : {1, 2}) {
+    for (Phase phase : {Phase::Forward, Phase::Loss, Phase::Backward}) {
+      const Device where = Device::cpu(failing);
+      const std::string expected = phase == Phase::Forward ? "forward refused on " + where.str()
+                                   : phase == Phase::Loss  ? "loss refused on " + where.str()
+                                                           : "backward refused on " + where.str();
+      SCOPED_TRACE(expected);
+      auto net = std::make_shared<FailsOnOneDevice>(where, phase);
+      DataParallel ddp(net, {.device_ids = first(3), .mode = ParallelMode::DDP});
+      LossFn loss = [&](const Tensor& out, const Tensor& target) {
+        DPE_CHECK(phase != Phase::Loss || out.device() != where, "loss refused on ", where);
+        return mse(out, target);
+      };
+      try {
+        ddp.forward_backward(randn({6, 6}), randn({6, 3}), loss);
+        ADD_FAILURE() << "no error";
+      } catch (const ReplicaError& e) {
+        const std::string what = e.what();
+        EXPECT_EQ(e.replica(), failing) << what;
+        EXPECT_EQ(e.device(), where) << what;
+        EXPECT_EQ(what.rfind("replica " + std::to_string(failing) + " on " + where.str() + ": " + expected, 0), 0u) << what;
+        EXPECT_EQ(e.later_failures().size(), 2u);  // both partners waited for it in an all-reduce
+        for (const auto& later : e.later_failures()) {  // the partners' consequences, as context
+          EXPECT_NE(later.replica, failing);
+          EXPECT_NE(later.message.find("replica " + std::to_string(failing) + " on " + where.str() + " failed: " + expected),
+                    std::string::npos) << later.message;
+        }
+      }
+      *net->armed = false;
+      ddp.zero_grad();  // the engine stays usable
+      ddp.forward_backward(randn({6, 6}), randn({6, 3}), mse);
+      expect_replicas_identical(ddp, true);
+    }
+  }
 }
 
 TEST(DdpTest, StepReportHasEveryPhase) {

@@ -17,8 +17,11 @@
 
 namespace dpe {
 
-ReplicaError::ReplicaError(int replica, Device device, const std::string& message)
-    : Error(detail::str_cat("replica ", replica, " on ", device, ": ", message)), replica_(replica), device_(device) {}
+ReplicaError::ReplicaError(int replica, Device device, const std::string& message, std::vector<Failure> later_failures)
+    : Error(detail::str_cat("replica ", replica, " on ", device, ": ", message)),
+      replica_(replica),
+      device_(device),
+      later_failures_(std::move(later_failures)) {}
 
 namespace {
 
@@ -48,8 +51,10 @@ struct DeviceWorkerPool::Impl {
   struct Worker {
     Device device;
     std::thread thread;
+    size_t index = 0;
     std::function<void()> task;  // set by run(), cleared by the worker when done
     std::exception_ptr error;
+    uint64_t failure_order = 0;  // this run's failures are numbered 0, 1, ... in the order they happened
   };
 
   std::vector<Device> devices;
@@ -63,6 +68,8 @@ struct DeviceWorkerPool::Impl {
   uint64_t generation = 0;  // bumped by each run(); a worker runs its task once per generation
   size_t pending = 0;
   bool stopping = false;
+  uint64_t failures = 0;                 // failures numbered so far in this run
+  FailureCallback on_failure;            // this run's; set before the tasks are handed out
 
   void loop(Worker& w) {
     std::unique_ptr<tbb::task_arena> arena;
@@ -95,6 +102,19 @@ struct DeviceWorkerPool::Impl {
       // Nothing of this step may outlive the hand-over: the caller may destroy what the task refers to,
       // and reads (then frees) the exception as soon as pending reaches 0.
       task = nullptr;
+      if (error) {
+        {
+          std::lock_guard lock(mutex);
+          w.failure_order = failures++;
+        }
+        // pending still counts this worker, so run() has not returned and on_failure is alive.
+        if (on_failure) {
+          try {
+            on_failure(w.index, error);
+          } catch (...) {
+          }
+        }
+      }
       std::lock_guard lock(mutex);
       w.error = std::move(error);
       if (--pending == 0) work_done.notify_all();
@@ -112,6 +132,7 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices) : impl_(std::mak
   for (const Device& d : impl_->devices) {
     auto worker = std::make_unique<Impl::Worker>();
     worker->device = d;
+    worker->index = impl_->workers.size();
     impl_->workers.push_back(std::move(worker));
   }
   for (auto& worker : impl_->workers) {
@@ -135,7 +156,8 @@ const std::vector<Device>& DeviceWorkerPool::devices() const { return impl_->dev
 int64_t DeviceWorkerPool::threads_created() const { return impl_->threads_created; }
 int DeviceWorkerPool::cpu_threads_per_device() const { return impl_->cpu_threads; }
 
-void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica)>& fn) {
+void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica)>& fn,
+                           const FailureCallback& on_failure) {
   DPE_CHECK(count <= size(), "DeviceWorkerPool::run: ", count, " replicas for ", size(), " workers");
   if (count == 0) return;
   bool grad_enabled = GradMode::is_enabled();
@@ -144,6 +166,8 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
     DPE_INTERNAL_ASSERT(impl_->pending == 0, "DeviceWorkerPool::run is not reentrant");
     ++impl_->generation;
     impl_->pending = count;
+    impl_->failures = 0;
+    impl_->on_failure = on_failure;
     for (size_t i = 0; i < count; ++i) {
       impl_->workers[i]->error = nullptr;
       impl_->workers[i]->task = [&fn, i, grad_enabled] {
@@ -155,13 +179,20 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
   impl_->work_ready.notify_all();
   std::unique_lock lock(impl_->mutex);
   impl_->work_done.wait(lock, [&] { return impl_->pending == 0; });
+  impl_->on_failure = nullptr;
+  std::vector<Impl::Worker*> failed;
   for (size_t i = 0; i < count; ++i) {
-    if (impl_->workers[i]->error) {
-      std::exception_ptr error = impl_->workers[i]->error;
-      impl_->workers[i]->error = nullptr;
-      throw ReplicaError(static_cast<int>(i), impl_->devices[i], message_of(error));
-    }
+    if (impl_->workers[i]->error) failed.push_back(impl_->workers[i].get());
   }
+  if (failed.empty()) return;
+  std::sort(failed.begin(), failed.end(), [](auto* a, auto* b) { return a->failure_order < b->failure_order; });
+  std::vector<ReplicaError::Failure> later;
+  for (size_t k = 1; k < failed.size(); ++k) {
+    later.push_back({static_cast<int>(failed[k]->index), failed[k]->device, message_of(failed[k]->error)});
+  }
+  std::string message = message_of(failed[0]->error);
+  for (Impl::Worker* w : failed) w->error = nullptr;
+  throw ReplicaError(static_cast<int>(failed[0]->index), failed[0]->device, message, std::move(later));
 }
 
 }  // namespace dpe

@@ -1,9 +1,13 @@
 // One persistent worker thread per device (DESIGN.md "Threads, streams, errors").
 //
 // run(count, fn) runs fn(i) on worker i for i in [0, count) at the same time and returns when all have
-// finished. A worker that throws does not stop the others: every exception is caught, tagged with the
-// replica index and device, and after all workers have finished the lowest-index one is rethrown in the
-// caller as ReplicaError. No thread is created after construction (threads_created() stays constant).
+// finished. A worker that throws does not stop the others: every exception is caught and numbered in the
+// order the failures happened, and after all workers have finished the FIRST one (the root cause: in DDP a
+// failing replica aborts the collectives its partners are waiting in, so their errors come after it and are
+// consequences) is rethrown in the caller as ReplicaError, the later ones attached as later_failures().
+// run's on_failure(i, error) runs on worker i right after its failure was numbered, before any later
+// failure can be: that is where a caller wakes partners blocked on worker i (ProcessGroup::abort).
+// No thread is created after construction (threads_created() stays constant).
 //
 // CPU workers get their share of the cores (hardware threads / number of CPU devices in the pool, at least
 // 1) for intra-op parallelism: each runs its tasks inside its own oneTBB task_arena of that size and sets its
@@ -14,7 +18,9 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -24,15 +30,24 @@
 namespace dpe {
 
 // An exception raised in a replica, rethrown in the caller: "replica 1 on cpu:1: <original message>".
+// replica() and device() are the replica that failed first; replicas that failed after it in the same run
+// (usually because of it) are context, in the order they failed.
 class ReplicaError : public Error {
  public:
-  ReplicaError(int replica, Device device, const std::string& message);
+  struct Failure {
+    int replica;
+    Device device;
+    std::string message;  // the original message, without the "replica r on d: " prefix
+  };
+  ReplicaError(int replica, Device device, const std::string& message, std::vector<Failure> later_failures = {});
   int replica() const { return replica_; }
   const Device& device() const { return device_; }
+  const std::vector<Failure>& later_failures() const { return later_failures_; }
 
  private:
   int replica_;
   Device device_;
+  std::vector<Failure> later_failures_;
 };
 
 class DeviceWorkerPool {
@@ -44,8 +59,10 @@ class DeviceWorkerPool {
 
   size_t size() const;
   const std::vector<Device>& devices() const;
-  // Runs fn(i) on workers 0..count-1 (count <= size()) and waits for all of them.
-  void run(size_t count, const std::function<void(size_t replica)>& fn);
+  // Runs fn(i) on workers 0..count-1 (count <= size()) and waits for all of them. on_failure: see the file
+  // comment (it must not throw; what it throws is ignored).
+  using FailureCallback = std::function<void(size_t replica, const std::exception_ptr& error)>;
+  void run(size_t count, const std::function<void(size_t replica)>& fn, const FailureCallback& on_failure = {});
   // Total threads this pool ever started (tests: constant after construction).
   int64_t threads_created() const;
   // Intra-op threads each CPU worker uses.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -36,7 +37,7 @@ TEST(WorkerPoolTest, RunsEachReplicaOnItsOwnPersistentThread) {
   EXPECT_EQ(ran, (std::vector<int>{1, 1, 0}));
 }
 
-TEST(WorkerPoolTest, ErrorsAreTaggedAndTheLowestReplicaWins) {
+TEST(WorkerPoolTest, ErrorsAreTaggedAndTheFirstFailureWins) {
   DeviceWorkerPool pool(cpu_devices(3));
   std::atomic<int> finished{0};
   try {
@@ -47,14 +48,59 @@ TEST(WorkerPoolTest, ErrorsAreTaggedAndTheLowestReplicaWins) {
     });
     ADD_FAILURE() << "no exception";
   } catch (const ReplicaError& e) {
-    EXPECT_EQ(e.replica(), 1);
-    EXPECT_EQ(e.device(), Device::cpu(1));
-    EXPECT_EQ(std::string(e.what()), "replica 1 on cpu:1: bad shape in replica 1");
+    EXPECT_TRUE(e.replica() == 1 || e.replica() == 2) << e.what();  // both failed at once: either came first
+    EXPECT_EQ(e.device(), Device::cpu(e.replica()));
+    EXPECT_EQ(std::string(e.what()), "replica " + std::to_string(e.replica()) + " on cpu:" +
+                                         std::to_string(e.replica()) + ": bad shape in replica " +
+                                         std::to_string(e.replica()));
+    ASSERT_EQ(e.later_failures().size(), 1u);
+    EXPECT_EQ(e.later_failures()[0].replica, 3 - e.replica());
   }
   EXPECT_EQ(finished.load(), 1);  // the healthy worker finished before the error was raised
   std::atomic<int> ok{0};
   pool.run(3, [&](size_t) { ++ok; });  // the next step works
   EXPECT_EQ(ok.load(), 3);
+}
+
+// A DDP-like failure: replica 2 fails, its on_failure wakes the partners, which then fail because of it.
+// The caller must get replica 2's error, not the partners' (lower-index) consequences.
+TEST(WorkerPoolTest, TheRootCauseIsReportedNotItsConsequences) {
+  DeviceWorkerPool pool(cpu_devices(3));
+  for (int round = 0; round < 20; ++round) {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool aborted = false;
+    std::vector<size_t> callbacks;
+    try {
+      pool.run(
+          3,
+          [&](size_t i) {
+            if (i == 2) throw Error("out of memory in the loss");
+            std::unique_lock lock(mutex);
+            cv.wait(lock, [&] { return aborted; });
+            throw Error("process group is aborted: replica 2 failed");
+          },
+          [&](size_t i, const std::exception_ptr&) {
+            std::lock_guard lock(mutex);
+            callbacks.push_back(i);
+            aborted = true;
+            cv.notify_all();
+          });
+      ADD_FAILURE() << "no exception";
+    } catch (const ReplicaError& e) {
+      EXPECT_EQ(e.replica(), 2);
+      EXPECT_EQ(e.device(), Device::cpu(2));
+      EXPECT_EQ(std::string(e.what()), "replica 2 on cpu:2: out of memory in the loss");
+      ASSERT_EQ(e.later_failures().size(), 2u);
+      for (const auto& later : e.later_failures()) {
+        EXPECT_NE(later.replica, 2);
+        EXPECT_EQ(later.device, Device::cpu(later.replica));
+        EXPECT_EQ(later.message, "process group is aborted: replica 2 failed");
+      }
+    }
+    EXPECT_EQ(callbacks.size(), 3u);  // once per failed worker, the root first
+    EXPECT_EQ(callbacks.at(0), 2u);
+  }
 }
 
 TEST(WorkerPoolTest, CarriesGradModeAndLimitsCpuThreads) {

@@ -229,6 +229,10 @@ void Module::copy_state_from(const Module& other) {
     }
     dst.detach().copy_(src);
   }
+  // A clone keeps each parameter's requires_grad (a frozen parameter stays frozen), like PyTorch's replicas.
+  StateDict my_params = named_parameters(), their_params = other.named_parameters();
+  DPE_INTERNAL_ASSERT(my_params.size() == their_params.size());
+  for (size_t i = 0; i < my_params.size(); ++i) my_params[i].second.set_requires_grad(their_params[i].second.requires_grad());
 }
 
 PreserveRandomState::PreserveRandomState() {

@@ -94,6 +94,19 @@ TEST(ModuleTest, CloneIsADeepCopyOnTheTargetDevice) {
   EXPECT_FALSE(m.fc1->weight.grad().defined());
 }
 
+// Regression: a clone's parameters all came back with requires_grad true, so a frozen parameter was
+// trainable on every DataParallel replica but the master (issue 13, item 1).
+TEST(ModuleTest, CloneKeepsFrozenParametersFrozen) {
+  Mlp m;
+  m.fc1->weight.set_requires_grad(false);
+  m.fc2->bias.set_requires_grad(false);
+  auto replica = clone_module(m, Device::cpu(1));
+  for (const auto& [name, p] : replica->named_parameters()) {
+    EXPECT_EQ(p.requires_grad(), name != "fc1.weight" && name != "fc2.bias") << name;
+  }
+  EXPECT_FALSE(replica->scale.requires_grad());  // buffers stay out of autograd
+}
+
 TEST(ModuleTest, CloneDoesNotShiftTheRandomStream) {
   manual_seed(11);
   Mlp m;
