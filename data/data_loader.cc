@@ -54,6 +54,15 @@ DataLoader::DataLoader(Tensor inputs, Tensor targets, DataLoaderOptions options)
             " is invalid; expected batch_size >= 1");
   DPE_CHECK(options_.prefetch >= 0, "DataLoader: prefetch ", options_.prefetch,
             " is invalid; expected prefetch >= 0 (0: no background thread)");
+  DPE_CHECK(options_.pad_last_to_multiple >= 0, "DataLoader: pad_last_to_multiple ", options_.pad_last_to_multiple,
+            " is invalid; expected >= 0 (0 or 1: no padding)");
+  const int64_t n = dataset_size(), b = options_.batch_size, m = options_.pad_last_to_multiple;
+  if (options_.drop_last) {
+    last_batch_size_ = n >= b ? b : 0;
+  } else if (n > 0) {
+    last_batch_size_ = n - (num_batches() - 1) * b;  // in [1, b]
+    if (last_batch_size_ < b && m > 1) last_batch_size_ = (last_batch_size_ + m - 1) / m * m;
+  }
   if (options_.pin_memory && !pin_) {
     std::fprintf(stderr, "dpe DataLoader: pin_memory=true, but pinned host memory needs a CUDA device and %s; "
                  "batches stay in pageable memory\n", pinned_memory_unavailable_reason().c_str());
@@ -72,6 +81,10 @@ void DataLoader::begin_epoch(int64_t epoch) {
   stop();
   sampler_.set_epoch(epoch);
   std::vector<int64_t> order = sampler_.indices();  // (N): num_replicas = 1, so every index once
+  const int64_t n = dataset_size();
+  const int64_t padded = num_batches() == 0 ? 0 : (num_batches() - 1) * options_.batch_size + last_batch_size_;
+  // Padding: repeat the order from its start, wrapping around when it is shorter than the padding.
+  for (int64_t i = 0; n > 0 && static_cast<int64_t>(order.size()) < padded; ++i) order.push_back(order[i % n]);
   started_ = true;
   next_index_ = 0;
   if (options_.prefetch == 0) {
@@ -111,10 +124,11 @@ std::optional<Batch> DataLoader::next() {
 }
 
 Batch DataLoader::assemble(int64_t batch_index, const std::vector<int64_t>& order) const {
-  // order: (N)  batch: order[start : start + count]
+  // order: (N, or more when padded)  batch: order[start : start + count]
   const int64_t start = batch_index * options_.batch_size;
-  const int64_t count = std::min(options_.batch_size, dataset_size() - start);
-  DPE_INTERNAL_ASSERT(count >= 1);
+  const int64_t count = batch_index == num_batches() - 1 ? last_batch_size_ : options_.batch_size;
+  DPE_INTERNAL_ASSERT(count >= 1 && start + count <= static_cast<int64_t>(order.size()), "batch ", batch_index,
+                      " of ", count, " samples at ", start, " in an order of ", order.size());
   Batch batch{.inputs = gather_rows(inputs_, order.data() + start, count, pin_),
               .targets = gather_rows(targets_, order.data() + start, count, pin_),
               .index = batch_index};

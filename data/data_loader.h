@@ -13,6 +13,14 @@
 // shuffle a permutation that is a pure function of (seed, epoch). Batch b holds order[b*B : (b+1)*B]; the last
 // batch is smaller unless drop_last drops it. num_batches() = drop_last ? N / B : ceil(N / B).
 //
+// Padding (pad_last_to_multiple = m > 1, without drop_last): a last batch of r < B samples is padded to
+// ceil(r / m) * m samples by repeating the epoch's order from its start (order[0], order[1], ..., wrapping
+// around as many times as needed when the data set is smaller than the padding): DistributedSampler's
+// padding rule applied to the last global batch. The point: DDP needs every replica to get a sample, and a
+// batch of k * m samples splits into m equal shards under the chunk rule (scatter_gather/chunking.h), so
+// m = the number of devices makes every last batch trainable. Only the last batch changes; it can exceed B
+// (by less than m) only when B is not a multiple of m. Some samples are then seen twice in that epoch.
+//
 // Batches: inputs (B, ...) and targets (B, ...) with the row shapes, dtypes and device of the loader's
 // tensors (CPU only), gathered by index into fresh contiguous tensors that do not require grad.
 //
@@ -54,6 +62,9 @@ struct DataLoaderOptions {
   bool shuffle = true;
   uint64_t seed = 0;
   bool drop_last = false;  // drop the last batch when it has fewer than batch_size samples
+  // m >= 0; m > 1 pads a short last batch to a multiple of m (see the file comment); 0 and 1 do not pad.
+  // Has no effect with drop_last (the short batch is dropped instead).
+  int64_t pad_last_to_multiple = 0;
   int prefetch = 2;        // batches assembled ahead by the producer thread, >= 0 (0: no thread)
   // Batches in pinned (page-locked) host memory (core/pinned_memory.h): the producer thread gathers rows
   // straight into pinned blocks (and pins what the transform returns), so that the step's copies to CUDA
@@ -80,12 +91,16 @@ class DataLoader {
   std::optional<Batch> next();
 
   int64_t num_batches() const;
+  // Samples in the last batch of an epoch (after padding; batch_size with drop_last); 0 when num_batches() = 0.
+  int64_t last_batch_size() const { return last_batch_size_; }
   int64_t dataset_size() const { return sampler_.dataset_size(); }
   const DataLoaderOptions& options() const { return options_; }
   // True when batches are in pinned memory: pin_memory was asked for and a CUDA device is visible.
   bool pins_memory() const { return pin_; }
 
  private:
+  // order: the epoch's order, padded (num_batches() - 1) * B + last_batch_size() indices long when padding
+  // applies, else the sampler's N indices.
   Batch assemble(int64_t batch_index, const std::vector<int64_t>& order) const;
   void produce(std::vector<int64_t> order);  // the producer thread's body
   void stop();                               // cancels and joins the producer, clears the queue
@@ -95,6 +110,7 @@ class DataLoader {
   DataLoaderOptions options_;
   bool pin_ = false;
   DistributedSampler sampler_;
+  int64_t last_batch_size_ = 0;  // fixed by the constructor (see last_batch_size())
 
   // The current epoch.
   bool started_ = false;

@@ -144,6 +144,54 @@ TEST(DataLoader, DropLastReadsDistinctSamples) {
   EXPECT_EQ(std::unique(all.begin(), all.end()), all.end());
 }
 
+// pad_last_to_multiple: the short last batch is padded to a multiple of m with the epoch's first samples
+// (DistributedSampler's rule), wrapping around when the data set is smaller than the padding.
+TEST(DataLoader, PadLastBatchToAMultiple) {
+  auto epoch_of = [](int64_t n, int64_t b, int64_t m, bool drop_last = false, int prefetch = 2) {
+    Data d = make_data(n);
+    DataLoader loader(d.inputs, d.targets,
+                      {.batch_size = b, .shuffle = false, .drop_last = drop_last, .pad_last_to_multiple = m,
+                       .prefetch = prefetch});
+    auto batches = run_epoch(loader, 0);
+    EXPECT_EQ(static_cast<int64_t>(batches.size()), loader.num_batches());
+    if (!batches.empty()) {
+      EXPECT_EQ(static_cast<int64_t>(batches.back().size()), loader.last_batch_size());
+    }
+    return batches;
+  };
+  using Batches = std::vector<std::vector<int64_t>>;
+  // 23 samples, batch 7, 3 devices: the last batch of 2 becomes 3 (sample 0 again): 3 shards of 1.
+  Batches b = epoch_of(23, 7, 3);
+  EXPECT_EQ(sizes(b), (std::vector<int64_t>{7, 7, 7, 3}));
+  EXPECT_EQ(b.back(), (std::vector<int64_t>{21, 22, 0}));
+  for (int prefetch : {0, 1}) EXPECT_EQ(epoch_of(23, 7, 3, false, prefetch), b) << "prefetch " << prefetch;
+  // A full last batch, m = 0 and m = 1 change nothing.
+  EXPECT_EQ(sizes(epoch_of(21, 7, 3)), (std::vector<int64_t>{7, 7, 7}));
+  EXPECT_EQ(sizes(epoch_of(23, 7, 0)), (std::vector<int64_t>{7, 7, 7, 2}));
+  EXPECT_EQ(sizes(epoch_of(23, 7, 1)), (std::vector<int64_t>{7, 7, 7, 2}));
+  // drop_last wins: the short batch is dropped, not padded.
+  EXPECT_EQ(sizes(epoch_of(23, 7, 3, true)), (std::vector<int64_t>{7, 7, 7}));
+  // The last batch can exceed the batch size when B is not a multiple of m: 6 of batch 7 -> 8 for m = 4.
+  EXPECT_EQ(epoch_of(13, 7, 4).back(), (std::vector<int64_t>{7, 8, 9, 10, 11, 12, 0, 1}));
+  // Fewer samples than the padding: the order wraps around as often as needed (2 samples -> 5).
+  EXPECT_EQ(epoch_of(2, 8, 5), (Batches{{0, 1, 0, 1, 0}}));
+  EXPECT_EQ(epoch_of(0, 8, 5), Batches{});
+}
+
+TEST(DataLoader, PaddingRepeatsTheShuffledOrderFromItsStart) {
+  Data d = make_data(10);
+  DataLoader plain(d.inputs, d.targets, {.batch_size = 4, .seed = 9});
+  DataLoader padded(d.inputs, d.targets, {.batch_size = 4, .seed = 9, .pad_last_to_multiple = 3});
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int64_t> order = flat(run_epoch(plain, epoch));
+    auto batches = run_epoch(padded, epoch);
+    ASSERT_EQ(sizes(batches), (std::vector<int64_t>{4, 4, 3}));
+    std::vector<int64_t> expected = order;
+    expected.push_back(order[0]);  // the shuffled order's first sample, as DistributedSampler pads
+    EXPECT_EQ(flat(batches), expected);
+  }
+}
+
 TEST(DataLoader, WithoutShuffleInOrder) {
   Data d = make_data(7);
   DataLoader loader(d.inputs, d.targets, {.batch_size = 3, .shuffle = false});
@@ -308,6 +356,9 @@ TEST(DataLoader, BadArguments) {
             std::string::npos);
   EXPECT_NE(error_of([&] { DataLoader(d.inputs, d.targets, {.batch_size = 2, .prefetch = -1}); })
                 .find("prefetch -1 is invalid"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { DataLoader(d.inputs, d.targets, {.batch_size = 2, .pad_last_to_multiple = -3}); })
+                .find("pad_last_to_multiple -3 is invalid; expected >= 0"),
             std::string::npos);
   EXPECT_NE(error_of([&] { DataLoader(Tensor::from_vector(std::vector<float>{1}, {}), d.targets, {}); })
                 .find("inputs must have a sample dimension"),
