@@ -25,7 +25,15 @@ constexpr int64_t kPad = 258;  // data/text_corpus.h's PAD token
 
 }  // namespace
 
+void check_model_name(const std::string& name) {
+  for (const std::string& known : kModelNames) {
+    if (name == known) return;
+  }
+  DPE_CHECK(false, "unknown model '", name, "'; expected mlp, cnn or tiny-llama");
+}
+
 std::shared_ptr<nn::Module> make_model(const std::string& name) {
+  check_model_name(name);
   if (name == "mlp") {
     return std::make_shared<nn::Sequential>(ModuleList{
         std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(784, 512), std::make_shared<nn::ReLU>(),
@@ -38,8 +46,7 @@ std::shared_ptr<nn::Module> make_model(const std::string& name) {
         std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Flatten>(),
         std::make_shared<nn::Linear>(3136, 128), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(128, 10)});
   }
-  if (name == "tiny-llama") return std::make_shared<nn::TinyLlama>(tiny_llama_config());
-  DPE_CHECK(false, "unknown model '", name, "'; expected mlp, cnn or tiny-llama");
+  return std::make_shared<nn::TinyLlama>(tiny_llama_config());  // check_model_name: the last one left
 }
 
 LossFn model_loss(const std::string& name) {
@@ -50,7 +57,7 @@ LossFn model_loss(const std::string& name) {
                                            {.ignore_index = kPad});
     };
   }
-  make_model(name);  // validates the name
+  check_model_name(name);
   return [](const Tensor& logits, const Tensor& labels) { return nn::functional::cross_entropy(logits, labels); };
 }
 
@@ -71,7 +78,8 @@ double train_flops_per_sample(const std::string& name) {
                        2 * 2 * t * t * d;  // QK^T and AV
     return 3 * (static_cast<double>(c.num_layers) * per_layer + t * linear(d, static_cast<double>(c.vocab_size)));
   }
-  DPE_CHECK(false, "unknown model '", name, "'; expected mlp, cnn or tiny-llama");
+  check_model_name(name);
+  DPE_INTERNAL_ASSERT(false, "no FLOP count for model '", name, "'");
 }
 
 }  // namespace dpe::models

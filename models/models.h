@@ -20,9 +20,15 @@ namespace dpe::models {
 inline const std::vector<std::string> kModelNames = {"mlp", "cnn", "tiny-llama"};
 inline constexpr int64_t kTinyLlamaSeqLen = 64;
 
-// Throws naming the unknown model and the known ones. Parameters on cpu:0 (move with module->to(device)).
+// Throws naming the unknown model and the known ones; builds nothing and draws no random numbers, so it
+// may run anywhere, e.g. after a resumed checkpoint restored the generators (an exact resume needs them
+// untouched).
+void check_model_name(const std::string& name);
+// Throws like check_model_name. Parameters on cpu:0 (move with module->to(device)); the initial weights
+// consume the default generator of cpu:0.
 std::shared_ptr<nn::Module> make_model(const std::string& name);
-// Cross-entropy for the classifiers; for tiny-llama, over every position, padding ignored.
+// Cross-entropy for the classifiers; for tiny-llama, over every position, padding ignored. Validates the
+// name with check_model_name: no random numbers are drawn.
 LossFn model_loss(const std::string& name);
 // Multiply-add FLOPs (2 per multiply-add) of forward + backward for one sample: the matrix products and
 // convolutions only (3x forward; the first layer's input gradient is not needed and not counted).

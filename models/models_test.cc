@@ -51,5 +51,41 @@ TEST(ModelsTest, CnnConvertsToSyncBatchNormAndUnknownNamesAreErrors) {
   EXPECT_NE(e.find("unknown model 'resnet'; expected mlp, cnn or tiny-llama"), std::string::npos) << e;
 }
 
+// Validating a name must not draw random numbers: `dpe train --resume` restores the generators from the
+// checkpoint and then asks for the loss; a name check that built a model (as model_loss once did) moved
+// cpu:0's generator and made the resumed run differ from the uninterrupted one.
+TEST(ModelsTest, NameChecksAndLossesDrawNoRandomNumbers) {
+  manual_seed(3);
+  std::vector<Device> devices = all_devices(DeviceKind::CPU);
+  if (cuda_available()) {
+    for (const Device& d : all_devices(DeviceKind::CUDA)) devices.push_back(d);
+  }
+  randn({5});  // a generator that has moved: offsets are not all 0
+  std::vector<uint64_t> before;
+  for (const Device& d : devices) before.push_back(default_generator(d).offset());
+  for (const std::string& name : kModelNames) {
+    check_model_name(name);
+    model_loss(name);
+    train_flops_per_sample(name);
+  }
+  testing::error_of([] { check_model_name("resnet"); });
+  testing::error_of([] { model_loss("resnet"); });
+  for (size_t i = 0; i < devices.size(); ++i) {
+    EXPECT_EQ(default_generator(devices[i]).offset(), before[i]) << devices[i];
+  }
+  // The test can fail: building a model does move cpu:0's generator.
+  make_model("mlp");
+  EXPECT_NE(default_generator(Device::cpu(0)).offset(), before[0]);
+}
+
+TEST(ModelsTest, UnknownNamesAreErrorsNamingTheKnownOnes) {
+  for (auto f : {+[] { check_model_name("resnet"); }, +[] { model_loss("resnet"); },
+                 +[] { train_flops_per_sample("resnet"); }, +[] { check_model_name(""); }}) {
+    std::string e = testing::error_of(f);
+    EXPECT_NE(e.find("unknown model '"), std::string::npos) << e;
+    EXPECT_NE(e.find("expected mlp, cnn or tiny-llama"), std::string::npos) << e;
+  }
+}
+
 }  // namespace
 }  // namespace dpe::models
