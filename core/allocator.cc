@@ -51,6 +51,10 @@ CachingAllocator::~CachingAllocator() {
 }
 
 size_t CachingAllocator::round_size(size_t nbytes) {
+  // Rounding up would wrap for sizes within a MiB of SIZE_MAX (a tiny block for a huge request); no address
+  // space holds more than 2^63 bytes, so such a request is out of memory whatever the device.
+  DPE_CHECK(nbytes <= size_t{1} << 63, "out of memory: cannot allocate ", nbytes,
+            " bytes (more than any address space holds)");
   if (nbytes > 16 * kLargeRound) return (nbytes + kLargeRound - 1) / kLargeRound * kLargeRound;
   return (nbytes + kRoundBytes - 1) / kRoundBytes * kRoundBytes;
 }

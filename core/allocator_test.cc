@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -52,6 +54,20 @@ TEST(AllocatorTest, OutOfMemoryNamesTheDevice) {
     ADD_FAILURE() << "allocated 256 TiB";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("out of memory on cpu:1"), std::string::npos) << e.what();
+  }
+}
+
+// Sizes within a MiB of SIZE_MAX once rounded up to a tiny block; now they are out of memory.
+TEST(AllocatorTest, SizesNearSizeMaxDoNotWrap) {
+  for (size_t nbytes : {SIZE_MAX, SIZE_MAX - 5, (size_t{1} << 63) + 1}) {
+    try {
+      allocator_for(Device::cpu(0)).allocate(nbytes);
+      ADD_FAILURE() << "allocated " << nbytes << " bytes";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("out of memory: cannot allocate " + std::to_string(nbytes) + " bytes"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -38,8 +38,16 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+// Checked: a product that does not fit in int64 is an error, not a wrapped (possibly negative or small)
+// count that a caller would then allocate or index with. A shape with a 0 has 0 elements whatever the rest.
 int64_t shape_numel(const Shape& shape) {
-  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+  if (std::find(shape.begin(), shape.end(), int64_t{0}) != shape.end()) return 0;
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    DPE_CHECK(!__builtin_mul_overflow(n, s, &n), "shape ", shape_str(shape),
+              " has more elements than an int64 can count (the product of its sizes overflows)");
+  }
+  return n;
 }
 
 int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op) {
@@ -58,6 +66,24 @@ void check_shape_valid(const Shape& shape) {
   for (int64_t s : shape) DPE_CHECK(s >= 0, "invalid shape ", shape_str(shape), ": sizes must be >= 0");
   DPE_CHECK(shape.size() <= 8, "shape ", shape_str(shape), " has ", shape.size(),
             " dimensions; dpe supports at most 8");
+}
+
+// The bytes of a new contiguous tensor, checked: every size >= 0, the strides (products of sizes, a 0 counted
+// as 1) and numel * element size all fit in int64. An unchecked product once wrapped {INT64_MAX, 2} to -2
+// elements and a small (or huge) allocation for a tensor that claimed 2^64 elements.
+size_t checked_nbytes(const Shape& shape, DType dtype) {
+  check_shape_valid(shape);
+  int64_t stride = 1;  // what contiguous_strides computes for dimension 0 times its own size
+  for (int64_t s : shape) {
+    DPE_CHECK(!__builtin_mul_overflow(stride, std::max<int64_t>(s, 1), &stride), "Tensor::empty: shape ",
+              shape_str(shape), " is too large: the product of its sizes overflows int64");
+  }
+  const int64_t numel = shape_numel(shape);
+  int64_t nbytes = 0;
+  DPE_CHECK(!__builtin_mul_overflow(numel, static_cast<int64_t>(element_size(dtype)), &nbytes),
+            "Tensor::empty: shape ", shape_str(shape), " of ", dtype, " is too large: ", numel, " elements of ",
+            element_size(dtype), " bytes overflow int64");
+  return static_cast<size_t>(nbytes);
 }
 
 // A view of `base` with new geometry, sharing storage. Records `backward` when base requires grad.
@@ -87,14 +113,13 @@ void check_inplace_allowed(const Tensor& t, const char* op) {
 // creation and metadata
 
 Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
-  check_shape_valid(shape);
+  const size_t nbytes = checked_nbytes(shape, options.dtype);
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = options.dtype;
   impl->device = options.device;
-  impl->storage = std::make_shared<Storage>(options.device, shape_numel(shape) * element_size(options.dtype),
-                                            options.pinned_memory);
+  impl->storage = std::make_shared<Storage>(options.device, nbytes, options.pinned_memory);
   Tensor t(std::move(impl));
   if (options.requires_grad) t.set_requires_grad(true);
   return t;
@@ -185,8 +210,13 @@ template BFloat16* Tensor::data() const;
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = normalize_dim(d, dim(), "narrow");
   int64_t n = shape()[d];
-  DPE_CHECK(start >= 0 && length >= 0 && start + length <= n, "narrow: range [", start, ", ", start + length,
-            ") is outside dimension ", d, " of size ", n, " (shape ", shape_str(shape()), ")");
+  // length <= n - start rather than start + length <= n: the sum can overflow, the difference cannot.
+  if (!(start >= 0 && length >= 0 && start <= n && length <= n - start)) {
+    int64_t end = 0;
+    const bool wraps = __builtin_add_overflow(start, length, &end);
+    DPE_CHECK(false, "narrow: range [", start, ", ", wraps ? detail::str_cat(start, " + ", length) : std::to_string(end),
+              ") is outside dimension ", d, " of size ", n, " (shape ", shape_str(shape()), ")");
+  }
   Shape new_shape = shape();
   new_shape[d] = length;
   Shape input_shape = shape();
@@ -210,21 +240,26 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   DPE_CHECK(chunks > 0, "chunk: expected a positive number of chunks, got ", chunks);
   d = normalize_dim(d, dim(), "chunk");
   int64_t n = size(d);
-  int64_t chunk_size = std::max<int64_t>((n + chunks - 1) / chunks, 1);
+  // ceil(n / chunks) without forming n + chunks - 1 (overflows for a huge chunk count).
+  int64_t chunk_size = std::max<int64_t>(n / chunks + (n % chunks != 0), 1);
   std::vector<int64_t> sizes;
-  for (int64_t start = 0; start < n; start += chunk_size) sizes.push_back(std::min(chunk_size, n - start));
+  for (int64_t remaining = n; remaining > 0; remaining -= sizes.back()) sizes.push_back(std::min(chunk_size, remaining));
   if (sizes.empty()) sizes.push_back(0);  // chunk of an empty dim: one empty chunk, like PyTorch
   return split(sizes, d);
 }
 
 std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int64_t d) const {
   d = normalize_dim(d, dim(), "split");
-  int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    DPE_CHECK(s >= 0, "split: negative size ", s);
+    DPE_CHECK(!__builtin_add_overflow(total, s, &total), "split: sizes ", shape_str(sizes),
+              " sum to more than an int64 holds; dimension ", d, " has size ", size(d));
+  }
   DPE_CHECK(total == size(d), "split: sizes sum to ", total, " but dimension ", d, " has size ", size(d));
   std::vector<Tensor> parts;
   int64_t start = 0;
   for (int64_t s : sizes) {
-    DPE_CHECK(s >= 0, "split: negative size ", s);
     parts.push_back(narrow(d, start, s));
     start += s;
   }
@@ -244,7 +279,8 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
       infer_at = static_cast<int>(i);
     } else {
       DPE_CHECK(shape[i] >= 0, op, ": invalid size ", shape[i], " in ", shape_str(shape));
-      known *= shape[i];
+      DPE_CHECK(!__builtin_mul_overflow(known, shape[i], &known), op, ": shape ", shape_str(shape),
+                " is invalid for ", numel, " elements (the product of its sizes overflows int64)");
     }
   }
   if (infer_at >= 0) {
@@ -379,11 +415,14 @@ Tensor Tensor::expand(const Shape& shape_in) const {
     }
     int64_t own = shape()[i - lead];
     int64_t target = shape_in[i] == -1 ? own : shape_in[i];
+    DPE_CHECK(target >= 0, "expand: invalid size ", shape_in[i], " in ", shape_str(shape_in),
+              " (sizes must be >= 0, or -1 to keep a size)");
     DPE_CHECK(own == target || own == 1, "expand: cannot expand ", shape_str(shape()), " to ",
               shape_str(shape_in), " (dimension ", i, ": ", own, " vs ", target, ")");
     new_shape[i] = target;
     new_strides[i] = own == target ? strides()[i - lead] : 0;
   }
+  shape_numel(new_shape);  // throws when the expanded element count overflows int64
   Shape input_shape = shape();
   return make_view(*this, new_shape, new_strides, storage_offset(), "ExpandBackward",
                    [input_shape](const Tensor& g) -> std::vector<Tensor> { return {sum_to(g, input_shape)}; });

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -38,6 +40,52 @@ TEST(TensorTest, FromVectorChecksCount) {
   EXPECT_NE(error_of([] { Tensor::from_vector(std::vector<float>{1, 2, 3}, {2, 2}); }).find("3 values do not fill shape [2, 2]"),
             std::string::npos);
   EXPECT_NE(error_of([] { Tensor::empty({2, -1}); }).find("invalid shape [2, -1]"), std::string::npos);
+}
+
+// Shapes whose element or byte count does not fit in int64 are errors naming the shape; an unchecked
+// product once wrapped {INT64_MAX, 2} to -2 elements, and the allocator then handed out a tiny block.
+TEST(TensorTest, OverflowingShapesAreErrors) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_NE(error_of([] { Tensor::empty({kMax, 2}); }).find("shape [9223372036854775807, 2] is too large"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { Tensor::empty({-1, 3}); }).find("invalid shape [-1, 3]: sizes must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { Tensor::empty({3, std::numeric_limits<int64_t>::min()}); }).find("invalid shape"),
+            std::string::npos);
+  // numel fits, numel * element size does not.
+  EXPECT_NE(error_of([] { Tensor::empty({kMax / 4 + 1}, DType::Float32); })
+                .find("of float32 is too large: 2305843009213693952 elements of 4 bytes overflow int64"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { Tensor::empty({kMax / 2, 3}, DType::UInt8); }).find("is too large"), std::string::npos);
+  // No elements, but strides that overflow.
+  EXPECT_NE(error_of([] { Tensor::empty({0, kMax, 2}); }).find("is too large"), std::string::npos);
+  EXPECT_EQ(Tensor::empty({0, kMax}).numel(), 0);
+  EXPECT_EQ(shape_numel({kMax, 2, 0}), 0);
+  EXPECT_EQ(shape_numel({kMax}), kMax);
+  EXPECT_NE(error_of([] { shape_numel({kMax, 2}); }).find("the product of its sizes overflows"), std::string::npos);
+  EXPECT_NE(error_of([] { zeros({kMax, kMax}); }).find("is too large"), std::string::npos);
+  EXPECT_NE(error_of([] { full({1 << 30, 1 << 30, 1 << 30}, 1.0); }).find("is too large"), std::string::npos);
+  // A size that passes every check but exceeds memory: the allocator's out-of-memory error, not an abort.
+  EXPECT_NE(error_of([] { Tensor::empty({int64_t{1} << 62}, DType::UInt8); }).find("out of memory on cpu:0"),
+            std::string::npos);
+
+  Tensor t = iota({2, 3});
+  EXPECT_NE(error_of([&] { t.view({kMax, 2}); }).find("is invalid for"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.view({-1, kMax, 4}); }).find("overflows int64"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.reshape({kMax, kMax, 0}); }).find("is invalid for 6 elements (the product"),
+            std::string::npos);
+  Tensor one = iota({1, 1});
+  EXPECT_NE(error_of([&] { one.expand({kMax, kMax}); }).find("the product of its sizes overflows"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { one.expand({1, -5}); }).find("expand: invalid size -5"), std::string::npos);
+  EXPECT_EQ(one.expand({kMax, 1}).size(0), kMax);  // a broadcast view: no memory
+  // narrow's start + length once overflowed past the bounds check.
+  EXPECT_NE(error_of([&] { t.narrow(1, 2, kMax); }).find("narrow: range [2, 2 + 9223372036854775807) is outside"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { t.narrow(1, kMax, 1); }).find("is outside dimension 1 of size 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.split({kMax, kMax, 4}, 1); }).find("sum to more than an int64 holds"),
+            std::string::npos);
+  EXPECT_EQ(t.chunk(kMax, 1).size(), 3u);  // ceil(3 / INT64_MAX) = 1 per chunk
 }
 
 TEST(TensorTest, NarrowSelectChunkSplit) {
