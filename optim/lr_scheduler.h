@@ -8,6 +8,11 @@
 // param group; get_last_lr() returns the lrs of the last step, one per group.
 // StepLR and MultiStepLR use PyTorch's chainable form (lr *= gamma at each boundary) so their values match
 // PyTorch's bit for bit, not just the closed form base_lr * gamma^k.
+//
+// Resuming: set_last_epoch(t) jumps to step t in O(1) (PyTorch's step(epoch), which uses each scheduler's
+// closed form), so a resumed run does not replay t steps; a checkpoint's step count, however large, costs
+// nothing. CosineWithWarmup computes from base_lr either way, so the jump is bit-identical to t step()
+// calls; StepLR and MultiStepLR's closed form base_lr * gamma^k may differ from the chain in the last bits.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +26,9 @@ class LRScheduler {
  public:
   virtual ~LRScheduler() = default;
   void step();
+  // Sets last_epoch to t >= 0 (as if step() had run t times after construction) and writes step t's lrs,
+  // from the closed form, into the param groups. Throws on t < 0.
+  void set_last_epoch(int64_t t);
   const std::vector<double>& get_last_lr() const { return last_lr_; }
   int64_t last_epoch() const { return last_epoch_; }
   const std::vector<double>& base_lrs() const { return base_lrs_; }
@@ -31,6 +39,8 @@ class LRScheduler {
   void initial_step() { step(); }
   // The lrs for last_epoch_ (already incremented), given the groups' current lrs.
   virtual std::vector<double> compute_lr() const = 0;
+  // The lrs for last_epoch_ from base_lrs_ alone (PyTorch's _get_closed_form_lr).
+  virtual std::vector<double> closed_form_lr() const = 0;
   std::vector<double> current_lrs() const;
 
   Optimizer& optimizer_;
@@ -48,6 +58,7 @@ class StepLR : public LRScheduler {
 
  protected:
   std::vector<double> compute_lr() const override;
+  std::vector<double> closed_form_lr() const override;
 
  private:
   int64_t step_size_;
@@ -61,6 +72,7 @@ class MultiStepLR : public LRScheduler {
 
  protected:
   std::vector<double> compute_lr() const override;
+  std::vector<double> closed_form_lr() const override;
 
  private:
   std::vector<int64_t> milestones_;
@@ -78,6 +90,7 @@ class CosineWithWarmup : public LRScheduler {
 
  protected:
   std::vector<double> compute_lr() const override;
+  std::vector<double> closed_form_lr() const override;
 
  private:
   int64_t warmup_steps_;
