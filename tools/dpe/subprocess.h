@@ -1,0 +1,38 @@
+// Running another program without a shell: the dpe tool starts python3 (dpe bench --compare-pytorch) and
+// gnuplot (dpe bench --png) with an argument vector, so nothing a user typed (a path with a quote, a `$(...)`,
+// a semicolon) is ever interpreted: each argument reaches the program as one argv element, verbatim.
+//
+//   ProcessResult r = run_process({"gnuplot"}, script);  // script on stdin, the PNG comes back on stdout
+//   DPE_CHECK(r.ok(), "gnuplot failed: ", describe_status(r));
+//
+// Contract: posix_spawnp (PATH is searched when argv[0] has no '/'); the child's standard input is a pipe
+// fed with `input` then closed (so a program that reads stdin sees end-of-file, never the user's terminal),
+// its standard output a pipe read into ProcessResult::output, its standard error ours (progress and error
+// messages reach the user as they happen). Input and output are pumped together (poll), so neither side can
+// block the other whatever their sizes; a child that exits without reading its input is not an error
+// (SIGPIPE is blocked on the calling thread while it writes). run_process returns after the child exited.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dpe::tool {
+
+struct ProcessResult {
+  int exit_status = 0;  // the exit code (0 when a signal ended the child)
+  int signal = 0;       // the signal that ended the child, or 0
+  std::string output;   // everything the child wrote to its standard output
+  bool ok() const { return exit_status == 0 && signal == 0; }
+};
+
+// Throws dpe::Error, naming the program and the reason, when argv is empty or the program cannot be
+// started (not found, not executable).
+ProcessResult run_process(const std::vector<std::string>& argv, const std::string& input = {});
+
+// "exit status 3", "killed by signal 9 (Killed)"
+std::string describe_status(const ProcessResult& result);
+
+// The lines of `text`, without their '\n' (a last line without '\n' counts).
+std::vector<std::string> split_lines(const std::string& text);
+
+}  // namespace dpe::tool

@@ -1,0 +1,80 @@
+#include "tools/dpe/subprocess.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "tests/testing/errors.h"
+
+namespace dpe::tool {
+namespace {
+
+std::string tmp_dir() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+// What a shell would run ($(...), backquotes, ;, quotes) reaches the program as plain text.
+TEST(RunProcess, ArgumentsAreNeverInterpreted) {
+  const std::string marker = tmp_dir() + "/pwned";
+  const std::string nasty = "a'b\" $(touch " + marker + ") `touch " + marker + "`; touch " + marker + " | x";
+  ProcessResult r = run_process({"/bin/echo", nasty, "two words"});
+  EXPECT_TRUE(r.ok()) << describe_status(r);
+  EXPECT_EQ(r.output, nasty + " two words\n");
+  EXPECT_FALSE(exists(marker)) << "a shell ran the argument";
+}
+
+TEST(RunProcess, InputGoesToStdinAndLargeOutputComesBack) {
+  std::string big;
+  for (int i = 0; i < 200000; ++i) big += "line " + std::to_string(i) + "\n";  // ~2.5 MB: far beyond a pipe
+  ProcessResult r = run_process({"cat"}, big);                                 // PATH is searched
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.output.size(), big.size());
+  EXPECT_TRUE(r.output == big);
+  EXPECT_EQ(split_lines(r.output).size(), 200000u);
+  EXPECT_EQ(split_lines(r.output)[199999], "line 199999");
+}
+
+TEST(RunProcess, NoInputMeansEndOfFileNotOurStdin) {
+  ProcessResult r = run_process({"cat"});
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.output, "");
+}
+
+TEST(RunProcess, ChildThatIgnoresItsInputIsNotAnError) {
+  // true exits at once: the writes fail with EPIPE, which must neither kill us (SIGPIPE) nor throw.
+  ProcessResult r = run_process({"true"}, std::string(4 << 20, 'x'));
+  EXPECT_TRUE(r.ok()) << describe_status(r);
+}
+
+TEST(RunProcess, ExitStatusAndSignals) {
+  ProcessResult f = run_process({"false"});
+  EXPECT_EQ(f.exit_status, 1);
+  EXPECT_FALSE(f.ok());
+  EXPECT_EQ(describe_status(f), "exit status 1");
+  ProcessResult k = run_process({"/bin/sh", "-c", "kill -9 $$"});
+  EXPECT_EQ(k.signal, 9);
+  EXPECT_FALSE(k.ok());
+  EXPECT_EQ(describe_status(k).rfind("killed by signal 9", 0), 0u) << describe_status(k);
+}
+
+TEST(RunProcess, MissingProgramsAreErrorsNamingThem) {
+  const std::string e = dpe::testing::error_of([] { run_process({"/no/such/program", "x"}); });
+  EXPECT_NE(e.find("cannot run /no/such/program: No such file or directory"), std::string::npos) << e;
+  EXPECT_NE(dpe::testing::error_of([] { run_process({"dpe-no-such-program-on-path"}); }).find("cannot run"),
+            std::string::npos);
+  EXPECT_NE(dpe::testing::error_of([] { run_process({}); }).find("expected a program name"), std::string::npos);
+}
+
+TEST(SplitLines, LastLineWithoutNewline) {
+  EXPECT_EQ(split_lines("a\nb"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(split_lines("a\n\nb\n"), (std::vector<std::string>{"a", "", "b"}));
+  EXPECT_TRUE(split_lines("").empty());
+}
+
+}  // namespace
+}  // namespace dpe::tool
