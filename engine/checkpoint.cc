@@ -4,12 +4,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
+#include <memory>
+#include <new>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -82,11 +86,43 @@ void write_all(int fd, const char* data, size_t n, const std::string& tmp) {
   }
 }
 
-// Writes `bytes` to path.tmp, fsyncs, renames over path, fsyncs the directory.
+// Creates `<path>.tmp.XXXXXX` (6 random letters and digits) with O_EXCL in the target's directory and returns
+// its descriptor; *tmp receives the name. Note [Checkpoint temporaries]: a name of its own per save, so two
+// writers of one path never share (and tear) a temporary, as they did with a fixed `path + ".tmp"`. mkstemp
+// would do the same but creates the file 0600, which would make checkpoints in a shared directory unreadable
+// to the others; open(O_CREAT | O_EXCL, 0644) keeps the umask-governed permissions a plain open gave.
+// Temporaries left by killed runs are never read (load opens only `path`) and never removed by other saves (a
+// live writer's temporary looks the same).
+int create_temporary(const std::string& path, std::string* tmp) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                   (static_cast<uint64_t>(::getpid()) << 32) ^
+                                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string name = path + ".tmp.";
+    for (int i = 0; i < 6; ++i) name += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      *tmp = std::move(name);
+      return fd;
+    }
+    const int err = errno;
+    DPE_CHECK(err == EEXIST || err == EINTR, "save_checkpoint: cannot create a temporary file ", name,
+              " next to ", path, ": ", std::strerror(err));
+  }
+  DPE_CHECK(false, "save_checkpoint: cannot create a temporary file next to ", path,
+            ": 100 random names were all taken");
+  __builtin_unreachable();
+}
+
+// Writes the header block and the entries to a fresh temporary, fsyncs it, renames it over `path` and fsyncs
+// the directory. On any failure the temporary is removed and `path` is left as it was.
 void write_atomically(const std::string& path, const std::string& header_block, const std::vector<Entry>& entries) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  DPE_CHECK(fd >= 0, "save_checkpoint: cannot create ", tmp, ": ", std::strerror(errno));
+  struct stat st;
+  DPE_CHECK(!(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)), "save_checkpoint: ", path,
+            " is a directory; expected a file path");
+  std::string tmp;
+  int fd = create_temporary(path, &tmp);
   try {
     write_all(fd, header_block.data(), header_block.size(), tmp);
     for (const Entry& e : entries) {
@@ -109,7 +145,7 @@ void write_atomically(const std::string& path, const std::string& header_block, 
     ::unlink(tmp.c_str());
     DPE_CHECK(false, "save_checkpoint: renaming ", tmp, " to ", path, " failed: ", std::strerror(err));
   }
-  // Make the rename itself durable.
+  // Make the rename itself durable (best effort: the new file is complete either way).
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -138,27 +174,80 @@ struct FileTensor {
   uint64_t begin = 0, end = 0;  // within the data section
 };
 
+// An open file descriptor, closed on destruction.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Note [Reading checkpoints by ranges]: load never holds the whole file in memory. It reads the 8-byte
+// length, then the header (at most kMaxHeaderBytes and at most what the file holds), validates it against
+// the file's size, and reads each tensor's byte range straight into a freshly allocated tensor of the
+// entry's dtype and shape. Those tensors are staging copies: the model, optimizer, state and generators are
+// only modified after every range has been read and every check has passed. The descriptor stays open for
+// the whole load, so a concurrent save (which renames a new file over the path) cannot mix two files.
 struct ParsedFile {
-  std::string bytes;         // the whole file
-  uint64_t data_start = 0;   // 8 + header length
+  std::string path;
+  std::unique_ptr<Fd> fd;
+  uint64_t file_size = 0;
+  uint64_t data_start = 0;  // 8 + header length
   std::map<std::string, FileTensor> tensors;
   std::map<std::string, std::string> metadata;
 };
 
+// Reads exactly n bytes at `offset` into dst; a short read (the file shrank under us) or an I/O error fails.
+void read_range(const ParsedFile& f, uint64_t offset, void* dst, uint64_t n, const std::string& what) {
+  auto* out = static_cast<char*>(dst);
+  uint64_t done = 0;
+  while (done < n) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - done, uint64_t{1} << 30));
+    const ssize_t r = ::pread(f.fd->get(), out + done, chunk, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(f.path, "read error in ", what, " at byte ", offset + done, ": ", std::strerror(errno));
+    if (r == 0) {
+      fail(f.path, "truncated while reading ", what, ": bytes [", offset, ", ", offset + n, ") expected, the file ",
+           "ends at ", offset + done, " (was it replaced or cut while loading?)");
+    }
+    done += static_cast<uint64_t>(r);
+  }
+}
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 ParsedFile read_and_validate(const std::string& path) {
   ParsedFile f;
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(path, "cannot open the file (", std::strerror(errno), ")");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) fail(path, "read error");
-    f.bytes = ss.str();
+  f.path = path;
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below like any non-regular file.
+  const int raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (raw_fd < 0) fail(path, "cannot open the file (", std::strerror(errno), ")");
+  f.fd = std::make_unique<Fd>(raw_fd);
+  struct stat st;
+  if (::fstat(raw_fd, &st) != 0) fail(path, "cannot stat the file (", std::strerror(errno), ")");
+  if (!S_ISREG(st.st_mode)) {
+    fail(path, "is ", file_kind(st.st_mode), ", not a checkpoint file",
+         S_ISDIR(st.st_mode) ? " (pass the .safetensors file inside it)" : "");
   }
-  const uint64_t size = f.bytes.size();
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  f.file_size = size;
   if (size < 8) fail(path, "truncated: ", size, " bytes, shorter than the 8-byte header length");
   uint64_t header_len = 0;
-  std::memcpy(&header_len, f.bytes.data(), 8);  // little-endian (static_assert above)
+  read_range(f, 0, &header_len, 8, "the header length");  // little-endian (static_assert above)
   if (header_len > kMaxHeaderBytes) fail(path, "bad header length ", header_len, " (more than 100 MB: corrupt?)");
   if (header_len > size - 8) {
     fail(path, "truncated or bad header length: the header claims ", header_len, " bytes but only ", size - 8,
@@ -167,10 +256,21 @@ ParsedFile read_and_validate(const std::string& path) {
   f.data_start = 8 + header_len;
   const uint64_t data_size = size - f.data_start;
   json::Value header;
-  try {
-    header = json::parse(std::string_view(f.bytes).substr(8, header_len));
-  } catch (const Error& e) {
-    fail(path, "malformed JSON header: ", e.what());
+  {
+    std::string text;
+    try {
+      text.resize(header_len);  // at most 100 MB and at most the file's size (both checked above)
+    } catch (const std::bad_alloc&) {
+      fail(path, "out of memory allocating ", header_len, " bytes for the JSON header");
+    }
+    read_range(f, 8, text.data(), header_len, "the JSON header");
+    try {
+      header = json::parse(text);
+    } catch (const Error& e) {
+      fail(path, "malformed JSON header: ", e.what());
+    } catch (const std::bad_alloc&) {
+      fail(path, "out of memory parsing the ", header_len, "-byte JSON header");
+    }
   }
   if (!header.is_object()) fail(path, "the JSON header is a ", json::kind_name(header.kind()), ", not an object");
   for (const auto& [name, v] : header.members()) {
@@ -194,13 +294,22 @@ ParsedFile read_and_validate(const std::string& path) {
            " (supported: F32, F64, F16, BF16, I64, I32, U8)");
     }
     if (!shape->is_array()) fail(path, "entry '", name, "': shape is not an array");
-    uint64_t numel = 1;
     for (const json::Value& d : shape->items()) {
       if (!d.is_int() || d.as_int() < 0) fail(path, "entry '", name, "': shape has a non-integer or negative size");
-      const uint64_t n = static_cast<uint64_t>(d.as_int());
-      if (n != 0 && numel > (uint64_t(1) << 62) / n) fail(path, "entry '", name, "': shape is too large");
-      numel *= n;
       t.shape.push_back(d.as_int());
+    }
+    // numel and numel * element size, checked: an unchecked product wraps (F64 [2^62] "needs" 0 bytes) and
+    // would pass the size comparison below with an empty byte range.
+    const bool has_zero = std::find(t.shape.begin(), t.shape.end(), int64_t{0}) != t.shape.end();
+    uint64_t numel = 1, expected = 0;
+    bool overflow = false;
+    for (int64_t d : t.shape) overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel);
+    overflow = overflow || __builtin_mul_overflow(numel, uint64_t{element_size(t.dtype)}, &expected) ||
+               expected > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    if (has_zero) expected = 0;
+    if (overflow && !has_zero) {
+      fail(path, "entry '", name, "': shape is too large: ", dtype->as_string(), " ", shape_str(t.shape),
+           " needs more than 2^63 bytes (the product of its sizes overflows)");
     }
     if (!offsets->is_array() || offsets->items().size() != 2 || !offsets->items()[0].is_int() ||
         !offsets->items()[1].is_int()) {
@@ -214,7 +323,6 @@ ParsedFile read_and_validate(const std::string& path) {
       fail(path, "entry '", name, "': data_offsets [", b, ", ", e, "] lie outside the ", data_size,
            "-byte data section (truncated file?)");
     }
-    const uint64_t expected = numel * element_size(t.dtype);
     if (t.end - t.begin != expected) {
       fail(path, "entry '", name, "': data_offsets cover ", t.end - t.begin, " bytes but ", dtype->as_string(), " ",
            shape_str(t.shape), " needs ", expected);
@@ -224,9 +332,20 @@ ParsedFile read_and_validate(const std::string& path) {
   return f;
 }
 
-Tensor materialize(const ParsedFile& f, const FileTensor& t) {
-  Tensor out = Tensor::empty(t.shape, TensorOptions(t.dtype));
-  if (t.end > t.begin) std::memcpy(out.data_ptr(), f.bytes.data() + f.data_start + t.begin, t.end - t.begin);
+// A new tensor holding the entry's bytes, read from the file (Note [Reading checkpoints by ranges]). The
+// byte count was checked against the file's size, so the allocation is never larger than the file.
+Tensor materialize(const ParsedFile& f, const std::string& name, const FileTensor& t) {
+  Tensor out;
+  try {
+    out = Tensor::empty(t.shape, TensorOptions(t.dtype));
+  } catch (const Error& e) {
+    fail(f.path, "cannot allocate tensor '", name, "' (", t.dtype, " ", shape_str(t.shape), ", ", t.end - t.begin,
+         " bytes): ", e.what());
+  } catch (const std::bad_alloc&) {
+    fail(f.path, "out of memory allocating tensor '", name, "' (", t.dtype, " ", shape_str(t.shape), ", ",
+         t.end - t.begin, " bytes)");
+  }
+  if (t.end > t.begin) read_range(f, f.data_start + t.begin, out.data_ptr(), t.end - t.begin, "tensor '" + name + "'");
   return out;
 }
 
@@ -317,7 +436,7 @@ optim::OptimizerStateDict read_optimizer_state(const std::string& path, const Pa
     if (key.rfind(kOptimizerStatePrefix, 0) != 0 || !split_index(key, std::strlen(kOptimizerStatePrefix), &i, &name)) {
       fail(path, "unexpected optimizer tensor '", key, "' (expected optimizer.state.<index>.<name>)");
     }
-    sd.tensors[i][name] = materialize(f, t);
+    sd.tensors[i][name] = materialize(f, key, t);
   }
   return sd;
 }
@@ -447,7 +566,7 @@ void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimize
       mismatched.push_back(os.str());
       continue;
     }
-    incoming.emplace_back(name, materialize(f, it->second));
+    incoming.emplace_back(name, materialize(f, n, it->second));
   }
   for (const auto& [name, t] : f.tensors) {
     if (name.rfind(kOptimizerPrefix, 0) != 0 && !model_names.count(name)) unexpected.push_back(name);

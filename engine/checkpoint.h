@@ -17,11 +17,17 @@
 //   optimizer.state.<index>.<scalar> (e.g. Adam's step)
 // Doubles are written with 17 significant digits, so they read back bit-identical.
 //
-// Atomicity: save writes `path + ".tmp"`, fsyncs it, renames it over `path` and fsyncs the directory: a crash
-// leaves either the old file or the new one, never a torn one.
-// Validation: load reads and checks the whole file (header length, JSON, dtypes, shapes, offsets inside the
-// data, keys and shapes against the model, optimizer structure) before it modifies anything; any problem
-// throws dpe::Error "load_checkpoint: <path>: <problem>" with the model, optimizer, state and RNG untouched.
+// Atomicity: save writes a temporary of its own, `<path>.tmp.XXXXXX` in the same directory (created with
+// O_EXCL, so concurrent writers of one path never share one), fsyncs it, renames it over `path` and fsyncs the
+// directory: a crash leaves either the old file or the new one, never a torn one, and of two concurrent saves
+// one complete file wins. On any failure the temporary is removed and `path` is left as it was. Temporaries
+// of killed runs are never read and never removed (they look like a live writer's).
+// Validation: load opens `path` (refusing a directory, FIFO or device by name), reads the 8-byte length and
+// the header, checks them against the file's actual size (header length, JSON, dtypes, shapes with checked
+// arithmetic, offsets inside the data), then reads each tensor's byte range into a new tensor, and checks
+// keys and shapes against the model and the optimizer structure, all before it modifies anything: memory
+// never exceeds the header plus the tensors, whatever the header claims. Any problem throws dpe::Error
+// "load_checkpoint: <path>: <problem>" with the model, optimizer, state and RNG untouched.
 #pragma once
 
 #include <cstdint>

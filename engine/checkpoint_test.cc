@@ -2,10 +2,19 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
@@ -46,6 +55,18 @@ class Mlp : public nn::Cloneable<Mlp> {
 std::string temp_path(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
   return (fs::path(dir ? dir : fs::temp_directory_path().string()) / name).string();
+}
+
+// The temporaries a save of `path` may leave: `<name>.tmp` (the old fixed name) and `<name>.tmp.XXXXXX`.
+std::vector<std::string> temporaries_of(const std::string& path) {
+  std::vector<std::string> out;
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp";
+  for (const auto& entry : fs::directory_iterator(p.parent_path())) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) out.push_back(name);
+  }
+  return out;
 }
 
 std::vector<Tensor> snapshot(const nn::Module& m) {
@@ -92,7 +113,7 @@ TEST(CheckpointTest, RoundTripIsBitExact) {
   const std::string path = temp_path("roundtrip.safetensors");
   save_checkpoint(path, model, &opt, st);
   EXPECT_TRUE(fs::exists(path));
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_TRUE(temporaries_of(path).empty());
   const std::vector<double> next_random = rand({4}, TensorOptions(DType::Float64)).to_vector<double>();
 
   manual_seed(99);  // different init and generator state
@@ -322,6 +343,222 @@ TEST_F(CorruptFileTest, OptimizerMismatches) {
   EXPECT_NE(load_error(p, true).find("belongs to a Adam optimizer, not SGD"), std::string::npos);
 }
 
+// Headers that claim more than the file holds fail before anything that large is allocated, naming the sizes.
+TEST_F(CorruptFileTest, HeaderClaimingHugeTensors) {
+  const std::string p = temp_path("huge.safetensors");
+  // numel * element size wraps to 0 bytes (2^62 * 8 = 2^65): once accepted with an empty byte range, and the
+  // tensor then claimed 2^62 elements without storage.
+  write_raw(p, R"({"fc1.weight": {"dtype": "F64", "shape": [4611686018427387904], "data_offsets": [0, 0]}})", "");
+  std::string e = load_error(p);
+  EXPECT_NE(e.find("entry 'fc1.weight': shape is too large: F64 [4611686018427387904] needs more than 2^63 bytes"),
+            std::string::npos)
+      << e;
+  // numel itself wraps: 2^32 * 2^32 * 2^32.
+  write_raw(p, R"({"w": {"dtype": "U8", "shape": [4294967296, 4294967296, 4294967296], "data_offsets": [0, 0]}})", "");
+  EXPECT_NE(load_error(p).find("shape is too large"), std::string::npos);
+  // 2^40 bytes claimed, 16 present.
+  write_raw(p, R"({"fc1.weight": {"dtype": "F32", "shape": [262144, 1048576], "data_offsets": [0, 1099511627776]}})",
+            std::string(16, 'x'));
+  e = load_error(p);
+  EXPECT_NE(e.find("data_offsets [0, 1099511627776] lie outside the 16-byte data section"), std::string::npos) << e;
+  // A header length of 50 MB in a 40-byte file, and one of 2^40.
+  write_raw(p, "{}", std::string(30, ' '), uint64_t{50} << 20);
+  e = load_error(p);
+  EXPECT_NE(e.find("the header claims 52428800 bytes but only 32 follow the length field"), std::string::npos) << e;
+  write_raw(p, "{}", "", uint64_t{1} << 40);
+  EXPECT_NE(load_error(p).find("bad header length 1099511627776"), std::string::npos);
+  // A shape with a zero is empty, however large its other sizes (safetensors allows it); the model rejects it.
+  write_raw(p, R"({"fc1.weight": {"dtype": "F32", "shape": [0, 9223372036854775807], "data_offsets": [0, 0]}})", "");
+  e = load_error(p);
+  EXPECT_NE(e.find("fc1.weight (file float32 [0, 9223372036854775807], model float32 [3, 4])"), std::string::npos)
+      << e;
+}
+
+// Paths that are not regular files say what they are (a directory once read as "truncated: 0 bytes"), and a
+// FIFO is refused without waiting for a writer.
+TEST_F(CorruptFileTest, PathsThatAreNotCheckpointFiles) {
+  const std::string dir = temp_path("a_directory");
+  fs::create_directories(dir);
+  std::string e = load_error(dir);
+  EXPECT_NE(e.find(dir + ": is a directory, not a checkpoint file"), std::string::npos) << e;
+  const std::string fifo = temp_path("a_fifo");
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  e = load_error(fifo);
+  EXPECT_NE(e.find("is a FIFO (named pipe), not a checkpoint file"), std::string::npos) << e;
+  e = load_error("/dev/null");
+  EXPECT_NE(e.find("/dev/null: is a character device, not a checkpoint file"), std::string::npos) << e;
+  e = load_error("/dev/zero");
+  EXPECT_NE(e.find("is a character device"), std::string::npos) << e;
+  e = load_error(temp_path("missing.safetensors"));
+  EXPECT_NE(e.find("cannot open the file (No such file or directory)"), std::string::npos) << e;
+  e = load_error(good_ + "/inside");
+  EXPECT_NE(e.find("cannot open the file (Not a directory)"), std::string::npos) << e;
+  e = load_error("");
+  EXPECT_NE(e.find("cannot open the file (No such file or directory)"), std::string::npos) << e;
+  // Unreadable: only observable when not root (root reads any file).
+  if (::geteuid() != 0) {
+    const std::string locked = temp_path("locked.safetensors");
+    fs::copy_file(good_, locked, fs::copy_options::overwrite_existing);
+    fs::permissions(locked, fs::perms::none);
+    e = load_error(locked);
+    EXPECT_NE(e.find("cannot open the file (Permission denied)"), std::string::npos) << e;
+  }
+}
+
+// load reads the header and the tensors' ranges, never the whole file: bytes after the last tensor (here a
+// sparse 64 GiB tail, which takes no disk) are never read, so the load is immediate and small.
+TEST(CheckpointTest, LoadReadsOnlyTheHeaderAndTheTensorRanges) {
+  Mlp source(DType::Float32);
+  const std::string path = temp_path("sparse_tail.safetensors");
+  save_checkpoint(path, source, nullptr);
+  ASSERT_EQ(::truncate(path.c_str(), off_t{64} << 30), 0) << std::strerror(errno);
+  Mlp target(DType::Float32);
+  const auto start = std::chrono::steady_clock::now();
+  load_checkpoint(path, target);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0);
+  const nn::StateDict a = source.state_dict(), b = target.state_dict();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(equal(a[i].second, b[i].second)) << a[i].first;
+  fs::remove(path);
+}
+
+// Two writers saving different models to one path over and over (a shared default checkpoint name): with a
+// shared `path.tmp` they truncated and interleaved each other's bytes. Every load during the race and the
+// final file must be exactly one of the two models, with its own metadata.
+TEST(CheckpointTest, ConcurrentWritersOfOnePathNeverTearTheFile) {
+  const std::string path = temp_path("contended.safetensors");
+  manual_seed(11);
+  Mlp a(DType::Float32, true), b(DType::Float32, true);
+  const std::vector<Tensor> snap_a = snapshot(a), snap_b = snapshot(b);
+  ASSERT_FALSE(same_state(a, snap_b));
+  // Different metadata lengths shift the data offsets, so a mix of the two files cannot parse by luck.
+  // The generator entry names a device this process lacks: loads then restore no generator, and the
+  // writers do not capture the generators the reader would be restoring (no data race on them).
+  const std::vector<GeneratorState> rng = {{"cpu:9999", 1, 2}};
+  const TrainingState state_a{.epoch = 1, .step = 0, .rng = rng, .metadata = {{"who", "a"}}};
+  const TrainingState state_b{.epoch = 2, .step = 0, .rng = rng, .metadata = {{"who", std::string(3000, 'b')}}};
+  save_checkpoint(path, a, nullptr, state_a);
+
+  constexpr int kSaves = 60;
+  std::atomic<bool> writing{true};
+  std::atomic<int> torn{0}, loads{0};
+  std::string first_problem;
+  std::mutex problem_mutex;
+  auto check_file = [&](Mlp& into) {
+    TrainingState st;
+    try {
+      load_checkpoint(path, into, nullptr, &st);
+    } catch (const Error& e) {
+      std::lock_guard lock(problem_mutex);
+      if (torn++ == 0) first_problem = e.what();
+      return;
+    }
+    const bool is_a = st.epoch == 1 && st.metadata == state_a.metadata && same_state(into, snap_a);
+    const bool is_b = st.epoch == 2 && st.metadata == state_b.metadata && same_state(into, snap_b);
+    if (!is_a && !is_b) {
+      std::lock_guard lock(problem_mutex);
+      if (torn++ == 0) first_problem = "a file that is neither model";
+    }
+    ++loads;
+  };
+  auto writer = [&](const Mlp& model, const TrainingState& state) {
+    for (int i = 0; i < kSaves; ++i) {
+      try {
+        save_checkpoint(path, model, nullptr, state);
+      } catch (const Error& e) {  // e.g. a rename of a temporary that the other writer already renamed
+        std::lock_guard lock(problem_mutex);
+        if (torn++ == 0) first_problem = e.what();
+      }
+    }
+  };
+  std::thread writer_a(writer, std::cref(a), std::cref(state_a));
+  std::thread writer_b(writer, std::cref(b), std::cref(state_b));
+  std::thread reader([&] {
+    Mlp into(DType::Float32, true);
+    while (writing) check_file(into);
+  });
+  writer_a.join();
+  writer_b.join();
+  writing = false;
+  reader.join();
+  Mlp final_model(DType::Float32, true);
+  check_file(final_model);
+  EXPECT_EQ(torn.load(), 0) << torn.load() << " failed saves or bad loads; the first: " << first_problem;
+  EXPECT_GT(loads.load(), 0);
+  EXPECT_TRUE(temporaries_of(path).empty());
+}
+
+// A save that fails while writing leaves the previous checkpoint as it was and no temporary behind. The
+// failure is real: a file size limit (RLIMIT_FSIZE, which binds root too) makes write() fail with EFBIG.
+TEST(CheckpointTest, FailedSaveKeepsTheOldFileAndLeavesNoTemporary) {
+  const std::string path = temp_path("kept.safetensors");
+  manual_seed(3);
+  Mlp small(DType::Float32);
+  save_checkpoint(path, small, nullptr, {.epoch = 1});
+  const std::string before = read_bytes(path);
+  ASSERT_LT(before.size(), 4096u);
+
+  // A model whose file is larger than the limit.
+  class Big : public nn::Cloneable<Big> {
+   public:
+    Big() : Cloneable("Big") { reset(); }
+    void reset() override { w = register_parameter("w", zeros({64, 64})); }
+    Tensor w;
+  };
+  Big big;
+  rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit limit = old_limit;
+  limit.rlim_cur = 4096;
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);  // otherwise the write past the limit kills the process
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  std::string message;
+  try {
+    save_checkpoint(path, big, nullptr, {.epoch = 2});
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(message.find("save_checkpoint: writing " + path + ".tmp."), std::string::npos) << message;
+  EXPECT_NE(message.find("failed: File too large"), std::string::npos) << message;
+  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_TRUE(temporaries_of(path).empty());
+  TrainingState st;
+  Mlp reloaded(DType::Float32);
+  load_checkpoint(path, reloaded, nullptr, &st);
+  EXPECT_EQ(st.epoch, 1);
+
+  // The target is a directory: refused before anything is written.
+  const std::string dir = temp_path("dir_target.safetensors");
+  fs::create_directories(dir);
+  try {
+    save_checkpoint(dir, small, nullptr);
+    ADD_FAILURE() << "saved over a directory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + " is a directory; expected a file path"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(temporaries_of(dir).empty());
+}
+
+// Temporaries of killed runs (the old fixed name and the new random ones) are never read nor removed.
+TEST(CheckpointTest, StaleTemporariesAreIgnored) {
+  const std::string path = temp_path("stale.safetensors");
+  write_bytes(path + ".tmp", "garbage from an old run");
+  write_bytes(path + ".tmp.AbC123", "garbage from a killed run");
+  Mlp model(DType::Float32);
+  save_checkpoint(path, model, nullptr, {.epoch = 5});
+  TrainingState st;
+  Mlp reloaded(DType::Float32);
+  load_checkpoint(path, reloaded, nullptr, &st);
+  EXPECT_EQ(st.epoch, 5);
+  EXPECT_EQ(read_bytes(path + ".tmp"), "garbage from an old run");
+  EXPECT_EQ(read_bytes(path + ".tmp.AbC123"), "garbage from a killed run");
+  EXPECT_EQ(temporaries_of(path).size(), 2u);
+}
+
 TEST(CheckpointTest, SaveOverwritesAtomicallyAndReportsBadPaths) {
   Mlp model(DType::Float32);
   const std::string path = temp_path("overwrite.safetensors");
@@ -330,7 +567,7 @@ TEST(CheckpointTest, SaveOverwritesAtomicallyAndReportsBadPaths) {
   TrainingState st;
   load_checkpoint(path, model, nullptr, &st);
   EXPECT_EQ(st.epoch, 2);
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_TRUE(temporaries_of(path).empty());
   try {
     save_checkpoint(temp_path("no/such/dir/x.safetensors"), model, nullptr);
     ADD_FAILURE() << "no error";
