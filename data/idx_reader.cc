@@ -1,5 +1,8 @@
 #include "data/idx_reader.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -7,6 +10,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "core/error.h"
 
@@ -29,19 +33,41 @@ std::string describe_magic(uint32_t magic) {
   return detail::str_cat(type_name, ", ", magic & 0xff, " dimension", (magic & 0xff) == 1 ? "" : "s");
 }
 
-// An open gzip (or plain) file; closes on destruction.
+// Deflate's largest expansion: 1032 output bytes per input byte (a stream of one repeated byte). No gzip
+// file of n bytes decompresses to more than n * kMaxDeflateRatio bytes.
+constexpr int64_t kMaxDeflateRatio = 1032;
+
+// An open gzip (or plain) file; closes on destruction. Opens the descriptor itself so that it knows what the
+// path is (a directory is refused by name) and, for a regular file, its size on disk.
 class GzFile {
  public:
   GzFile(const std::string& path, const std::string& open_hint) : path_(path) {
-    errno = 0;
-    file_ = gzopen(path.c_str(), "rb");
-    if (file_ == nullptr) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
       const int err = errno;
-      DPE_CHECK(false, "cannot open ", path, ": ", err != 0 ? std::strerror(err) : "out of memory",
+      DPE_CHECK(false, "cannot open ", path, ": ", std::strerror(err), open_hint.empty() ? "" : "; ", open_hint);
+    }
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+      const int err = S_ISDIR(st.st_mode) ? EISDIR : errno;
+      ::close(fd);
+      DPE_CHECK(false, "cannot read ", path, ": ", std::strerror(err), "; expected an IDX file",
                 open_hint.empty() ? "" : "; ", open_hint);
+    }
+    if (S_ISREG(st.st_mode)) file_bytes_ = static_cast<int64_t>(st.st_size);
+    errno = 0;
+    file_ = gzdopen(fd, "rb");  // on success owns fd (gzclose_r closes it)
+    if (file_ == nullptr) {
+      ::close(fd);
+      DPE_CHECK(false, "cannot open ", path, ": out of memory (zlib could not allocate its buffers)");
     }
   }
   ~GzFile() { gzclose_r(file_); }
+
+  // The file's size on disk, or -1 when it is not a regular file (a FIFO, a device): no bound is known then.
+  int64_t file_bytes() const { return file_bytes_; }
+  // Whether the file is plain (not gzip). Valid after the first read.
+  bool is_plain() { return gzdirect(file_) == 1; }
   GzFile(const GzFile&) = delete;
   GzFile& operator=(const GzFile&) = delete;
 
@@ -77,7 +103,8 @@ class GzFile {
   }
 
   std::string path_;
-  gzFile file_;
+  gzFile file_ = nullptr;
+  int64_t file_bytes_ = -1;
 };
 
 std::string dims_str(const std::vector<int64_t>& dims) {
@@ -130,21 +157,45 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic, const IdxRea
   const bool limited = options.max_items >= 0 && options.max_items < result.file_items;
   const int64_t items = limited ? options.max_items : result.file_items;
   const int64_t want = items * row_bytes;
+  const int64_t header_bytes = 4 + 4 * int64_t{ndims};
   result.dims[0] = items;
-  // Grown as the data arrives, so that a corrupt header claiming terabytes fails as a short payload, not as
-  // an allocation failure.
+  // Before allocating anything: a regular file cannot hold more than its size (plain) or its size times
+  // deflate's largest ratio (gzip). A header claiming more fails here, naming both sizes, without reading.
+  if (file.file_bytes() >= 0) {
+    const int64_t on_disk = file.file_bytes();
+    if (file.is_plain()) {
+      const int64_t after_header = std::max<int64_t>(on_disk - header_bytes, 0);
+      DPE_CHECK(want <= after_header, path, ": truncated payload: the header promises ", result.file_items,
+                " items of ", row_bytes, " bytes (", total_bytes, " bytes) but the file holds only ", after_header,
+                " bytes after the ", header_bytes, "-byte header");
+    } else {
+      const int64_t at_most = on_disk > kMaxPayloadBytes / kMaxDeflateRatio ? kMaxPayloadBytes
+                                                                             : on_disk * kMaxDeflateRatio;
+      DPE_CHECK(want <= at_most, path, ": truncated payload or corrupt header: the header promises ",
+                result.file_items, " items of ", row_bytes, " bytes (", want, " bytes to read) but the ", on_disk,
+                "-byte gzip file decompresses to at most ", at_most, " bytes (deflate expands at most ",
+                kMaxDeflateRatio, "x)");
+    }
+  }
+  // Grown as the data arrives (a FIFO or device has no size to check against), so that memory follows the
+  // data actually read; running out of it is an error naming the sizes.
   constexpr int64_t kChunk = int64_t{1} << 24;
   int64_t have = 0;
   while (have < want) {
     const int64_t chunk = std::min(want - have, kChunk);
-    result.data.resize(static_cast<size_t>(have + chunk));
+    try {
+      result.data.resize(static_cast<size_t>(have + chunk));
+    } catch (const std::bad_alloc&) {
+      DPE_CHECK(false, path, ": out of memory reading the payload: ", have + chunk, " of the ", want,
+                " bytes the header promises (", items, " items of ", row_bytes, " bytes)");
+    }
     const int64_t r = static_cast<int64_t>(file.read(result.data.data() + have, static_cast<size_t>(chunk)));
     have += r;
     if (r < chunk) break;
   }
   DPE_CHECK(have == want, path, ": truncated payload: the header promises ", result.file_items, " items of ",
             row_bytes, " bytes (", total_bytes, " bytes) but the file holds only ", have, " bytes after the ",
-            4 + 4 * ndims, "-byte header");
+            header_bytes, "-byte header");
   if (limited) return result;
 
   // Nothing may follow the payload. Reading to the end also makes zlib check the gzip CRC and length.

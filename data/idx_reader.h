@@ -8,10 +8,13 @@
 // DD = the number of dimensions), DD big-endian uint32 sizes, then prod(sizes) elements, row-major, and
 // nothing after them. Only unsigned bytes are read (the magic numbers below).
 //
-// Validation, every failure a dpe::Error whose message starts with the file's path: the file opens; the
-// magic number is the expected one; the header is complete; every size is >= 0 and their product fits;
-// the payload holds exactly prod(sizes) bytes (a short payload and trailing bytes are both errors);
-// the gzip stream is intact (zlib's CRC and length checks at its end).
+// Validation, every failure a dpe::Error whose message starts with the file's path: the file opens and is
+// not a directory; the magic number is the expected one; the header is complete; every size is >= 0 and
+// their product is at most 2^40 bytes; the payload the header promises fits in the file (a regular file's
+// size on disk when plain, 1032 times it when gzip: deflate's largest ratio), checked before anything is
+// allocated; the payload holds exactly prod(sizes) bytes (a short payload and trailing bytes are both
+// errors); the gzip stream is intact (zlib's CRC and length checks at its end). Memory grows with the data
+// actually read (a FIFO or device has no size to check against); running out is an error naming the sizes.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,10 @@
 #include "data/idx_reader.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <string>
@@ -119,6 +121,53 @@ TEST(IdxReader, HugeSizesAreACorruptHeaderNotAnAllocation) {
   expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic); }), {path, "header is corrupt"});
   write_gz(path, idx_bytes(kIdxImagesMagic, {1000000, 1000, 1000}, iota_bytes(10)));  // claims 10^12 bytes
   expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic); }), {path, "truncated payload"});
+}
+
+// A header promising more than the file can hold fails before the payload is allocated or read, naming the
+// sizes: for a plain file its size on disk, for a gzip file that size times deflate's largest ratio (1032).
+TEST(IdxReader, OversizedHeaderFailsBeforeAllocating) {
+  const std::string dir = test_dir();
+  // Plain: 2^40 bytes promised (1024 x 1024 x 1048576), 10 present.
+  const std::string plain = dir + "/images";
+  const std::vector<uint8_t> bytes = idx_bytes(kIdxImagesMagic, {1024, 1024, 1048576}, iota_bytes(10));
+  std::ofstream(plain, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  expect_contains(error_of([&] { read_idx(plain, kIdxImagesMagic); }),
+                  {plain, "truncated payload", "1024 items of 1073741824 bytes (1099511627776 bytes)",
+                   "holds only 10 bytes after the 16-byte header"});
+
+  // gzip: 2^40 bytes promised, 256 MiB of zeros present (about 250 KiB compressed). Reading before checking
+  // once grew the payload to all 256 MiB before reporting it short; now nothing is read.
+  const std::string gz = dir + "/images.gz";
+  {
+    gzFile f = gzopen(gz.c_str(), "wb9");
+    ASSERT_NE(f, nullptr);
+    const std::vector<uint8_t> header = idx_bytes(kIdxImagesMagic, {1024, 1024, 1048576}, {});
+    ASSERT_EQ(gzwrite(f, header.data(), static_cast<unsigned>(header.size())), static_cast<int>(header.size()));
+    const std::vector<uint8_t> zeros(1 << 20, 0);
+    for (int i = 0; i < 256; ++i) ASSERT_EQ(gzwrite(f, zeros.data(), 1 << 20), 1 << 20);
+    ASSERT_EQ(gzclose(f), Z_OK);
+  }
+  const int64_t gz_bytes = static_cast<int64_t>(std::filesystem::file_size(gz));
+  rusage before, after;
+  getrusage(RUSAGE_SELF, &before);
+  const std::string message = error_of([&] { read_idx(gz, kIdxImagesMagic); });
+  getrusage(RUSAGE_SELF, &after);
+  expect_contains(message, {gz, "the header promises 1024 items of 1073741824 bytes (1099511627776 bytes to read)",
+                            "the " + std::to_string(gz_bytes) + "-byte gzip file decompresses to at most " +
+                                std::to_string(gz_bytes * 1032) + " bytes"});
+  // ru_maxrss is the peak resident size in KiB: reading the payload would have raised it by 256 MiB.
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64 * 1024) << "the payload was read into memory";
+}
+
+// Paths that are not IDX files say so.
+TEST(IdxReader, DirectoriesAndDevices) {
+  const std::string dir = test_dir();
+  expect_contains(error_of([&] { read_idx(dir, kIdxLabelsMagic, {.open_hint = "pass --data-dir"}); }),
+                  {"cannot read " + dir + ": Is a directory; expected an IDX file; pass --data-dir"});
+  expect_contains(error_of([] { read_idx("/dev/zero", kIdxLabelsMagic); }),
+                  {"/dev/zero: bad magic number 0 (0x00000000"});
+  expect_contains(error_of([] { read_idx("/dev/null", kIdxLabelsMagic); }),
+                  {"/dev/null: the file is too short for an IDX header (0 bytes)"});
 }
 
 TEST(IdxReader, DamagedGzipStream) {
