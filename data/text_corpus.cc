@@ -1,10 +1,15 @@
 #include "data/text_corpus.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <new>
 #include <string_view>
 
 #include "core/error.h"
@@ -12,22 +17,47 @@
 namespace dpe::data {
 namespace {
 
-std::string read_file(const std::string& path) {
-  errno = 0;
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
+// Reads the file at `path`; *total counts the bytes of every file read so far and may not pass max_bytes. A
+// regular file is checked by its size before it is read; anything else (a FIFO, /dev/zero) is read up to the
+// limit and then refused, so an endless stream ends in an error instead of growing until memory runs out.
+std::string read_file(const std::string& path, int64_t max_bytes, int64_t* total) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     const int err = errno;
-    DPE_CHECK(false, "cannot open ", path, ": ", err != 0 ? std::strerror(err) : "unknown error",
-              "; the default corpus ", kFortunesPath, " comes with `apt-get install fortunes-min`");
+    DPE_CHECK(false, "cannot open ", path, ": ", std::strerror(err), "; the default corpus ", kFortunesPath,
+              " comes with `apt-get install fortunes-min`");
   }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  DPE_CHECK(::fstat(fd, &st) == 0, "cannot read ", path, ": ", std::strerror(errno));
+  DPE_CHECK(!S_ISDIR(st.st_mode), "cannot read ", path, ": ", std::strerror(EISDIR));
+  const int64_t budget = max_bytes - *total;
   std::string text;
-  char buf[1 << 16];
-  size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, got);
-  const bool failed = std::ferror(f) != 0;
-  const int err = errno;
-  std::fclose(f);
-  DPE_CHECK(!failed, "cannot read ", path, ": ", std::strerror(err));  // e.g. a directory
+  try {
+    if (S_ISREG(st.st_mode)) {
+      DPE_CHECK(st.st_size <= budget, "load_text_corpus: ", path, " holds ", static_cast<int64_t>(st.st_size),
+                " bytes; with the ", *total, " bytes of the files before it that is more than the limit of ",
+                max_bytes, " bytes (TextCorpusOptions::max_bytes)");
+      text.reserve(static_cast<size_t>(st.st_size));
+    }
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t got = ::read(fd, buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      DPE_CHECK(got >= 0, "cannot read ", path, ": ", std::strerror(errno));
+      if (got == 0) break;
+      DPE_CHECK(got <= budget - static_cast<int64_t>(text.size()), "load_text_corpus: ", path, " holds more than ",
+                budget, " bytes, the limit of ", max_bytes, " bytes (TextCorpusOptions::max_bytes) less the ",
+                *total, " bytes of the files before it; an endless stream such as /dev/zero or a FIFO?");
+      text.append(buf, static_cast<size_t>(got));
+    }
+  } catch (const std::bad_alloc&) {
+    DPE_CHECK(false, "load_text_corpus: out of memory reading ", path, " after ", text.size(), " bytes");
+  }
+  *total += static_cast<int64_t>(text.size());
   return text;
 }
 
@@ -59,13 +89,20 @@ std::vector<std::string> split_records(const std::string& text) {
   return records;
 }
 
-TextCorpus load_text_corpus(const std::vector<std::string>& paths, int64_t seq_len) {
+TextCorpus load_text_corpus(const std::vector<std::string>& paths, int64_t seq_len, const TextCorpusOptions& options) {
   DPE_CHECK(seq_len >= 1, "load_text_corpus: seq_len ", seq_len, " is invalid; expected seq_len >= 1");
   DPE_CHECK(!paths.empty(), "load_text_corpus: no files given");
+  DPE_CHECK(options.max_bytes >= 0, "load_text_corpus: max_bytes ", options.max_bytes, " is negative");
   std::vector<std::string> records;
+  int64_t total = 0;
   for (const std::string& path : paths) {
-    std::vector<std::string> file_records = split_records(read_file(path));
-    std::move(file_records.begin(), file_records.end(), std::back_inserter(records));
+    std::string text = read_file(path, options.max_bytes, &total);
+    try {
+      std::vector<std::string> file_records = split_records(text);
+      std::move(file_records.begin(), file_records.end(), std::back_inserter(records));
+    } catch (const std::bad_alloc&) {
+      DPE_CHECK(false, "load_text_corpus: out of memory splitting ", path, " (", text.size(), " bytes) into records");
+    }
   }
   std::string names;
   for (const std::string& path : paths) names += (names.empty() ? "" : ", ") + path;

@@ -20,8 +20,13 @@
 // Target positions holding PAD are padding: pass ignore_index = kPad to cross_entropy (layers/loss.h) so
 // that they do not count.
 //
-// Errors (dpe::Error): a file that cannot be read (naming it, and how to install the default corpus),
-// seq_len < 1, no paths, no records in all the files.
+// Size: the files together may hold at most TextCorpusOptions::max_bytes (256 MiB by default; the fortunes
+// file is 24 KB). A regular file is checked by its size before it is read; a stream (a FIFO,
+// /dev/zero) is read up to the limit and then refused, so an endless one fails instead of growing forever.
+//
+// Errors (dpe::Error): a file that cannot be opened or read, or is a directory (naming it, and how to install
+// the default corpus), more than max_bytes of text (naming the file and the sizes), running out of memory
+// (naming the file and the bytes read), seq_len < 1, no paths, no records in all the files.
 #pragma once
 
 #include <cstdint>
@@ -46,8 +51,15 @@ struct TextCorpus {
   int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
 };
 
+inline constexpr int64_t kMaxTextCorpusBytes = int64_t{256} << 20;
+
+struct TextCorpusOptions {
+  int64_t max_bytes = kMaxTextCorpusBytes;  // the most text all the files together may hold
+};
+
 // Reads every file in `paths` (in order, records in file order). seq_len >= 1.
-TextCorpus load_text_corpus(const std::vector<std::string>& paths, int64_t seq_len);
+TextCorpus load_text_corpus(const std::vector<std::string>& paths, int64_t seq_len,
+                            const TextCorpusOptions& options = {});
 
 // The records of `text` (the splitting rule above), exposed for tests and tools.
 std::vector<std::string> split_records(const std::string& text);

@@ -116,6 +116,34 @@ TEST(TextCorpus, Errors) {
 
 // The corpus the tiny-llama example trains on (Debian's fortunes-min, installed by tools/setup.sh): fails,
 // never skips, when it is missing.
+// An endless stream (/dev/zero) is read up to the limit and refused; it once grew until memory ran out.
+// Regular files are refused by their size before they are read; the limit counts all the files together.
+TEST(TextCorpus, SizeLimit) {
+  const std::string dir = test_dir();
+  std::string e = error_of([] { load_text_corpus({"/dev/zero"}, 8, {.max_bytes = 1 << 20}); });
+  EXPECT_NE(e.find("load_text_corpus: /dev/zero holds more than 1048576 bytes, the limit of 1048576 bytes"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("an endless stream such as /dev/zero"), std::string::npos) << e;
+  const std::string a = write_text(dir, "a", std::string(600, 'a'));
+  const std::string b = write_text(dir, "b", std::string(500, 'b'));
+  e = error_of([&] { load_text_corpus({a, b}, 8, {.max_bytes = 1000}); });
+  EXPECT_NE(e.find("load_text_corpus: " + b + " holds 500 bytes; with the 600 bytes of the files before it that is "
+                   "more than the limit of 1000 bytes"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(load_text_corpus({a, b}, 8, {.max_bytes = 1100}).size(), 2);  // exactly the limit is allowed
+  EXPECT_NE(error_of([&] { load_text_corpus({a}, 8, {.max_bytes = -1}); }).find("max_bytes -1 is negative"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_text_corpus({"/dev/null"}, 8); }).find("no records in /dev/null"), std::string::npos);
+}
+
+// The default limit (256 MiB) ends an endless stream too.
+TEST(TextCorpus, DefaultLimitEndsAnEndlessStream) {
+  const std::string e = error_of([] { load_text_corpus({"/dev/zero"}, 8); });
+  EXPECT_NE(e.find("/dev/zero holds more than 268435456 bytes"), std::string::npos) << e;
+}
+
 TEST(TextCorpus, Fortunes) {
   TextCorpus c = load_text_corpus({kFortunesPath}, 128);
   EXPECT_GT(c.size(), 300);
