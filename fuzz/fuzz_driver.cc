@@ -57,9 +57,10 @@
 extern "C" const char* __asan_default_options() { return "max_allocation_size_mb=2048"; }
 #endif
 
-// UBSan findings (-fno-sanitize-recover) end in abort(), so that the SIGABRT handler below saves the input:
-// GCC's UBSan runtime is a library of its own that does not call ASan's death callback.
-extern "C" const char* __ubsan_default_options() { return "abort_on_error=1:print_stacktrace=1"; }
+// UBSan findings end in abort(), so that the SIGABRT handler below saves the input: GCC's UBSan runtime is a
+// library of its own that does not call ASan's death callback. halt_on_error: misalignment is recoverable
+// under --config=asan (.bazelrc), and is a finding all the same.
+extern "C" const char* __ubsan_default_options() { return "abort_on_error=1:halt_on_error=1:print_stacktrace=1"; }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 extern "C" __attribute__((weak)) int LLVMFuzzerInitialize(int* argc, char*** argv);
@@ -505,6 +506,9 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
+// "<label>:<file>:<line> <message up to its first quoted part>" of an outcome (fuzz/fuzz_target.h).
+std::string check_of(const std::string& outcome) { return outcome.substr(0, outcome.find("'*")); }
+
 // Distinct findings by kind, with digits blanked so that one bug seen with many sizes counts once.
 std::string finding_key(const std::string& what) {
   std::string key = what.substr(0, 160);
@@ -593,9 +597,12 @@ int run(int argc, char** argv) {
     std::vector<std::string> outcomes;
     const std::string escaped = run_input(input, outcomes);
     if (!escaped.empty()) report(name, input, escaped);
-    if (reproduce) std::fprintf(stderr, "%s: %s\n", name.c_str(), escaped.empty() ? "ok" : "FINDING");
+    if (reproduce) {
+      std::fprintf(stderr, "%s: %s\n", name.c_str(), escaped.empty() ? "no finding" : "FINDING");
+      for (const std::string& oc : outcomes) std::fprintf(stderr, "  outcome %s\n", oc.c_str());
+    }
     for (auto& oc : outcomes) {
-      if (seen_outcomes.insert(oc).second) ++signatures_per_check[oc.substr(0, oc.find(' '))];
+      if (seen_outcomes.insert(oc).second) ++signatures_per_check[check_of(oc)];
     }
     corpus.push_back(input.size() > o.max_len ? Bytes(input.begin(), input.begin() + o.max_len) : input);
     if (done()) break;
@@ -624,9 +631,9 @@ int run(int argc, char** argv) {
       if (!escaped.empty()) report("mutated input #" + std::to_string(runs), input, escaped);
       bool fresh = false;
       for (auto& oc : outcomes) {
-        // At most 32 signatures per check ("<label>:<file>:<line>"): a message quoting the input would
-        // otherwise make every input new.
-        int& per_check = signatures_per_check[oc.substr(0, oc.find(' '))];
+        // At most 32 signatures per check and message up to its first quoted part: messages that quote
+        // the input, or one fail() helper throwing for many checks, would otherwise flood the corpus.
+        int& per_check = signatures_per_check[check_of(oc)];
         if (per_check < 32 && seen_outcomes.insert(std::move(oc)).second) {
           ++per_check;
           fresh = true;

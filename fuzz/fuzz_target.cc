@@ -40,12 +40,19 @@ std::string error_signature(std::string_view what) {
   }
   std::string out(location);
   out += ' ';
+  // A quote opens after a space, '(' or the start, and closes before a space, ':', ',', ')' or the end, so
+  // that quotes inside the quoted input do not flip the two.
   bool quoted = false;
   for (size_t i = 0; i < message.size() && out.size() < 160; ++i) {
     const char c = message[i];
-    if (c == '\'') {
-      quoted = !quoted;
-      out += quoted ? "'*" : "'";
+    const char before = i == 0 ? ' ' : message[i - 1];
+    const char after = i + 1 == message.size() ? ' ' : message[i + 1];
+    if (c == '\'' && !quoted && (before == ' ' || before == '(')) {
+      quoted = true;
+      out += "'*";
+    } else if (c == '\'' && quoted && (after == ' ' || after == ':' || after == ',' || after == ')')) {
+      quoted = false;
+      out += '\'';
     } else if (quoted) {
       continue;
     } else if (c >= '0' && c <= '9') {
@@ -58,7 +65,7 @@ std::string error_signature(std::string_view what) {
 }
 
 void require(bool ok, const std::string& what) {
-  if (!ok) throw std::logic_error("harness oracle failed: " + what);
+  if (!ok) throw Finding("harness oracle failed: " + what);
 }
 
 InputFile::InputFile(const std::string& name) {

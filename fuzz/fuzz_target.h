@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -30,8 +31,20 @@ void set_outcome_sink(OutcomeSink sink);
 //   "f: bad magic number 7 ('x') (data/idx_reader.cc:98)" -> "data/idx_reader.cc:98 f: bad magic number # ('*')"
 std::string error_signature(std::string_view what);
 
+// A harness's own verdict that an input found a bug (an oracle failed). Not a dpe::Error, so the driver (and
+// libFuzzer, through std::terminate) report it.
+class Finding : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+// Throws Finding("harness oracle failed: <what>") unless ok (e.g. parse(dump(v)) == v).
+void require(bool ok, const std::string& what);
+
 // Runs f(). A dpe::Error is the expected way to reject an input: swallowed and noted as "<label>:<signature>".
-// dpe::InternalError (a dpe bug) and every other exception propagate to the driver, which reports them.
+// Except "out of memory": an input of a few KB that makes dpe allocate more than the machine has (or than
+// ASan's 2 GiB limit in the driver) is a size taken from the input unchecked, a Finding. dpe::InternalError
+// (a dpe bug) and every other exception propagate to the driver, which reports them.
 template <typename F>
 void expect_only_dpe_errors(std::string_view label, F&& f) {
   try {
@@ -39,15 +52,15 @@ void expect_only_dpe_errors(std::string_view label, F&& f) {
   } catch (const InternalError&) {
     throw;
   } catch (const Error& e) {
-    note_outcome(std::string(label) + ":" + error_signature(e.what()));
+    const std::string_view what = e.what();
+    if (what.find("out of memory") != std::string_view::npos) {
+      throw Finding("an input made dpe run out of memory: " + std::string(what));
+    }
+    note_outcome(std::string(label) + ":" + error_signature(what));
     return;
   }
   note_outcome(std::string(label) + ":ok");
 }
-
-// A check of the harness's own oracle (e.g. parse(dump(v)) == v); throws std::logic_error, which the driver
-// reports as a finding.
-void require(bool ok, const std::string& what);
 
 // A file holding the current input, for readers that take a path: an anonymous in-memory file
 // (memfd_create, path /proc/self/fd/N), or a file under $TEST_TMPDIR / $TMPDIR where memfd is unavailable.

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The parsers', the engine's, the collectives' and the core's tests under AddressSanitizer +
+# UndefinedBehaviorSanitizer (--config=asan: dbg -O1 build, own output tree; any report fails the test), then
+# every fuzz harness (fuzz/) on its seed corpus plus DPE_FUZZ_SECONDS seconds of mutations (default 2; CI
+# passes 30). Ends with the same "N passed, N failed, N skipped" line as tools/test.sh. Extra arguments go to
+# both `bazel test` commands. docs/FUZZING.md: what runs, how long it takes, how to reproduce a finding.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+targets=(
+  //data/...
+  //engine:checkpoint_test
+  //engine:json_test
+  //engine:worker_pool_test
+  //engine:data_parallel_test
+  //engine:ddp_test
+  //scatter_gather/...
+  //core/...
+  //layers/...
+  //optim/...
+  //models/...
+)
+# Left out, each with its reason (docs/FUZZING.md, "Known findings"):
+#   //core:random_cpu_test: compares a kernel's explicit std::fma with `a + b * x` written in the test, which
+#   only -O2 and up contract to the same FMA; at -O1 the last bit differs (not a memory or UB finding).
+excluded=(
+  //core:random_cpu_test
+)
+fuzz_seconds=${DPE_FUZZ_SECONDS:-2}
+# Bazel 4 expands no workspace path inside .bazelrc options, so the suppressions file is named here.
+ubsan_options="print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/sanitizers/ubsan.supp"
+
+bazel test --config=asan --test_env=UBSAN_OPTIONS="$ubsan_options" "$@" -- "${targets[@]}" "${excluded[@]/#/-}"
+status=$?
+# The fuzzers last: a harness stops at its first finding and saves the input in its test.outputs/.
+bazel test --config=asan --test_env=UBSAN_OPTIONS="$ubsan_options" --test_arg=--seconds="$fuzz_seconds" "$@" \
+  -- //fuzz/...
+fuzz_status=$?
+((status == 0)) && status=$fuzz_status
+
+bazel query "tests(set(${targets[*]} //fuzz/...)) except set(${excluded[*]})" 2>/dev/null > bazel-asan-targets.txt
+python3 tools/test_summary.py bazel-out/k8-dbgasan/testlogs "$status" bazel-asan-targets.txt
