@@ -67,6 +67,16 @@ std::vector<Device> parse_device_option(const std::string& option, const std::st
   return parse_list(option, list);
 }
 
+void check_devices_exist(const std::string& option, const std::vector<Device>& devices) {
+  for (const Device& d : devices) {
+    try {
+      check_device_exists(d);
+    } catch (const Error& e) {
+      throw Error(option + ": " + e.what());
+    }
+  }
+}
+
 std::string device_list_str(const std::vector<Device>& devices) {
   std::string out;
   for (const Device& d : devices) out += (out.empty() ? "" : " ") + d.str();
@@ -160,7 +170,7 @@ CLI::Option* add_seed_option(CLI::App& cmd, const std::string& names, uint64_t& 
   const std::string name = detail::long_name(names);
   CLI::Option* option = cmd.add_option_function<std::string>(
       names, [&target, name](const std::string& text) { target = parse_uint64(name, text); }, description);
-  option->type_name("INT in [0, 2^64-1]");
+  option->type_name("INT:[0, 2^64-1]");
   option->default_str(std::to_string(target));
   return option;
 }
@@ -172,8 +182,8 @@ CLI::Option* add_real_option(CLI::App& cmd, const std::string& names, double& ta
       names, [&target, name, lo, lo_open](const std::string& text) { target = parse_real(name, text, lo, lo_open); },
       description);
   char bound[64];
-  std::snprintf(bound, sizeof bound, "%s%g", lo_open ? ">" : ">=", lo);
-  option->type_name(std::string("FLOAT ") + bound);
+  std::snprintf(bound, sizeof bound, "FLOAT:%s%g, inf)", lo_open ? "(" : "[", lo);
+  option->type_name(bound);
   char shown[64];
   std::snprintf(shown, sizeof shown, "%g", target);
   option->default_str(shown);

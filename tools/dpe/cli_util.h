@@ -22,6 +22,8 @@ namespace dpe::tool {
 std::vector<Device> parse_device_list(const std::string& list);
 // The same, with messages that start with the option's name ("--device-ids 'cpu:0,': item 2 is empty; ...").
 std::vector<Device> parse_device_option(const std::string& option, const std::string& list);
+// Throws unless every device exists (check_device_exists), the message starting with the option's name.
+void check_devices_exist(const std::string& option, const std::vector<Device>& devices);
 // "cpu:0 cpu:1"
 std::string device_list_str(const std::vector<Device>& devices);
 // Every CUDA device if there is one, else `cpu_count` CPU devices (raising the CPU device count if needed).
@@ -78,7 +80,7 @@ CLI::Option* add_int_option(CLI::App& cmd, const std::string& names, T& target, 
         target = static_cast<T>(parse_int(name, text, lo, hi, size_suffixes));
       },
       description);
-  option->type_name("INT in [" + bound_str(lo) + ", " + bound_str(hi) + "]");
+  option->type_name("INT:[" + bound_str(lo) + ", " + bound_str(hi) + "]");
   option->default_str(std::to_string(target));
   return option;
 }

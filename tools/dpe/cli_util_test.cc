@@ -112,7 +112,8 @@ TEST(NumericOptions, ParseThroughCli11) {
   add_int_option(bad, "-f,--factor", factor, "factor", 2, 1024);
   const std::string e = error_of([&] { bad.parse("-f 1", false); });
   EXPECT_TRUE(has(e, "--factor 1: expected an integer in [2, 1024]")) << e;
-  EXPECT_TRUE(has(app.help(), "INT in [1, 2^31]")) << app.help();
+  EXPECT_TRUE(has(app.help(), "INT:[1, 2^31]=128")) << app.help();
+  EXPECT_TRUE(has(app.help(), "FLOAT:(0, inf)=0.05")) << app.help();  // the defaults at registration
 }
 
 class OutputPathTest : public ::testing::Test {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `dpe train` end to end on a slice of Fashion-MNIST: both modes learn, a checkpoint resumes at the next
-# epoch, the JSON report is written, bad options are errors that name the value.
+# epoch and bit for bit like an uninterrupted run, DDP trains every epoch whatever N mod batch, the JSON report
+# is written; bad options and bad checkpoints are errors that name the value, raised at start-up.
 set -uo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -9,6 +10,20 @@ check() {  # check DESCRIPTION COMMAND...: the command must succeed
   local what="$1"; shift
   if ! out=$("$@" 2>&1); then echo "FAILED ($what): $*"; echo "$out"; fail=1; fi
 }
+# expect STATUS PATTERN ARGS...: `dpe train ARGS` exits with STATUS within 30 s (start-up checks do no work)
+# and its output contains PATTERN.
+expect() {
+  local want_status="$1" pattern="$2"; shift 2
+  out=$(timeout 30 "$bin" train "$@" 2>&1)
+  local status=$?
+  if [[ $status -ne $want_status ]] || ! grep -qF -- "$pattern" <<<"$out"; then
+    echo "FAILED: dpe train $* -> status $status (want $want_status, 124 = timed out), want '$pattern', output:"
+    echo "$out" | tail -5
+    fail=1
+  fi
+}
+expect_error() { expect 2 "$@"; }  # expect_error PATTERN ARGS...
+
 for mode in dp ddp single; do
   check "$mode" "$bin" train --model mlp --mode "$mode" --epochs 1 --limit 1024 --batch-size 64 --lr 0.05 --json "$tmp/$mode.json"
   echo "$out" | tail -2
@@ -20,14 +35,127 @@ check "save" "$bin" train --model cnn --mode ddp --sync-bn --epochs 1 --limit 25
 check "resume" "$bin" train --model cnn --mode ddp --sync-bn --epochs 2 --limit 256 --batch-size 64 --resume "$tmp/ck.safetensors"
 grep -q "resumed after epoch 1" <<<"$out" || { echo "FAILED: not resumed: $out"; fail=1; }
 grep -q "^epoch 1/2" <<<"$out" && { echo "FAILED: epoch 1 ran again: $out"; fail=1; }
-expect_error() {  # expect_error PATTERN ARGS...
-  local pattern="$1"; shift
-  if out=$("$bin" train "$@" 2>&1) || ! grep -q -- "$pattern" <<<"$out"; then
-    echo "FAILED: dpe train $* should fail with '$pattern', got: $out"; fail=1
-  fi
+
+# DDP, N mod batch in [1, devices - 1]: 23 samples, batch 7, 3 devices leave a last batch of 2. It is padded
+# to 3 (one sample per device), so every epoch trains all its steps and the checkpoint is written.
+rm -f "$tmp/pad.ck"
+check "ddp-pad-last-batch" "$bin" train --model mlp --mode ddp --cpu-devices 3 --batch-size 7 --limit 23 --epochs 2 \
+  --save-every 2 --checkpoint "$tmp/pad.ck"
+grep -q "last batch of 2 padded to 3 for 3 DDP devices" <<<"$out" || { echo "FAILED: no padding note: $out"; fail=1; }
+[[ $(grep -c "^epoch [12]/2 loss" <<<"$out") -eq 2 ]] || { echo "FAILED: not every epoch finished: $out"; fail=1; }
+grep -q "4/4" <<<"$out" || { echo "FAILED: the 4th step of an epoch did not run: $out"; fail=1; }
+[[ -s "$tmp/pad.ck" ]] || { echo "FAILED (ddp-pad-last-batch): no checkpoint"; fail=1; }
+check "ddp-drop-last" "$bin" train --model mlp --mode ddp --cpu-devices 3 --batch-size 7 --limit 23 --epochs 2 --drop-last
+grep -q "last 2 dropped (--drop-last)" <<<"$out" || { echo "FAILED: no drop note: $out"; fail=1; }
+[[ $(grep -c "^epoch [12]/2 loss" <<<"$out") -eq 2 ]] || { echo "FAILED (drop-last): not every epoch finished: $out"; fail=1; }
+# Fewer samples than devices: the one batch wraps around the epoch's order.
+check "ddp-pad-wraps" "$bin" train --model mlp --mode ddp --cpu-devices 3 --batch-size 7 --limit 2 --epochs 1
+grep -q "last batch of 2 padded to 3" <<<"$out" || { echo "FAILED (ddp-pad-wraps): $out"; fail=1; }
+
+# Resume is exact: 1 epoch + a resumed 2nd gives the same checkpoint, byte for byte (weights, optimizer state,
+# generator offsets), as 2 epochs in one run. (Constant schedule: a cosine schedule depends on --epochs, so a
+# 1-epoch run is not the first half of a 2-epoch one.) Before check_model_name, model_loss built a model after
+# the resume restored the generators, and the offsets differed.
+for mode in ddp dp; do
+  common=(--model mlp --mode "$mode" --limit 256 --batch-size 60 --schedule constant --save-every 1)
+  check "exact-$mode-a" "$bin" train "${common[@]}" --epochs 2 --checkpoint "$tmp/a.ck" --json "$tmp/a.json"
+  check "exact-$mode-b" "$bin" train "${common[@]}" --epochs 1 --checkpoint "$tmp/b.ck"
+  b_accuracy=$(grep -o "final test accuracy [0-9.]*" <<<"$out")
+  check "exact-$mode-c" "$bin" train "${common[@]}" --epochs 2 --checkpoint "$tmp/c.ck" --resume "$tmp/b.ck"
+  cmp -s "$tmp/a.ck" "$tmp/c.ck" || { echo "FAILED: $mode resumed checkpoint differs from the uninterrupted one"; fail=1; }
+  # Resuming a finished run trains nothing and reports the loaded model's real accuracy.
+  check "finished-$mode" "$bin" train "${common[@]}" --epochs 1 --resume "$tmp/b.ck" --json "$tmp/f.json"
+  grep -q "nothing left to train: $tmp/b.ck is after epoch 1 and --epochs is 1" <<<"$out" || { echo "FAILED: $out"; fail=1; }
+  grep -qF "$b_accuracy" <<<"$out" || { echo "FAILED: finished run reports '$out', want '$b_accuracy'"; fail=1; }
+  grep -q "^epoch" <<<"$out" && { echo "FAILED: a finished run trained: $out"; fail=1; }
+  [[ -s "$tmp/f.json" ]] || { echo "FAILED: no JSON for a finished run"; fail=1; }
+done
+
+# Checkpoints with bad training state: the metadata rewritten, the tensors kept (a valid safetensors file).
+patch_checkpoint() {  # patch_checkpoint SRC DST KEY VALUE
+  python3 - "$@" <<'PY'
+import json, struct, sys
+src, dst, key, value = sys.argv[1:]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+header["__metadata__"][key] = value
+text = json.dumps(header).encode()
+text += b" " * ((8 - len(text) % 8) % 8)  # data stays 8-byte aligned
+open(dst, "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PY
 }
+common=(--model mlp --mode ddp --limit 256 --batch-size 60 --schedule constant)
+patch_checkpoint "$tmp/b.ck" "$tmp/neg.ck" training.epoch -4
+expect_error "--resume $tmp/neg.ck: the checkpoint says training.epoch -4, training.step 5; expected counts >= 0" \
+  "${common[@]}" --epochs 2 --resume "$tmp/neg.ck"
+patch_checkpoint "$tmp/b.ck" "$tmp/negstep.ck" training.step -1
+expect_error "training.step -1; expected counts >= 0" "${common[@]}" --epochs 2 --resume "$tmp/negstep.ck"
+# A huge epoch used to hang replaying the scheduler; now it is past --epochs: nothing to train, at once.
+patch_checkpoint "$tmp/b.ck" "$tmp/huge.ck" training.epoch 4611686018427387904
+expect 0 "nothing left to train: $tmp/huge.ck is after epoch 4611686018427387904 and --epochs is 2" \
+  "${common[@]}" --epochs 2 --resume "$tmp/huge.ck"
+patch_checkpoint "$tmp/b.ck" "$tmp/text.ck" training.epoch one
+expect_error "training.epoch" "${common[@]}" --epochs 2 --resume "$tmp/text.ck"
+expect_error "--resume $tmp/none.ck: no such file" "${common[@]}" --resume "$tmp/none.ck"
+expect_error "--resume $tmp: is not a regular file" "${common[@]}" --resume "$tmp"
+expect_error "load_checkpoint" --model cnn --mode ddp --limit 64 --resume "$tmp/b.ck"  # an mlp checkpoint
+
+# Bad options: refused at start-up, naming the option, the value and what was expected.
 expect_error "needs --mode ddp" --model cnn --mode dp --sync-bn --limit 64
-expect_error "--mode: frob not in" --mode frob
+expect 105 "--mode: frob not in" --mode frob
+expect 105 "--model: resnet not in" --model resnet
+expect 105 "--optimizer: lbfgs not in" --optimizer lbfgs
+expect 105 "--schedule: linear not in" --schedule linear
+expect 109 "The following argument was not expected: --frobnicate" --frobnicate
 expect_error "cannot open $tmp/none/train-" --data-dir "$tmp/none" --limit 64
-expect_error "a batch of 1 gives 1 non-empty shards for 2 devices" --mode ddp --batch-size 1 --limit 1 --model mlp
+expect_error "--batch-size 0: expected an integer in [1, 2^31]" --batch-size 0
+expect_error "--batch-size -1: expected an integer in [1, 2^31]" --batch-size -1
+expect_error "--batch-size 4294967296: expected an integer in [1, 2^31]" --batch-size 4294967296
+expect_error "--batch-size 12.5: expected an integer" --batch-size 12.5
+expect_error "--batch-size 0x40: expected an integer" --batch-size 0x40
+expect_error "--epochs 99999999999999999999999: expected an integer in [1, 1000000]" --epochs 99999999999999999999999
+expect_error "--epochs 0: expected an integer in [1, 1000000]" --epochs 0
+expect_error "--epochs 1000001: expected an integer in [1, 1000000]" --epochs 1000001
+expect_error "--epochs ten: expected an integer" --epochs ten
+expect_error "--epochs '': expected an integer" --epochs ""
+expect_error "--cpu-devices 100000: expected an integer in [1, 1024]" --cpu-devices 100000
+expect_error "--cpu-devices 0: expected an integer in [1, 1024]" --cpu-devices 0
+expect_error "--lr inf: expected a finite number > 0" --lr inf
+expect_error "--lr nan: expected a finite number > 0" --lr nan
+expect_error "--lr 0: expected a finite number > 0" --lr 0
+expect_error "--lr -0.1: expected a finite number > 0" --lr -0.1
+expect_error "--lr 1e999: expected a finite number > 0" --lr 1e999
+expect_error "--momentum -0.5: expected a finite number >= 0" --momentum -0.5
+expect_error "--momentum inf: expected a finite number >= 0" --momentum inf
+expect_error "--weight-decay nan: expected a finite number >= 0" --weight-decay nan
+expect_error "--weight-decay -1: expected a finite number >= 0" --weight-decay -1
+expect_error "--seed -1: expected an integer in [0, 2^64-1]" --seed -1
+expect_error "--seed 18446744073709551616: expected an integer in [0, 2^64-1]" --seed 18446744073709551616
+expect_error "--limit 0: expected an integer in [1, 2^40]" --limit 0
+expect_error "--limit -5: expected an integer in [1, 2^40]" --limit -5
+expect_error "--save-every -1: expected an integer in [0, 1000000]" --save-every -1
+expect_error "--device-ids 'cpu:0,,cpu:1': item 2 is empty" --device-ids cpu:0,,cpu:1
+expect_error "--device-ids 'cpu:0,': item 2 is empty" --device-ids cpu:0,
+expect_error "--device-ids ',cpu:0': item 1 is empty" --device-ids ,cpu:0
+expect_error "--device-ids '': expected at least one device" --device-ids ""
+expect_error "--device-ids 'cpu:0,gpu:1': item 2: invalid device string 'gpu:1'" --device-ids cpu:0,gpu:1
+expect_error "--device-ids: cpu:4096 does not exist" --device-ids cpu:0,cpu:4096
+expect_error "--output-device cpu:0 is used only in dp mode (--mode ddp" --output-device cpu:0
+expect_error "--output-device cpu:0 is used only in dp mode (--mode single" --mode single --output-device cpu:0
+expect_error "--output-device: cpu:4096 does not exist" --mode dp --output-device cpu:4096
+expect_error "invalid device string 'gpu'" --mode dp --output-device gpu
+# DDP batch/devices, checked before anything is built (1024 replicas took minutes before the error).
+expect_error "--batch-size 4 splits into 2 shards (2, 2) for 3 DDP devices under the chunk rule; DDP needs a sample on every device: use --batch-size 3 or 5" \
+  --mode ddp --cpu-devices 3 --batch-size 4
+expect_error "--batch-size 128 splits into 128 shards" --mode ddp --cpu-devices 1024 --batch-size 128
+expect_error "--batch-size 1 splits into 1 shards (1) for 2 DDP devices" --mode ddp --batch-size 1 --limit 1 --model mlp
+expect_error "--drop-last with --batch-size 64 and 10 training samples: every batch would be dropped" \
+  --model mlp --mode dp --limit 10 --batch-size 64 --drop-last
+# Outputs are checked before training, not after it.
+expect_error "--json $tmp/no/dir/r.json: the directory $tmp/no/dir does not exist" --json "$tmp/no/dir/r.json"
+expect_error "--json $tmp: is a directory" --json "$tmp"
+expect_error "--checkpoint $tmp/no/ck: the directory $tmp/no does not exist" --save-every 1 --checkpoint "$tmp/no/ck"
+expect_error "--checkpoint $tmp: is a directory" --save-every 1 --checkpoint "$tmp"
+expect_error "--checkpoint $tmp/x.ck is written only with --save-every" --checkpoint "$tmp/x.ck"
 exit $fail

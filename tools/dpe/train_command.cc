@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "data/data_loader.h"
 #include "engine/checkpoint.h"
@@ -22,45 +23,111 @@ namespace {
 struct TrainArgs {
   EngineOptions engine;
   OptimizerOptions optimizer;
-  std::string device_ids, output_device, data_dir, json;
+  std::optional<std::string> device_ids, output_device;
+  std::string data_dir, json;
   std::string checkpoint = "dpe_checkpoint.safetensors";
+  bool checkpoint_given = false;  // --checkpoint on the command line (it needs --save-every)
   std::string schedule = "cosine";
   int64_t batch_size = 128, epochs = 10, limit = -1, save_every = 0;
+  bool drop_last = false;
   int cpu_devices = 2;
 };
 
+// Everything that can be refused without loading data or building the engine, in the order a user would
+// fix it: devices, the mode's constraints, output paths, the checkpoint to resume.
+void check_before_work(TrainArgs& args, engine::TrainingState* resumed) {
+  args.engine.devices =
+      args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices);
+  check_devices_exist("--device-ids", args.engine.devices);
+  if (args.output_device) {
+    DPE_CHECK(args.engine.mode == "dp", "--output-device ", *args.output_device, " is used only in dp mode (--mode ",
+              args.engine.mode, " has no output device)");
+    args.engine.output_device = Device::parse(*args.output_device);
+    check_devices_exist("--output-device", {*args.engine.output_device});
+  }
+  check_engine_options(args.engine);
+  if (args.engine.mode == "ddp") {
+    check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(args.engine.devices.size()));
+  }
+  if (!args.json.empty()) check_output_path("--json", args.json);
+  DPE_CHECK(!args.checkpoint_given || args.save_every > 0, "--checkpoint ", args.checkpoint,
+            " is written only with --save-every N (N >= 1); add it, or drop --checkpoint");
+  if (args.save_every > 0) check_output_path("--checkpoint", args.checkpoint);
+  if (!args.engine.resume.empty()) {
+    check_input_file("--resume", args.engine.resume);
+    *resumed = read_checkpoint_state(args.engine);
+    DPE_CHECK(resumed->epoch >= 0 && resumed->step >= 0, "--resume ", args.engine.resume,
+              ": the checkpoint says training.epoch ", resumed->epoch, ", training.step ", resumed->step,
+              "; expected counts >= 0 (a damaged or foreign checkpoint)");
+  }
+}
+
+void write_json(const TrainArgs& args, const DataParallel& dp, double accuracy, const std::string& epochs_json) {
+  std::ofstream out(args.json);
+  DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
+  out << "{\"model\": \"" << args.engine.model << "\", \"mode\": \"" << args.engine.mode << "\", \"devices\": \""
+      << device_list_str(dp.device_ids()) << "\", \"batch_size\": " << args.batch_size
+      << ", \"final_test_accuracy\": " << accuracy << ", \"epochs\": [" << epochs_json << "]}\n";
+  out.close();
+  DPE_CHECK(out.good(), "--json ", args.json, ": write failed");
+}
+
 void run_train(TrainArgs args) {
-  args.engine.devices = args.device_ids.empty() ? default_devices(args.cpu_devices) : parse_device_list(args.device_ids);
-  if (!args.output_device.empty()) args.engine.output_device = Device::parse(args.output_device);
-  DPE_CHECK(args.batch_size > 0 && args.epochs > 0, "--batch-size ", args.batch_size, " and --epochs ", args.epochs,
-            ": expected positive values");
+  engine::TrainingState resumed;
+  check_before_work(args, &resumed);
   ModelData data = load_model_data(args.engine.model, args.data_dir, args.limit);
+  const int64_t samples_per_epoch = data.train_inputs.size(0);
+  DPE_CHECK(!args.drop_last || samples_per_epoch >= args.batch_size, "--drop-last with --batch-size ",
+            args.batch_size, " and ", samples_per_epoch, " training samples: every batch would be dropped (0 steps "
+            "per epoch); use a smaller --batch-size or no --drop-last");
   int64_t first_epoch = 0;
   std::unique_ptr<DataParallel> dp = make_engine(args.engine, args.optimizer, &first_epoch);
+  DPE_INTERNAL_ASSERT(first_epoch == resumed.epoch, "the checkpoint's epoch changed between two reads");
   LossFn loss_fn = models::model_loss(args.engine.model);
   // Batches for GPUs are gathered into pinned memory, so that the scatter's copies are asynchronous DMA.
   const bool to_cuda = std::ranges::any_of(dp->device_ids(), [](const Device& d) { return d.is_cuda(); });
+  // DDP needs a sample on every replica: without --drop-last the short last batch of an epoch is padded to a
+  // multiple of the device count (samples from the start of the epoch's order, as DistributedSampler pads),
+  // which splits into equal shards (data/data_loader.h).
+  const int64_t replicas = args.engine.mode == "ddp" ? static_cast<int64_t>(dp->device_ids().size()) : 1;
   data::DataLoader loader(data.train_inputs, data.train_targets,
-                          {.batch_size = args.batch_size, .seed = args.engine.seed, .prefetch = 2,
+                          {.batch_size = args.batch_size, .seed = args.engine.seed, .drop_last = args.drop_last,
+                           .pad_last_to_multiple = args.drop_last ? 0 : replicas, .prefetch = 2,
                            .pin_memory = to_cuda});
-  std::printf("dpe train: %s, mode %s on %s, global batch %lld, %lld training samples, %lld test samples%s\n",
+  const int64_t remainder = samples_per_epoch % args.batch_size;
+  std::string last_batch;
+  if (remainder != 0 && args.drop_last) {
+    last_batch = ", last " + std::to_string(remainder) + " dropped (--drop-last)";
+  } else if (remainder != 0 && loader.last_batch_size() != remainder) {
+    last_batch = ", last batch of " + std::to_string(remainder) + " padded to " +
+                 std::to_string(loader.last_batch_size()) + " for " + std::to_string(replicas) + " DDP devices";
+  }
+  std::printf("dpe train: %s, mode %s on %s, global batch %lld, %lld training samples%s, %lld test samples%s\n",
               args.engine.model.c_str(), args.engine.mode.c_str(), device_list_str(dp->device_ids()).c_str(),
-              static_cast<long long>(args.batch_size), static_cast<long long>(data.train_inputs.size(0)),
+              static_cast<long long>(args.batch_size), static_cast<long long>(samples_per_epoch), last_batch.c_str(),
               static_cast<long long>(data.test_inputs.size(0)),
               first_epoch > 0 ? (" (resumed after epoch " + std::to_string(first_epoch) + ")").c_str() : "");
   std::fflush(stdout);  // before the progress lines on stderr
+  if (first_epoch >= args.epochs) {
+    // A finished run (or --epochs lower than the checkpoint's): report the loaded model, train nothing.
+    double accuracy = test_accuracy(*dp, args.engine.model, data.test_inputs, data.test_targets);
+    std::printf("nothing left to train: %s is after epoch %lld and --epochs is %lld; the loaded model was evaluated\n",
+                args.engine.resume.c_str(), static_cast<long long>(first_epoch), static_cast<long long>(args.epochs));
+    std::printf("final test accuracy %.4f\n", accuracy);
+    if (!args.json.empty()) write_json(args, *dp, accuracy, "");
+    return;
+  }
   // One scheduler per optimizer (DDP: per replica, so every replica keeps the same learning rate), stepped
-  // after every optimizer step; a resumed run fast-forwards it to where the checkpoint stopped.
+  // after every optimizer step; a resumed run jumps to where the checkpoint stopped (set_last_epoch: O(1),
+  // bit-identical to stepping there, whatever the checkpoint's epoch).
   std::vector<std::unique_ptr<optim::LRScheduler>> schedulers;
   if (args.schedule == "cosine") {
     for (size_t r = 0; r < dp->num_optimizers(); ++r) {
-      // A resumed optimizer holds the decayed rate; the schedule starts from --lr and is replayed below.
+      // A resumed optimizer holds the decayed rate; the schedule starts from --lr.
       for (optim::ParamGroup& group : dp->optimizer(r).param_groups()) group.lr = args.optimizer.lr;
       schedulers.push_back(std::make_unique<optim::CosineWithWarmup>(dp->optimizer(r), 0, args.epochs * loader.num_batches()));
+      if (first_epoch > 0) schedulers.back()->set_last_epoch(first_epoch * loader.num_batches());
     }
-  }
-  for (int64_t s = 0; s < first_epoch * loader.num_batches(); ++s) {
-    for (auto& scheduler : schedulers) scheduler->step();
   }
   std::string epochs_json;
   double accuracy = 0;
@@ -99,13 +166,7 @@ void run_train(TrainArgs args) {
     }
   }
   std::printf("final test accuracy %.4f\n", accuracy);
-  if (!args.json.empty()) {
-    std::ofstream out(args.json);
-    DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
-    out << "{\"model\": \"" << args.engine.model << "\", \"mode\": \"" << args.engine.mode << "\", \"devices\": \""
-        << device_list_str(dp->device_ids()) << "\", \"batch_size\": " << args.batch_size
-        << ", \"final_test_accuracy\": " << accuracy << ", \"epochs\": [" << epochs_json << "]}\n";
-  }
+  if (!args.json.empty()) write_json(args, *dp, accuracy, epochs_json);
 }
 
 }  // namespace
@@ -116,26 +177,39 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--model", args->engine.model, "model")->check(CLI::IsMember(models::kModelNames));
   cmd->add_option("--mode", args->engine.mode, "single device, DataParallel or DistributedDataParallel")
       ->check(CLI::IsMember(kModes));
-  cmd->add_option("--device-ids", args->device_ids, "devices (default: every CUDA device, else --cpu-devices CPU devices)");
-  cmd->add_option("--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU")->check(CLI::PositiveNumber);
-  cmd->add_option("--output-device", args->output_device, "where DP gathers outputs (default: the first device)");
-  cmd->add_option("--batch-size", args->batch_size, "global batch (split across the devices)");
-  cmd->add_option("--epochs", args->epochs, "epochs");
-  cmd->add_option("--lr", args->optimizer.lr, "learning rate");
+  cmd->add_option("--device-ids", args->device_ids,
+                  "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
+  add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1, 1024);
+  cmd->add_option("--output-device", args->output_device, "dp mode only: where DP gathers outputs (default: the first device)");
+  add_int_option(*cmd, "--batch-size", args->batch_size,
+                 "global batch (split across the devices; in ddp mode every device needs a sample of it)", 1,
+                 int64_t{1} << 31);
+  cmd->add_flag("--drop-last", args->drop_last,
+                "drop each epoch's short last batch; without it, ddp mode pads that batch to a multiple of the "
+                "device count with samples from the start of the epoch (DistributedSampler's rule), so every "
+                "device gets an equal shard");
+  add_int_option(*cmd, "--epochs", args->epochs, "epochs (in all, counting those of a resumed checkpoint)", 1, 1000000);
+  add_real_option(*cmd, "--lr", args->optimizer.lr, "learning rate", 0, true);
   cmd->add_option("--optimizer", args->optimizer.name, "optimizer")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
-  cmd->add_option("--momentum", args->optimizer.momentum, "SGD momentum");
+  add_real_option(*cmd, "--momentum", args->optimizer.momentum, "SGD momentum", 0, false);
   cmd->add_option("--schedule", args->schedule, "learning rate: constant, or cosine decay to 0 over the run (per step)")
       ->check(CLI::IsMember({"constant", "cosine"}));
-  cmd->add_option("--weight-decay", args->optimizer.weight_decay, "weight decay");
+  add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
-  cmd->add_option("--seed", args->engine.seed, "initial weights and data order");
-  cmd->add_option("--limit", args->limit, "use only the first N training samples");
+  add_seed_option(*cmd, "--seed", args->engine.seed, "initial weights and data order");
+  add_int_option(*cmd, "--limit", args->limit, "use only the first N training samples", 1, int64_t{1} << 40)
+      ->default_str("all");
   cmd->add_option("--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
-  cmd->add_option("--save-every", args->save_every, "checkpoint every N epochs and at the end (replica 0, atomic)");
-  cmd->add_option("--checkpoint", args->checkpoint, "checkpoint path for --save-every");
+  add_int_option(*cmd, "--save-every", args->save_every,
+                 "checkpoint every N epochs and at the end (replica 0, atomic); 0: never", 0, 1000000);
+  CLI::Option* checkpoint =
+      cmd->add_option("--checkpoint", args->checkpoint, "checkpoint path for --save-every (checked at start-up)");
   cmd->add_option("--resume", args->engine.resume, "continue from this checkpoint (the epoch after the saved one)");
-  cmd->add_option("--json", args->json, "write the final report as JSON to this file");
-  cmd->callback([args] { run_train(*args); });
+  cmd->add_option("--json", args->json, "write the final report as JSON to this file (checked at start-up)");
+  cmd->callback([args, checkpoint] {
+    args->checkpoint_given = checkpoint->count() > 0;
+    run_train(*args);
+  });
 }
 
 }  // namespace dpe::tool

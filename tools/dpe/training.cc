@@ -1,6 +1,7 @@
 #include "tools/dpe/training.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/autograd/grad_mode.h"
 #include "core/ops.h"
@@ -11,6 +12,7 @@
 #include "models/models.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "scatter_gather/chunking.h"
 
 namespace dpe::tool {
 
@@ -22,15 +24,17 @@ ModelData load_model_data(const std::string& model, const std::string& data_dir,
     int64_t n = corpus.size(), test = std::max<int64_t>(1, n / 10), train = n - test;
     DPE_CHECK(train > 0, "the text corpus has ", n, " records; expected at least 2");
     if (limit >= 0) train = std::min(train, limit);
+    DPE_CHECK(train > 0, "the training set is empty (--limit ", limit, "); expected at least one sample");
     data.train_inputs = corpus.inputs.narrow(0, 0, train);
     data.train_targets = corpus.targets.narrow(0, 0, train);
     data.test_inputs = corpus.inputs.narrow(0, n - test, test);
     data.test_targets = corpus.targets.narrow(0, n - test, test);
     return data;
   }
-  models::make_model(model);  // validates the name
+  models::check_model_name(model);
   std::string dir = data_dir.empty() ? data::kFashionMnistDir : data_dir;
   data::Dataset train = data::load_fashion_mnist(dir, data::Split::Train, {.limit = limit});
+  DPE_CHECK(train.images.size(0) > 0, "the training set in ", dir, " is empty; expected at least one sample");
   data::Dataset test = with_test ? data::load_fashion_mnist(dir, data::Split::Test) : data::Dataset{};
   return {train.images, train.labels, test.images, test.labels};
 }
@@ -38,7 +42,10 @@ ModelData load_model_data(const std::string& model, const std::string& data_dir,
 namespace {
 
 OptimizerFactory optimizer_factory(const OptimizerOptions& o) {
-  DPE_CHECK(o.lr > 0, "--lr ", o.lr, ": expected a positive learning rate");
+  DPE_CHECK(std::isfinite(o.lr) && o.lr > 0, "--lr ", o.lr, ": expected a finite number > 0");
+  DPE_CHECK(std::isfinite(o.momentum) && o.momentum >= 0, "--momentum ", o.momentum, ": expected a finite number >= 0");
+  DPE_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay ", o.weight_decay,
+            ": expected a finite number >= 0");
   if (o.name == "sgd") {
     return [o](const std::vector<Tensor>& p) {
       return std::make_unique<optim::SGD>(
@@ -58,13 +65,53 @@ OptimizerFactory optimizer_factory(const OptimizerOptions& o) {
 
 }  // namespace
 
-std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const OptimizerOptions& optimizer,
-                                          int64_t* resumed_epoch) {
+void check_ddp_batch(const std::string& option, int64_t batch, int64_t devices) {
+  auto works = [&](int64_t b) { return static_cast<int64_t>(compute_chunk_sizes(b, devices).size()) == devices; };
+  if (works(batch)) return;
+  // Batches that fail lie in gaps of fewer than `devices` sizes (ceil(B/n) = k fails for (k-1) n < B <= k (n-1)),
+  // so both searches end within `devices` steps.
+  int64_t up = batch + 1;
+  while (!works(up)) ++up;
+  int64_t down = batch - 1;
+  while (down >= devices && !works(down)) --down;
+  const std::vector<int64_t> sizes = compute_chunk_sizes(batch, devices);
+  std::string shards;
+  for (size_t i = 0; i < sizes.size() && i < 8; ++i) shards += (i ? ", " : "") + std::to_string(sizes[i]);
+  if (sizes.size() > 8) shards += ", ...";
+  DPE_CHECK(false, option, " ", batch, " splits into ", sizes.size(), " shards (", shards,
+            ") for ", devices, " DDP devices under the chunk rule; DDP needs a sample on every device: use ", option,
+            " ", down >= devices ? std::to_string(down) + " or " : std::string(), up);
+}
+
+void check_engine_options(const EngineOptions& options) {
   DPE_CHECK(std::find(kModes.begin(), kModes.end(), options.mode) != kModes.end(), "--mode ", options.mode,
             ": expected single, dp or ddp");
+  models::check_model_name(options.model);
   DPE_CHECK(!options.devices.empty(), "no devices");
   DPE_CHECK(!options.sync_bn || options.mode == "ddp", "--sync-bn needs --mode ddp (SyncBatchNorm synchronises DDP "
             "replicas; DP computes BatchNorm statistics per replica, like PyTorch)");
+  DPE_CHECK(!options.output_device || options.mode == "dp", "--output-device ", *options.output_device,
+            " is used only in dp mode (--mode ", options.mode, " has no output device)");
+}
+
+engine::TrainingState read_checkpoint_state(const EngineOptions& options) {
+  const std::vector<engine::GeneratorState> generators = engine::capture_rng_state();
+  std::shared_ptr<nn::Module> model = models::make_model(options.model);
+  if (options.sync_bn) model = nn::convert_sync_batchnorm(model);
+  engine::TrainingState state;
+  try {
+    engine::load_checkpoint(options.resume, *model, nullptr, &state);
+  } catch (...) {
+    engine::restore_rng_state(generators);
+    throw;
+  }
+  engine::restore_rng_state(generators);  // loading set them from the file; make_engine does that again
+  return state;
+}
+
+std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const OptimizerOptions& optimizer,
+                                          int64_t* resumed_epoch) {
+  check_engine_options(options);
   manual_seed(options.seed);
   std::shared_ptr<nn::Module> model = models::make_model(options.model);
   if (options.sync_bn) model = nn::convert_sync_batchnorm(model);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/data_parallel.h"
 
 namespace dpe::tool {
@@ -20,8 +21,13 @@ struct ModelData {
   Tensor train_inputs, train_targets, test_inputs, test_targets;
 };
 // limit: at most this many training samples (all when < 0); the test split is kept whole (at most 10000),
-// or not loaded at all without with_test.
+// or not loaded at all without with_test. Throws when the training split is empty.
 ModelData load_model_data(const std::string& model, const std::string& data_dir, int64_t limit, bool with_test = true);
+
+// DDP needs every replica to get at least one sample of every batch. Under the chunk rule
+// (scatter_gather/chunking.h) some batches leave devices empty (4 on 3 devices: 2, 2): throws for those,
+// naming `option`, the shards and the nearest batch sizes that work. Cheap: checked before anything is built.
+void check_ddp_batch(const std::string& option, int64_t batch, int64_t devices);
 
 struct EngineOptions {
   std::string model = "cnn";
@@ -39,10 +45,19 @@ struct OptimizerOptions {
   double weight_decay = 0.0;
 };
 
+// Throws on options make_engine would refuse after building a model (unknown mode or model, no devices,
+// --sync-bn outside DDP); cheap, so commands call it first.
+void check_engine_options(const EngineOptions& options);
+
 // The engine with its optimizer(s) set; resumed from options.resume when given (every replica's optimizer
 // gets the saved state). Returns the training state stored in the checkpoint (epoch, step) when resuming.
 std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const OptimizerOptions& optimizer,
                                           int64_t* resumed_epoch = nullptr);
+
+// The training state (epoch, step) of the checkpoint options.resume, read without building the engine: the
+// file is validated against a freshly built model on cpu:0 (the same checks as make_engine's load). The
+// default generators are left as they were.
+engine::TrainingState read_checkpoint_state(const EngineOptions& options);
 
 // Fraction of correct argmax predictions (for tiny-llama: of non-padding next tokens), computed with
 // replica 0 in eval mode on its device, in batches of `batch`.
