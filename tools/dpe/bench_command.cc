@@ -3,26 +3,33 @@
 // samples/s, scaling efficiency against one device, milliseconds per phase, bytes moved, peak memory per
 // device (its peak allocation during the timed steps: model, gradients, optimizer state, activations,
 // copies; the input data set held on cpu:0 is not counted). --json, --csv and --png (gnuplot) write the
-// same rows.
+// same rows; every option, output path and PyTorch configuration is checked before anything runs, and the
+// programs it starts (python3, gnuplot) get argument vectors, never a shell (tools/dpe/subprocess.h).
 //
 // "One device" gets one device's share of the machine: on CPU devices, cores / number of devices threads,
 // the share each device has in DP and DDP mode, so the scaling efficiency compares like with like. The
 // "single-all" mode runs one device on every core.
 #include <omp.h>
 #include <tbb/task_arena.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include "core/allocator.h"
 #include "models/models.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/subprocess.h"
 #include "tools/dpe/training.h"
 
 namespace dpe::tool {
@@ -30,13 +37,43 @@ namespace dpe::tool {
 namespace {
 
 struct BenchArgs {
-  std::string model = "mlp", device_ids, json, csv, png, pytorch_script, data_dir;
+  std::string model = "mlp", json, csv, png, pytorch_script, data_dir;
+  std::optional<std::string> device_ids;
   std::vector<std::string> modes = {"single", "dp", "ddp"};
   std::vector<std::string> pytorch_configs = {"single-1t", "single-2t", "ddp-gloo"};
   int64_t batch_size = 256, steps = 30, warmup = 5;
   int cpu_devices = 2;
   bool compare_pytorch = false;
 };
+
+// The PyTorch side runs Debian's interpreter (python3-torch is a Debian package), never a shell.
+constexpr const char* kPython = "/usr/bin/python3";
+
+// The configurations tools/bench/pytorch_reference.py knows (its parse_config): single, single-Nt (N >= 1
+// threads), dp, ddp-gloo. Checked here so that a typo fails at start-up, not after dpe's own runs.
+bool is_pytorch_config(const std::string& c) {
+  if (c == "single" || c == "dp" || c == "ddp-gloo") return true;
+  if (c.size() < 9 || c.rfind("single-", 0) != 0 || c.back() != 't') return false;
+  const std::string threads = c.substr(7, c.size() - 8);
+  if (threads.size() > 4 || !std::all_of(threads.begin(), threads.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return false;
+  }
+  return std::stoi(threads) > 0;
+}
+
+std::string pytorch_script_path(const BenchArgs& args) {
+  if (!args.pytorch_script.empty()) return args.pytorch_script;
+  const char* root = std::getenv("BUILD_WORKSPACE_DIRECTORY");  // set by `bazel run`
+  return std::string(root ? root : ".") + "/tools/bench/pytorch_reference.py";
+}
+
+// Text for a gnuplot double-quoted string or datablock label: letters, digits, space and "._-+" pass, anything
+// else becomes '?', so no label can end the string (the values come from known lists; this is a backstop).
+std::string gnuplot_label(const std::string& text) {
+  std::string out;
+  for (char c : text) out += std::isalnum(static_cast<unsigned char>(c)) || std::strchr(" ._-+", c) ? c : '?';
+  return out;
+}
 
 struct Row {
   std::string framework = "dpe", config;
@@ -131,23 +168,19 @@ double json_number(const std::string& line, const std::string& key) {
 }
 
 std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
-  std::string script = args.pytorch_script;
-  if (script.empty()) {
-    const char* root = std::getenv("BUILD_WORKSPACE_DIRECTORY");  // set by `bazel run`
-    script = std::string(root ? root : ".") + "/tools/bench/pytorch_reference.py";
-  }
   std::string configs;
   for (const std::string& c : args.pytorch_configs) configs += (configs.empty() ? "" : ",") + c;
-  std::string command = "/usr/bin/python3 '" + script + "' --model " + args.model + " --batch " +
-                        std::to_string(args.batch_size) + " --steps " + std::to_string(args.steps) + " --warmup " +
-                        std::to_string(args.warmup) + " --samples " + std::to_string(samples) + " --configs " + configs;
-  std::fprintf(stderr, "running PyTorch: %s\n", command.c_str());
-  FILE* pipe = popen(command.c_str(), "r");
-  DPE_CHECK(pipe != nullptr, "--compare-pytorch: cannot run ", command);
+  // An argument vector: the script path and every value reach python3 verbatim, whatever they contain.
+  const std::vector<std::string> argv = {kPython, pytorch_script_path(args), "--model", args.model,
+                                         "--batch", std::to_string(args.batch_size), "--steps",
+                                         std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
+                                         "--samples", std::to_string(samples), "--configs", configs};
+  std::string shown;
+  for (const std::string& a : argv) shown += (shown.empty() ? "" : " ") + a;
+  std::fprintf(stderr, "running PyTorch: %s\n", shown.c_str());
+  ProcessResult result = run_process(argv);
   std::vector<Row> rows;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe)) {
-    std::string line = buf;
+  for (const std::string& line : split_lines(result.output)) {
     if (line.find("\"framework\": \"pytorch\"") == std::string::npos) continue;
     Row row;
     row.framework = "pytorch";
@@ -159,9 +192,8 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
     if (line.find("\"skipped\"") != std::string::npos) row.note = "skipped";
     rows.push_back(row);
   }
-  int status = pclose(pipe);
-  DPE_CHECK(status == 0 && !rows.empty(), "--compare-pytorch: ", command, " failed (exit status ", status,
-            "); it needs Debian's python3-torch (apt-get install python3-torch)");
+  DPE_CHECK(result.ok() && !rows.empty(), "--compare-pytorch: ", shown, " failed (", describe_status(result),
+            ", ", rows.size(), " result rows); it needs Debian's python3-torch (apt-get install python3-torch)");
   return rows;
 }
 
@@ -225,6 +257,8 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
           << ',' << p.loss_ms << ',' << p.backward_ms << ',' << p.reduce_ms << ',' << p.optimizer_ms << ','
           << p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes << ',' << peak << '\n';
     }
+    out.close();
+    DPE_CHECK(out.good(), "--csv ", args.csv, ": write failed");
   }
   if (!args.json.empty()) {
     std::ofstream out(args.json);
@@ -244,37 +278,72 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
       out << "}" << (r.note.empty() ? "" : ", \"note\": \"" + r.note + "\"") << "}";
     }
     out << "]}\n";
+    out.close();
+    DPE_CHECK(out.good(), "--json ", args.json, ": write failed");
   }
   if (!args.png.empty()) {
-    std::string data_path = args.png + ".dat", script_path = args.png + ".gp";
-    std::ofstream dat(data_path);
+    // gnuplot gets its script on stdin (the bars inline, as a datablock) and writes the PNG to its stdout;
+    // we write that to --png ourselves. So the user's path never appears in gnuplot's language, where a quote
+    // would end a string, a leading '|' would pipe into a command, and `...` would run one.
+    std::ostringstream gp;
+    gp << "$bars << EOD\n";
     double highest = 0;
     for (const Row& r : rows) {
       if (!r.note.empty()) continue;
-      dat << '"' << r.framework << ' ' << r.config << "\" " << r.samples_per_s << '\n';
+      gp << '"' << gnuplot_label(r.framework + ' ' + r.config) << "\" " << r.samples_per_s << '\n';
       highest = std::max(highest, r.samples_per_s);
     }
-    dat.close();
-    std::ofstream gp(script_path);
-    gp << "set terminal png size 900,500\nset output '" << args.png << "'\n"
-       << "set title 'dpe bench: " << args.model << ", global batch " << args.batch_size << "'\n"
+    gp << "EOD\n"
+       << "set terminal png size 900,500\n"
+       << "set title \"dpe bench: " << gnuplot_label(args.model) << ", global batch " << args.batch_size << "\"\n"
        << "set ylabel 'samples/s'\nset style fill solid 0.6\nset boxwidth 0.6\nset grid ytics\n"
        << "set yrange [0:" << (highest > 0 ? highest * 1.15 : 1.0) << "]\n"  // room for the labels above the bars
-       << "set xtics rotate by -30\nplot '" << data_path << "' using 0:2:xtic(1) with boxes notitle, '' using 0:2:(sprintf('%.0f',$2)) with labels offset 0,1 notitle\n";
-    gp.close();
-    int status = std::system(("gnuplot '" + script_path + "'").c_str());
-    DPE_CHECK(status == 0, "--png: gnuplot failed (exit status ", status, "); install it with apt-get install gnuplot-nox");
-    std::remove(script_path.c_str());
-    std::remove(data_path.c_str());
+       << "set xtics rotate by -30\nplot $bars using 0:2:xtic(1) with boxes notitle, $bars using 0:2:(sprintf('%.0f',$2)) "
+          "with labels offset 0,1 notitle\n";
+    ProcessResult result = run_process({"gnuplot"}, gp.str());
+    DPE_CHECK(result.ok() && result.output.rfind("\x89PNG", 0) == 0, "--png: gnuplot failed (", describe_status(result),
+              "); install it with apt-get install gnuplot-nox");
+    std::ofstream png(args.png, std::ios::binary);
+    png.write(result.output.data(), static_cast<std::streamsize>(result.output.size()));
+    png.close();
+    DPE_CHECK(png.good(), "--png ", args.png, ": cannot write the image");
   }
 }
 
+// Everything that can be refused before loading data or running anything.
+std::vector<Device> check_before_work(const BenchArgs& args) {
+  std::vector<Device> devices =
+      args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices);
+  check_devices_exist("--device-ids", devices);
+  models::check_model_name(args.model);
+  if (std::find(args.modes.begin(), args.modes.end(), "ddp") != args.modes.end()) {
+    check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(devices.size()));
+  }
+  if (args.compare_pytorch) {
+    DPE_CHECK(args.model == "mlp" || args.model == "cnn", "--compare-pytorch with --model ", args.model,
+              ": tools/bench/pytorch_reference.py has mlp and cnn only");
+    for (const std::string& c : args.pytorch_configs) {
+      DPE_CHECK(is_pytorch_config(c), "--pytorch-configs '", c, "': unknown configuration; expected single, "
+                "single-Nt (N >= 1 threads), dp or ddp-gloo (the ones tools/bench/pytorch_reference.py knows)");
+    }
+    DPE_CHECK(!args.pytorch_configs.empty(), "--pytorch-configs: expected at least one configuration");
+    check_input_file("--pytorch-script", pytorch_script_path(args));
+    DPE_CHECK(access(kPython, X_OK) == 0, "--compare-pytorch needs ", kPython,
+              " (Debian's python3 with python3-torch: apt-get install python3-torch)");
+  }
+  if (!args.json.empty()) check_output_path("--json", args.json);
+  if (!args.csv.empty()) check_output_path("--csv", args.csv);
+  if (!args.png.empty()) check_output_path("--png", args.png);
+  return devices;
+}
+
 void run_bench(const BenchArgs& args) {
-  std::vector<Device> devices = args.device_ids.empty() ? default_devices(args.cpu_devices) : parse_device_list(args.device_ids);
-  DPE_CHECK(args.batch_size > 0 && args.steps > 0 && args.warmup >= 0, "--batch-size ", args.batch_size, ", --steps ",
-            args.steps, ", --warmup ", args.warmup, ": expected positive sizes");
+  std::vector<Device> devices = check_before_work(args);
   int64_t needed = args.batch_size * (args.steps + args.warmup);
-  ModelData data = load_model_data(args.model, args.data_dir, std::max<int64_t>(needed, args.batch_size), false);
+  ModelData data = load_model_data(args.model, args.data_dir, needed, false);
+  DPE_CHECK(data.train_inputs.size(0) >= args.batch_size, "--batch-size ", args.batch_size, " is larger than the ",
+            data.train_inputs.size(0), " training samples of ", args.model, "; expected at most ",
+            data.train_inputs.size(0));
   std::vector<Row> rows;
   for (const std::string& mode : args.modes) {
     std::fprintf(stderr, "bench: %s %s on %s...\n", args.model.c_str(), mode.c_str(), device_list_str(devices).c_str());
@@ -303,18 +372,27 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--modes", args->modes, "modes to run; single-all: one device on every core")
       ->delimiter(',')
       ->check(CLI::IsMember({"single", "single-all", "dp", "ddp"}));
-  cmd->add_option("--device-ids", args->device_ids, "devices (default: every CUDA device, else --cpu-devices CPU devices)");
-  cmd->add_option("--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU")->check(CLI::PositiveNumber);
-  cmd->add_option("--batch-size", args->batch_size, "global batch");
-  cmd->add_option("--steps", args->steps, "timed steps per mode");
-  cmd->add_option("--warmup", args->warmup, "untimed steps before them");
+  cmd->add_option("--device-ids", args->device_ids,
+                  "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
+  add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1, 1024);
+  add_int_option(*cmd, "--batch-size", args->batch_size,
+                 "global batch (at most the training samples; in ddp mode every device needs a sample of it)", 1,
+                 int64_t{1} << 31);
+  add_int_option(*cmd, "--steps", args->steps, "timed steps per mode", 1, 1000000);
+  add_int_option(*cmd, "--warmup", args->warmup, "untimed steps before them", 0, 1000000);
   cmd->add_option("--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
-  cmd->add_flag("--compare-pytorch", args->compare_pytorch, "also run tools/bench/pytorch_reference.py (Debian python3-torch)");
-  cmd->add_option("--pytorch-configs", args->pytorch_configs, "PyTorch configurations")->delimiter(',');
-  cmd->add_option("--pytorch-script", args->pytorch_script, "path of pytorch_reference.py (default: the repository's)");
-  cmd->add_option("--json", args->json, "write the rows as JSON");
-  cmd->add_option("--csv", args->csv, "write the rows as CSV");
-  cmd->add_option("--png", args->png, "draw samples/s per configuration (gnuplot)");
+  CLI::Option* compare = cmd->add_flag("--compare-pytorch", args->compare_pytorch,
+                                       "also run tools/bench/pytorch_reference.py (Debian python3-torch)");
+  cmd->add_option("--pytorch-configs", args->pytorch_configs,
+                  "PyTorch configurations: single, single-Nt, dp, ddp-gloo (with --compare-pytorch)")
+      ->delimiter(',')
+      ->needs(compare);
+  cmd->add_option("--pytorch-script", args->pytorch_script,
+                  "path of pytorch_reference.py (default: the repository's; with --compare-pytorch)")
+      ->needs(compare);
+  cmd->add_option("--json", args->json, "write the rows as JSON (checked at start-up)");
+  cmd->add_option("--csv", args->csv, "write the rows as CSV (checked at start-up)");
+  cmd->add_option("--png", args->png, "draw samples/s per configuration (gnuplot; checked at start-up)");
   cmd->callback([args] { run_bench(*args); });
 }
 

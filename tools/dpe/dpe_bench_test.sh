@@ -19,5 +19,81 @@ for r in rows:
 ddp = rows[3]
 assert ddp["phases_ms"]["backward"] > 0 and ddp["devices"] == 2, ddp
 PY
-out=$("$bin" bench --modes frob 2>&1) && { echo "FAILED: bad mode accepted"; fail=1; }
+# expect STATUS PATTERN ARGS...: `dpe bench ARGS` exits with STATUS within 30 s, output containing PATTERN.
+expect() {
+  local want_status="$1" pattern="$2"; shift 2
+  out=$(cd "$tmp" && timeout 30 "$bin" bench "$@" 2>&1)
+  local status=$?
+  if [[ $status -ne $want_status ]] || ! grep -qF -- "$pattern" <<<"$out"; then
+    echo "FAILED: dpe bench $* -> status $status (want $want_status, 124 = timed out), want '$pattern', output:"
+    echo "$out" | tail -5
+    fail=1
+  fi
+}
+bin=$(realpath "$bin")
+quick=(--model mlp --batch-size 32 --steps 1 --warmup 0 --modes single)
+
+# No shell anywhere: a --png path with a quote, $(...), backquotes and ';' is just a file name. gnuplot gets
+# its script on stdin and the PNG comes back on its stdout, so the path never enters gnuplot's language
+# either. Nothing runs: no "pwned" file appears. Without gnuplot the error is clean.
+nasty="a'b\$(touch pwned1)\`touch pwned2\`;touch pwned3'.png"
+out=$(cd "$tmp" && "$bin" bench "${quick[@]}" --png "$nasty" --json "x'\$(touch pwned4).json" 2>&1)
+status=$?
+if [[ $status -eq 0 ]]; then
+  head -c 4 "$tmp/$nasty" | grep -q PNG || { echo "FAILED: --png wrote no PNG: $out"; fail=1; }
+  [[ -s "$tmp/x'\$(touch pwned4).json" ]] || { echo "FAILED: no JSON"; fail=1; }
+elif ! grep -q "gnuplot" <<<"$out"; then
+  echo "FAILED: --png with a quote: status $status, $out"; fail=1
+fi
+ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
+# gnuplot's `set output '|cmd'` would pipe into a command: a path starting with '|' is a plain file here.
+out=$(cd "$tmp" && "$bin" bench "${quick[@]}" --png "|touch pwned5" 2>&1)
+ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
+# The PyTorch script path and configurations reach python3 as arguments, never through a shell: a stand-in
+# script at a path with a quote and $(...) prints one row.
+script="$tmp/it's \$(touch pwned6).py"
+cat > "$script" <<'PY'
+import json, sys
+assert sys.argv[sys.argv.index("--configs") + 1] == "single-3t,ddp-gloo", sys.argv
+print(json.dumps({"framework": "pytorch", "config": "single-3t", "processes": 1, "samples_per_s": 123.0, "step_ms": 4.5}))
+PY
+if [[ -x /usr/bin/python3 ]]; then
+  expect 0 "pytorch  single-3t" "${quick[@]}" --compare-pytorch --pytorch-script "$script" --pytorch-configs single-3t,ddp-gloo
+  ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
+fi
+# Bad PyTorch configurations are refused at start-up, naming the value and the known ones.
+expect 2 "--pytorch-configs 'frob': unknown configuration; expected single, single-Nt (N >= 1 threads), dp or ddp-gloo" \
+  "${quick[@]}" --compare-pytorch --pytorch-configs single-1t,frob
+expect 2 "--pytorch-configs 'single-0t': unknown configuration" "${quick[@]}" --compare-pytorch --pytorch-configs single-0t
+expect 2 "--pytorch-configs 'ddp-gloo;touch pwned7': unknown configuration" "${quick[@]}" --compare-pytorch \
+  --pytorch-configs "ddp-gloo;touch pwned7"
+expect 2 "--pytorch-configs 'single-1t\$(touch pwned8)': unknown configuration" "${quick[@]}" --compare-pytorch \
+  --pytorch-configs 'single-1t$(touch pwned8)'
+expect 2 "--pytorch-script $tmp/none.py: no such file" "${quick[@]}" --compare-pytorch --pytorch-script "$tmp/none.py"
+expect 2 "--compare-pytorch with --model tiny-llama: tools/bench/pytorch_reference.py has mlp and cnn only" \
+  --model tiny-llama --compare-pytorch
+expect 107 "--pytorch-configs requires --compare-pytorch" --pytorch-configs dp
+expect 107 "--pytorch-script requires --compare-pytorch" --pytorch-script "$script"
+ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
+# Outputs are checked before benchmarking.
+expect 2 "--json $tmp/no/b.json: the directory $tmp/no does not exist" "${quick[@]}" --json "$tmp/no/b.json"
+expect 2 "--csv $tmp: is a directory" "${quick[@]}" --csv "$tmp"
+expect 2 "--png $tmp/no/b.png: the directory $tmp/no does not exist" "${quick[@]}" --png "$tmp/no/b.png"
+expect 2 "--png $tmp/: names a directory" "${quick[@]}" --png "$tmp/"
+# Sizes.
+expect 2 "--batch-size 70000 is larger than the 60000 training samples of mlp" --model mlp --batch-size 70000 --steps 1 \
+  --warmup 0 --modes single
+expect 2 "--batch-size 0: expected an integer in [1, 2^31]" --batch-size 0
+expect 2 "--batch-size 99999999999999999999999: expected an integer in [1, 2^31]" --batch-size 99999999999999999999999
+expect 2 "--steps 0: expected an integer in [1, 1000000]" --steps 0
+expect 2 "--steps 1e3: expected an integer in [1, 1000000]" --steps 1e3
+expect 2 "--warmup -1: expected an integer in [0, 1000000]" --warmup -1
+expect 2 "--cpu-devices 0: expected an integer in [1, 1024]" --cpu-devices 0
+expect 2 "--cpu-devices 2000: expected an integer in [1, 1024]" --cpu-devices 2000
+expect 2 "--batch-size 4 splits into 2 shards (2, 2) for 3 DDP devices" --cpu-devices 3 --batch-size 4 --modes single,ddp
+expect 2 "--device-ids '': expected at least one device" --device-ids ""
+expect 2 "--device-ids 'cpu:0,,cpu:1': item 2 is empty" --device-ids cpu:0,,cpu:1
+expect 2 "--device-ids: cpu:4096 does not exist" --device-ids cpu:0,cpu:4096
+expect 105 "--modes: frob not in" --modes frob
+expect 105 "--model: resnet not in" --model resnet
 exit $fail
