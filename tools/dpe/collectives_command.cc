@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/ops.h"
@@ -23,14 +25,42 @@ namespace dpe::tool {
 namespace {
 
 struct CollectivesArgs {
-  std::string device_ids;
+  std::optional<std::string> device_ids;
   std::string backend = "auto";
   std::vector<std::string> ops = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"};
   int64_t min_bytes = 1024, max_bytes = 64 << 20;
   int factor = 4, iters = 20, warmup = 5;
   bool stream = false;
   std::string json;
+  int fail_rank = -1;  // hidden, tests only: this member throws in its first collective (see add_collectives_command)
 };
+
+bool is_sliced(const std::string& op) { return op != "all_reduce" && op != "broadcast" && op != "reduce"; }
+
+// Float32 elements per member for a row of `bytes`: a multiple of the n members for the sliced collectives
+// (0: the size holds no row for this collective).
+int64_t element_count(const std::string& op, int64_t bytes, int n) {
+  int64_t count = bytes / 4;
+  return is_sliced(op) ? count / n * n : count;
+}
+
+// The sizes must give every requested collective at least one row: an empty table is an error, not a result.
+void check_sizes(const CollectivesArgs& args, int n) {
+  DPE_CHECK(args.min_bytes <= args.max_bytes, "--min-bytes ", args.min_bytes, " is larger than --max-bytes ",
+            args.max_bytes, "; expected min <= max");
+  for (const std::string& op : args.ops) {
+    bool any = false;
+    for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes && !any; bytes *= args.factor) {
+      any = element_count(op, bytes, n) > 0;
+    }
+    DPE_CHECK(any, "--min-bytes ", args.min_bytes, " to --max-bytes ", args.max_bytes, " (factor ", args.factor,
+              ") gives ", op, " no row: a row of S bytes holds S / 4 float32 elements",
+              is_sliced(op) ? ", a multiple of the " + std::to_string(n) + " members for " + op + " (S >= " +
+                                  std::to_string(4 * n) + ")"
+                            : std::string(" (S >= 4)"),
+              "; raise --max-bytes");
+  }
+}
 
 double bus_factor(const std::string& op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
@@ -124,9 +154,11 @@ CollectiveBackend parse_backend(const std::string& s) {
 }
 
 void run_collectives(const CollectivesArgs& args) {
-  std::vector<Device> devices = args.device_ids.empty() ? default_devices(2) : parse_device_list(args.device_ids);
-  DPE_CHECK(args.min_bytes > 0 && args.max_bytes >= args.min_bytes, "--min-bytes ", args.min_bytes,
-            " and --max-bytes ", args.max_bytes, ": expected 0 < min <= max");
+  std::vector<Device> devices =
+      args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(2);
+  check_devices_exist("--device-ids", devices);
+  check_sizes(args, static_cast<int>(devices.size()));
+  if (!args.json.empty()) check_output_path("--json", args.json);
   ProcessGroup group(devices, {.backend = parse_backend(args.backend)});
   DeviceWorkerPool pool(devices);
   const int n = group.size();
@@ -141,14 +173,17 @@ void run_collectives(const CollectivesArgs& args) {
   bool first = true;
   for (const std::string& op : args.ops) {
     for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= args.factor) {
-      // Element count: a multiple of n for the sliced collectives.
-      int64_t count = bytes / 4;
-      if (op != "all_reduce" && op != "broadcast" && op != "reduce") count = count / n * n;
+      const int64_t count = element_count(op, bytes, n);
       if (count == 0) continue;
       std::vector<double> seconds(n);
       std::vector<int64_t> wrong(n);
-      pool.run(n, [&](size_t r) {
+      // A member that throws aborts the group at once, so the others stop waiting in their collective (they
+      // would otherwise wait out the group's timeout, minutes) and the command fails with the first cause.
+      std::mutex failure_mutex;
+      std::string first_failure;
+      auto member = [&](size_t r) {
         int rank = static_cast<int>(r);
+        if (rank == args.fail_rank) throw Error("failure injected by --inject-failure-rank for the tests");
         Buffers b = make_buffers(op, count, n, rank, devices[r]);
         for (int i = 0; i < args.warmup; ++i) run_op(group, op, rank, b);
         group.barrier(rank);
@@ -160,7 +195,29 @@ void run_collectives(const CollectivesArgs& args) {
         run_op(group, op, rank, fresh);
         synchronize(devices[r]);
         wrong[r] = count_wrong(op, n, rank, fresh);
-      });
+      };
+      try {
+        pool.run(n, [&](size_t r) {
+          try {
+            member(r);
+          } catch (const std::exception& e) {
+            {
+              std::lock_guard<std::mutex> lock(failure_mutex);
+              if (first_failure.empty()) {
+                first_failure = op + " member " + std::to_string(r) + " on " + devices[r].str() + ": " + e.what();
+              }
+            }
+            group.abort(first_failure);
+            throw;
+          }
+        });
+      } catch (const Error&) {
+        // The pool reports one member's error, which may be a partner's "aborted" consequence; the cause is
+        // the first failure recorded above.
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        DPE_CHECK(first_failure.empty(), first_failure);
+        throw;
+      }
       double t = 0;
       int64_t total_wrong = 0;
       for (int r = 0; r < n; ++r) {
@@ -206,6 +263,8 @@ void run_collectives(const CollectivesArgs& args) {
     std::ofstream out(args.json);
     DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
     out << json;
+    out.close();
+    DPE_CHECK(out.good(), "--json ", args.json, ": write failed");
   }
 }
 
@@ -214,20 +273,24 @@ void run_collectives(const CollectivesArgs& args) {
 void add_collectives_command(CLI::App& app) {
   auto args = std::make_shared<CollectivesArgs>();
   CLI::App* cmd = app.add_subcommand("collectives", "Bandwidth of the process group's collectives (nccl-tests style)");
-  cmd->add_option("--device-ids", args->device_ids, "members (default: every CUDA device, else cpu:0,cpu:1)");
+  cmd->add_option("--device-ids", args->device_ids, "members, e.g. cpu:0,cpu:1 (default: every CUDA device, else cpu:0,cpu:1)");
   cmd->add_option("--backend", args->backend, "collectives backend")
       ->check(CLI::IsMember({"auto", "cpu", "peer-copy", "nccl"}));
   cmd->add_option("--ops", args->ops, "collectives to run")
       ->delimiter(',')
       ->check(CLI::IsMember({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"}));
-  cmd->add_option("-b,--min-bytes", args->min_bytes, "smallest size in bytes (K, M, G suffixes: powers of 1024)")
-      ->transform(CLI::AsSizeValue(false));
-  cmd->add_option("-e,--max-bytes", args->max_bytes, "largest size in bytes")->transform(CLI::AsSizeValue(false));
-  cmd->add_option("-f,--factor", args->factor, "size multiplier between rows")->check(CLI::Range(2, 1024));
-  cmd->add_option("-n,--iters", args->iters, "timed iterations per size")->check(CLI::PositiveNumber);
-  cmd->add_option("-w,--warmup", args->warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
+  add_int_option(*cmd, "-b,--min-bytes", args->min_bytes,
+                 "smallest size in bytes (K, M, G suffixes: powers of 1024); a row holds size / 4 float32 elements",
+                 1, int64_t{1} << 32, true);
+  add_int_option(*cmd, "-e,--max-bytes", args->max_bytes, "largest size in bytes", 1, int64_t{1} << 32, true);
+  add_int_option(*cmd, "-f,--factor", args->factor, "size multiplier between rows", 2, 1024);
+  add_int_option(*cmd, "-n,--iters", args->iters, "timed iterations per size", 1, 1000000);
+  add_int_option(*cmd, "-w,--warmup", args->warmup, "untimed iterations per size", 0, 1000000);
   cmd->add_flag("--stream", args->stream, "also measure host memory bandwidth and the all-reduce's share of it");
-  cmd->add_option("--json", args->json, "write the results as JSON to this file");
+  cmd->add_option("--json", args->json, "write the results as JSON to this file (checked at start-up)");
+  // Tests only, hidden from --help: member RANK throws before its first collective, so that a test can show
+  // the others are released at once (ProcessGroup::abort) instead of waiting out the group's timeout.
+  add_int_option(*cmd, "--inject-failure-rank", args->fail_rank, "", 0, 1023)->group("");
   cmd->callback([args] { run_collectives(*args); });
 }
 

@@ -68,7 +68,7 @@ struct DevicesArgs {
 
 void check_configuration(const DevicesArgs& args) {
   DataParallelOptions options;
-  options.device_ids = parse_device_list(*args.device_ids);
+  options.device_ids = parse_device_option("--device-ids", *args.device_ids);
   if (args.output_device) options.output_device = Device::parse(*args.output_device);
   options.split = args.split == "chunk" ? SplitRule::Chunk : SplitRule::Balanced;
   auto model = std::make_shared<Empty>();
@@ -89,10 +89,13 @@ void check_configuration(const DevicesArgs& args) {
 void add_devices_command(CLI::App& app) {
   auto args = std::make_shared<DevicesArgs>();
   CLI::App* cmd = app.add_subcommand("devices", "List devices, memory and peer access; check a device-id configuration");
-  cmd->add_option("--device-ids", args->device_ids, "comma-separated devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1");
-  cmd->add_option("--output-device", args->output_device, "where DP gathers outputs (default: the first device id)");
-  cmd->add_option("--batch", args->batch, "batch size whose chunk sizes to show")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--split", args->split, "split rule")->check(CLI::IsMember({"chunk", "balanced"}));
+  CLI::Option* ids =
+      cmd->add_option("--device-ids", args->device_ids, "comma-separated devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1");
+  // The configuration options mean something only with a configuration to check.
+  cmd->add_option("--output-device", args->output_device, "where DP gathers outputs (default: the first device id)")
+      ->needs(ids);
+  add_int_option(*cmd, "--batch", args->batch, "batch size whose chunk sizes to show", 0, int64_t{1} << 31)->needs(ids);
+  cmd->add_option("--split", args->split, "split rule")->check(CLI::IsMember({"chunk", "balanced"}))->needs(ids);
   cmd->callback([args] {
     list_devices();
     if (args->device_ids) {

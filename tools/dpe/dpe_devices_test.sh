@@ -9,7 +9,7 @@ expect() {  # expect STATUS PATTERN ARGS...
   shift 2
   out=$("$bin" devices "$@" 2>&1)
   status=$?
-  if [[ $status -ne $want_status ]] || ! grep -q -- "$pattern" <<<"$out"; then
+  if [[ $status -ne $want_status ]] || ! grep -qF -- "$pattern" <<<"$out"; then
     echo "FAILED: dpe devices $* -> status $status (want $want_status), output:"
     echo "$out"
     fail=1
@@ -22,7 +22,23 @@ expect 0 "chunk sizes 2 1 1" --device-ids cpu:0,cpu:1,cpu:2 --batch 4 --split ba
 expect 0 "output_device = cpu:2" --device-ids cpu:0,cpu:1 --output-device cpu:2
 expect 2 "contains cpu:1 more than once" --device-ids cpu:0,cpu:1,cpu:1
 expect 2 "cpu:7 does not exist: 3 cpu devices are available (cpu:0..cpu:2)" --device-ids cpu:0,cpu:7
-expect 2 "device_ids is empty" --device-ids ,
+expect 2 "--device-ids ',': item 1 is empty" --device-ids ,
+expect 2 "--device-ids '': expected at least one device" --device-ids ""
+expect 2 "--device-ids 'cpu:0,,cpu:1': item 2 is empty" --device-ids cpu:0,,cpu:1
+expect 2 "--device-ids 'cpu:0,cpu:1,': item 3 is empty" --device-ids cpu:0,cpu:1,
+expect 2 "item 2: invalid device string ' cpu:1'" --device-ids "cpu:0, cpu:1"
+expect 2 "item 1: invalid device string 'cpu:-1'" --device-ids cpu:-1
+expect 2 "invalid device string 'cpu:0,cpu:1'" --device-ids cpu:0,cpu:1 --output-device cpu:0,cpu:1
+expect 2 "invalid device string ''" --device-ids cpu:0,cpu:1 --output-device ""
+expect 2 "--batch -1: expected an integer in [0, 2^31]" --device-ids cpu:0,cpu:1 --batch -1
+expect 2 "--batch 99999999999999999999: expected an integer in [0, 2^31]" --device-ids cpu:0,cpu:1 --batch 99999999999999999999
+expect 2 "--batch abc: expected an integer in [0, 2^31]" --device-ids cpu:0,cpu:1 --batch abc
+expect 2 "--batch 2.5: expected an integer in [0, 2^31]" --device-ids cpu:0,cpu:1 --batch 2.5
+expect 0 "chunk sizes 0 -> 1 of 2 devices used" --device-ids cpu:0,cpu:1 --batch 0
+expect 107 "--batch requires --device-ids" --batch 5
+expect 107 "--output-device requires --device-ids" --output-device cpu:0
+expect 107 "--split requires --device-ids" --split balanced
+expect 105 "--split: even not in {chunk,balanced}" --device-ids cpu:0 --split even
 expect 2 "mixes cpu:0 and cuda:0" --device-ids cpu:0,cuda:0
 expect 2 "invalid device string 'gpu:0'" --device-ids gpu:0
 expect 2 "output_device" --device-ids cpu:0 --output-device cpu:9
