@@ -314,7 +314,7 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
 std::vector<Device> check_before_work(const BenchArgs& args) {
   std::vector<Device> devices =
       args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices);
-  check_devices_exist("--device-ids", devices);
+  check_device_ids("--device-ids", devices);
   models::check_model_name(args.model);
   if (std::find(args.modes.begin(), args.modes.end(), "ddp") != args.modes.end()) {
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(devices.size()));

@@ -67,12 +67,18 @@ std::vector<Device> parse_device_option(const std::string& option, const std::st
   return parse_list(option, list);
 }
 
-void check_devices_exist(const std::string& option, const std::vector<Device>& devices) {
-  for (const Device& d : devices) {
+void check_device_ids(const std::string& option, const std::vector<Device>& devices) {
+  for (size_t i = 0; i < devices.size(); ++i) {
     try {
-      check_device_exists(d);
+      check_device_exists(devices[i]);
     } catch (const Error& e) {
       throw Error(option + ": " + e.what());
+    }
+    DPE_CHECK(devices[i].kind == devices[0].kind, option, " mixes ", devices[0], " and ", devices[i],
+              "; expected devices of one kind");
+    for (size_t j = 0; j < i; ++j) {
+      DPE_CHECK(devices[j] != devices[i], option, " lists ", devices[i], " more than once (items ", j + 1, " and ",
+                i + 1, "); expected distinct devices");
     }
   }
 }

@@ -43,6 +43,14 @@ TEST(ParseDeviceList, EmptyListsAndItemsAreErrorsNamingThePosition) {
   EXPECT_EQ(option.rfind("--device-ids 'cpu:0,': item 2 is empty", 0), 0u) << option;
 }
 
+TEST(CheckDeviceIds, ExistingDistinctDevicesOfOneKind) {
+  check_device_ids("--device-ids", {Device::cpu(0), Device::cpu(1)});
+  const std::string twice = error_of([] { check_device_ids("--device-ids", {Device::cpu(0), Device::cpu(1), Device::cpu(0)}); });
+  EXPECT_TRUE(has(twice, "--device-ids lists cpu:0 more than once (items 1 and 3); expected distinct devices")) << twice;
+  const std::string missing = error_of([] { check_device_ids("--output-device", {Device::cpu(100000)}); });
+  EXPECT_EQ(missing.rfind("--output-device: cpu:100000 does not exist", 0), 0u) << missing;
+}
+
 TEST(ParseInt, RangesAndMessages) {
   EXPECT_EQ(parse_int("--epochs", "7", 1, 1000000), 7);
   EXPECT_EQ(parse_int("--epochs", "+7", 1, 1000000), 7);

@@ -156,7 +156,7 @@ CollectiveBackend parse_backend(const std::string& s) {
 void run_collectives(const CollectivesArgs& args) {
   std::vector<Device> devices =
       args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(2);
-  check_devices_exist("--device-ids", devices);
+  check_device_ids("--device-ids", devices);
   check_sizes(args, static_cast<int>(devices.size()));
   if (!args.json.empty()) check_output_path("--json", args.json);
   ProcessGroup group(devices, {.backend = parse_backend(args.backend)});

@@ -94,6 +94,7 @@ expect 2 "--batch-size 4 splits into 2 shards (2, 2) for 3 DDP devices" --cpu-de
 expect 2 "--device-ids '': expected at least one device" --device-ids ""
 expect 2 "--device-ids 'cpu:0,,cpu:1': item 2 is empty" --device-ids cpu:0,,cpu:1
 expect 2 "--device-ids: cpu:4096 does not exist" --device-ids cpu:0,cpu:4096
+expect 2 "--device-ids lists cpu:0 more than once (items 1 and 2)" --device-ids cpu:0,cpu:0
 expect 105 "--modes: frob not in" --modes frob
 expect 105 "--model: resnet not in" --model resnet
 exit $fail

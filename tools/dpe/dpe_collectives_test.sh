@@ -53,7 +53,7 @@ expect 2 "--device-ids '': expected at least one device" --device-ids ""
 expect 2 "--device-ids 'cpu:0,,cpu:1': item 2 is empty" --device-ids cpu:0,,cpu:1
 expect 2 "--device-ids 'cpu:0,cpu:1,': item 3 is empty" --device-ids cpu:0,cpu:1,
 expect 2 "--device-ids: cpu:7 does not exist: 3 cpu devices are available" --device-ids cpu:0,cpu:7
-expect 2 "cpu:0 is listed more than once" --device-ids cpu:0,cpu:0
+expect 2 "--device-ids lists cpu:0 more than once (items 1 and 2)" --device-ids cpu:0,cpu:0
 expect 2 "--json $TEST_TMPDIR/no/c.json: the directory $TEST_TMPDIR/no does not exist" --json "$TEST_TMPDIR/no/c.json" -b 4K -e 4K
 expect 2 "--json $TEST_TMPDIR: is a directory" --json "$TEST_TMPDIR" -b 4K -e 4K
 exit $fail

@@ -38,12 +38,12 @@ struct TrainArgs {
 void check_before_work(TrainArgs& args, engine::TrainingState* resumed) {
   args.engine.devices =
       args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices);
-  check_devices_exist("--device-ids", args.engine.devices);
+  check_device_ids("--device-ids", args.engine.devices);
   if (args.output_device) {
     DPE_CHECK(args.engine.mode == "dp", "--output-device ", *args.output_device, " is used only in dp mode (--mode ",
               args.engine.mode, " has no output device)");
     args.engine.output_device = Device::parse(*args.output_device);
-    check_devices_exist("--output-device", {*args.engine.output_device});
+    check_device_ids("--output-device", {*args.engine.output_device});
   }
   check_engine_options(args.engine);
   if (args.engine.mode == "ddp") {
