@@ -300,7 +300,12 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
        << "set yrange [0:" << (highest > 0 ? highest * 1.15 : 1.0) << "]\n"  // room for the labels above the bars
        << "set xtics rotate by -30\nplot $bars using 0:2:xtic(1) with boxes notitle, $bars using 0:2:(sprintf('%.0f',$2)) "
           "with labels offset 0,1 notitle\n";
-    ProcessResult result = run_process({"gnuplot"}, gp.str());
+    ProcessResult result;
+    try {
+      result = run_process({"gnuplot"}, gp.str());
+    } catch (const Error& e) {
+      throw Error(std::string("--png: ") + e.what() + "; install gnuplot with apt-get install gnuplot-nox");
+    }
     DPE_CHECK(result.ok() && result.output.rfind("\x89PNG", 0) == 0, "--png: gnuplot failed (", describe_status(result),
               "); install it with apt-get install gnuplot-nox");
     std::ofstream png(args.png, std::ios::binary);
@@ -333,7 +338,11 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
   }
   if (!args.json.empty()) check_output_path("--json", args.json);
   if (!args.csv.empty()) check_output_path("--csv", args.csv);
-  if (!args.png.empty()) check_output_path("--png", args.png);
+  if (!args.png.empty()) {
+    check_output_path("--png", args.png);
+    DPE_CHECK(!find_program("gnuplot").empty(), "--png ", args.png,
+              ": needs gnuplot, which is not on PATH (apt-get install gnuplot-nox)");
+  }
   return devices;
 }
 

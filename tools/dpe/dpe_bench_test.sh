@@ -80,6 +80,13 @@ expect 2 "--json $tmp/no/b.json: the directory $tmp/no does not exist" "${quick[
 expect 2 "--csv $tmp: is a directory" "${quick[@]}" --csv "$tmp"
 expect 2 "--png $tmp/no/b.png: the directory $tmp/no does not exist" "${quick[@]}" --png "$tmp/no/b.png"
 expect 2 "--png $tmp/: names a directory" "${quick[@]}" --png "$tmp/"
+# No gnuplot: refused at start-up, before benchmarking (it used to fail after the runs).
+out=$(cd "$tmp" && PATH=/nonexistent "$bin" bench "${quick[@]}" --png "$tmp/p.png" 2>&1)
+status=$?
+if [[ $status -ne 2 ]] || ! grep -qF -- "--png $tmp/p.png: needs gnuplot, which is not on PATH" <<<"$out" \
+   || grep -q "^dpe  *single" <<<"$out"; then
+  echo "FAILED: --png without gnuplot -> status $status: $out"; fail=1
+fi
 # Sizes.
 expect 2 "--batch-size 70000 is larger than the 60000 training samples of mlp" --model mlp --batch-size 70000 --steps 1 \
   --warmup 0 --modes single

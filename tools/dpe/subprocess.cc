@@ -4,10 +4,12 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 
@@ -134,6 +136,29 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::strin
   if (WIFEXITED(status)) result.exit_status = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
   return result;
+}
+
+std::string find_program(const std::string& program) {
+  auto executable = [](const std::string& path) {
+    struct stat st {};
+    // access() alone says yes to root for any file with one execute bit; the mode bits say what exec will do.
+    return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111) != 0 &&
+           access(path.c_str(), X_OK) == 0;
+  };
+  if (program.empty()) return "";
+  if (program.find('/') != std::string::npos) return executable(program) ? program : "";
+  const char* path = std::getenv("PATH");
+  // posix_spawnp's default search path when PATH is unset.
+  const std::string dirs = path ? path : "/bin:/usr/bin";
+  size_t start = 0;
+  for (;;) {
+    const size_t colon = dirs.find(':', start);
+    std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (dir.empty()) dir = ".";  // an empty PATH entry is the current directory
+    if (executable(dir + "/" + program)) return dir + "/" + program;
+    if (colon == std::string::npos) return "";
+    start = colon + 1;
+  }
 }
 
 std::string describe_status(const ProcessResult& result) {

@@ -29,6 +29,11 @@ struct ProcessResult {
 // started (not found, not executable).
 ProcessResult run_process(const std::vector<std::string>& argv, const std::string& input = {});
 
+// Where run_process would find `program`: itself when it contains a '/', else the first executable regular
+// file of that name in PATH's directories; "" when there is none. For start-up checks (a missing gnuplot is
+// reported before a benchmark runs, not after).
+std::string find_program(const std::string& program);
+
 // "exit status 3", "killed by signal 9 (Killed)"
 std::string describe_status(const ProcessResult& result);
 

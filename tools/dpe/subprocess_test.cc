@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -68,6 +69,23 @@ TEST(RunProcess, MissingProgramsAreErrorsNamingThem) {
   EXPECT_NE(dpe::testing::error_of([] { run_process({"dpe-no-such-program-on-path"}); }).find("cannot run"),
             std::string::npos);
   EXPECT_NE(dpe::testing::error_of([] { run_process({}); }).find("expected a program name"), std::string::npos);
+}
+
+TEST(FindProgram, SearchesPathLikeSpawn) {
+  EXPECT_FALSE(find_program("cat").empty());
+  EXPECT_EQ(find_program("cat").back(), 't');
+  EXPECT_EQ(find_program("/bin/sh"), "/bin/sh");
+  EXPECT_EQ(find_program("dpe-no-such-program-on-path"), "");
+  EXPECT_EQ(find_program("/no/such/program"), "");
+  const std::string plain = tmp_dir() + "/plain_file";
+  FILE* f = std::fopen(plain.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  chmod(plain.c_str(), 0644);
+  EXPECT_EQ(find_program(plain), "") << "not executable";
+  chmod(plain.c_str(), 0755);
+  EXPECT_EQ(find_program(plain), plain);
+  EXPECT_EQ(find_program(""), "");
 }
 
 TEST(SplitLines, LastLineWithoutNewline) {
