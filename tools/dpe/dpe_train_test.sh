@@ -100,6 +100,7 @@ expect_error "training.epoch" "${common[@]}" --epochs 2 --resume "$tmp/text.ck"
 expect_error "--resume $tmp/none.ck: no such file" "${common[@]}" --resume "$tmp/none.ck"
 expect_error "--resume $tmp: is not a regular file" "${common[@]}" --resume "$tmp"
 expect_error "load_checkpoint" --model cnn --mode ddp --limit 64 --resume "$tmp/b.ck"  # an mlp checkpoint
+expect_error "the state belongs to a SGD optimizer, not Adam" "${common[@]}" --optimizer adam --resume "$tmp/b.ck"
 
 # Bad options: refused at start-up, naming the option, the value and what was expected.
 expect_error "needs --mode ddp" --model cnn --mode dp --sync-bn --limit 64

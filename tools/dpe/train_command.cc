@@ -55,7 +55,7 @@ void check_before_work(TrainArgs& args, engine::TrainingState* resumed) {
   if (args.save_every > 0) check_output_path("--checkpoint", args.checkpoint);
   if (!args.engine.resume.empty()) {
     check_input_file("--resume", args.engine.resume);
-    *resumed = read_checkpoint_state(args.engine);
+    *resumed = read_checkpoint_state(args.engine, args.optimizer);
     DPE_CHECK(resumed->epoch >= 0 && resumed->step >= 0, "--resume ", args.engine.resume,
               ": the checkpoint says training.epoch ", resumed->epoch, ", training.step ", resumed->step,
               "; expected counts >= 0 (a damaged or foreign checkpoint)");

@@ -94,13 +94,14 @@ void check_engine_options(const EngineOptions& options) {
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
 }
 
-engine::TrainingState read_checkpoint_state(const EngineOptions& options) {
+engine::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer) {
   const std::vector<engine::GeneratorState> generators = engine::capture_rng_state();
   std::shared_ptr<nn::Module> model = models::make_model(options.model);
   if (options.sync_bn) model = nn::convert_sync_batchnorm(model);
+  std::unique_ptr<optim::Optimizer> opt = optimizer_factory(optimizer)(model->parameters());
   engine::TrainingState state;
   try {
-    engine::load_checkpoint(options.resume, *model, nullptr, &state);
+    engine::load_checkpoint(options.resume, *model, opt.get(), &state);
   } catch (...) {
     engine::restore_rng_state(generators);
     throw;

@@ -55,9 +55,10 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
                                           int64_t* resumed_epoch = nullptr);
 
 // The training state (epoch, step) of the checkpoint options.resume, read without building the engine: the
-// file is validated against a freshly built model on cpu:0 (the same checks as make_engine's load). The
+// file is validated against a freshly built model on cpu:0 and its optimizer (the same checks as
+// make_engine's load: a checkpoint of another model or optimizer is refused before data is loaded). The
 // default generators are left as they were.
-engine::TrainingState read_checkpoint_state(const EngineOptions& options);
+engine::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer);
 
 // Fraction of correct argmax predictions (for tiny-llama: of non-padding next tokens), computed with
 // replica 0 in eval mode on its device, in batches of `batch`.
