@@ -383,7 +383,8 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"single", "single-all", "dp", "ddp"}));
   cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
-  add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1, 1024);
+  add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1,
+                 kMaxDevices);
   add_int_option(*cmd, "--batch-size", args->batch_size,
                  "global batch (at most the training samples; in ddp mode every device needs a sample of it)", 1,
                  int64_t{1} << 31);

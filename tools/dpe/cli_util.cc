@@ -68,6 +68,8 @@ std::vector<Device> parse_device_option(const std::string& option, const std::st
 }
 
 void check_device_ids(const std::string& option, const std::vector<Device>& devices) {
+  DPE_CHECK(static_cast<int64_t>(devices.size()) <= kMaxDevices, option, " lists ", devices.size(),
+            " devices; expected at most ", kMaxDevices);
   for (size_t i = 0; i < devices.size(); ++i) {
     try {
       check_device_exists(devices[i]);

@@ -22,9 +22,10 @@ namespace dpe::tool {
 std::vector<Device> parse_device_list(const std::string& list);
 // The same, with messages that start with the option's name ("--device-ids 'cpu:0,': item 2 is empty; ...").
 std::vector<Device> parse_device_option(const std::string& option, const std::string& list);
-// Throws unless every device exists (check_device_exists), no device is listed twice and all are of one kind
-// (what DataParallel and ProcessGroup require, checked before anything is built); messages start with the
-// option's name.
+// Throws unless the list has at most kMaxDevices entries, every device exists (check_device_exists), no device
+// is listed twice and all are of one kind (what DataParallel and ProcessGroup require, checked before anything
+// is built); messages start with the option's name.
+inline constexpr int64_t kMaxDevices = 1024;  // also --cpu-devices' bound
 void check_device_ids(const std::string& option, const std::vector<Device>& devices);
 // "cpu:0 cpu:1"
 std::string device_list_str(const std::vector<Device>& devices);

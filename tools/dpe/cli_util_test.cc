@@ -47,6 +47,8 @@ TEST(CheckDeviceIds, ExistingDistinctDevicesOfOneKind) {
   check_device_ids("--device-ids", {Device::cpu(0), Device::cpu(1)});
   const std::string twice = error_of([] { check_device_ids("--device-ids", {Device::cpu(0), Device::cpu(1), Device::cpu(0)}); });
   EXPECT_TRUE(has(twice, "--device-ids lists cpu:0 more than once (items 1 and 3); expected distinct devices")) << twice;
+  const std::string many = error_of([] { check_device_ids("--device-ids", std::vector<Device>(1025, Device::cpu(0))); });
+  EXPECT_TRUE(has(many, "--device-ids lists 1025 devices; expected at most 1024")) << many;
   const std::string missing = error_of([] { check_device_ids("--output-device", {Device::cpu(100000)}); });
   EXPECT_EQ(missing.rfind("--output-device: cpu:100000 does not exist", 0), 0u) << missing;
 }

@@ -179,7 +179,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember(kModes));
   cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
-  add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1, 1024);
+  add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1,
+                 kMaxDevices);
   cmd->add_option("--output-device", args->output_device, "dp mode only: where DP gathers outputs (default: the first device)");
   add_int_option(*cmd, "--batch-size", args->batch_size,
                  "global batch (split across the devices; in ddp mode every device needs a sample of it)", 1,
