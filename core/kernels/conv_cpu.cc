@@ -19,6 +19,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -32,6 +33,7 @@
 #include "core/kernels/conv.h"
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/matmul.h"
+#include "core/kernels/onednn.h"
 
 namespace dpe::kernels {
 namespace {
@@ -153,26 +155,39 @@ struct Arg {
   const void* ptr;
 };
 
+// The scratchpad of one call: 64-byte aligned, uninitialised (a std::vector zero-filled it on every call).
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
 void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initializer_list<Arg> args) {
+  // Note [Exceptions and oneDNN] (onednn_cpu.cc): nothing thrown in here leaves as anything but a dpe::Error.
   try {
     auto prim = primitive_for(pass, s);
-    std::vector<char> scratchpad(prim->scratchpad_bytes);
+    std::unique_ptr<void, FreeDeleter> scratchpad;
+    if (prim->scratchpad_bytes > 0) {
+      const size_t bytes = (prim->scratchpad_bytes + 63) / 64 * 64;
+      scratchpad.reset(std::aligned_alloc(64, bytes));
+      DPE_CHECK(scratchpad != nullptr, what, ": out of memory allocating the ", prim->scratchpad_bytes,
+                "-byte oneDNN scratchpad for N ", s.n, ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ",
+                s.c_out);
+    }
     std::unordered_map<int, dnnl::memory> memories;
     for (const Arg& a : args) memories.emplace(a.id, dnnl::memory(a.desc, cpu_engine(), const_cast<void*>(a.ptr)));
     if (prim->scratchpad_bytes > 0) {
       // The scratchpad descriptor is a plain byte buffer of that size.
       memories.emplace(DNNL_ARG_SCRATCHPAD,
                        dnnl::memory(dnnl::memory::desc({static_cast<int64_t>(prim->scratchpad_bytes)}, dt::u8, tag::x),
-                                    cpu_engine(), scratchpad.data()));
+                                    cpu_engine(), scratchpad.get()));
     }
     dnnl::stream stream(cpu_engine());
     prim->primitive.execute(stream, memories);
     stream.wait();
-  } catch (const dnnl::error& e) {
-    // The shape was validated, so this is out of memory or an unsupported case in this oneDNN build.
-    DPE_CHECK(false, what, ": oneDNN failed: ", e.what(), " (status ", static_cast<int>(e.status), ") for N ", s.n,
-              ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ", s.c_out, ", kernel (", s.kh, ", ", s.kw,
-              "), groups ", s.groups);
+  } catch (...) {
+    // The shape was validated, so a failure is out of memory or an unsupported case in this oneDNN build.
+    detail::rethrow_onednn_failure(
+        what, dpe::detail::str_cat("for N ", s.n, ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ", s.c_out,
+                              ", kernel (", s.kh, ", ", s.kw, "), groups ", s.groups));
   }
 }
 

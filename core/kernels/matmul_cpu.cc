@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/kernels/arg_checks.h"
 #include "core/kernels/matmul.h"
+#include "core/kernels/onednn.h"
 
 namespace dpe::kernels {
 namespace {
@@ -54,13 +55,21 @@ CBLAS_TRANSPOSE cblas_trans(Transpose t) { return t == Transpose::Yes ? CblasTra
 
 // a: op -> (m, k)  b: op -> (k, n)  c: (m, n), all row-major with the given row strides.
 void sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
-  const dnnl_status_t status =
-      dnnl_sgemm(trans_char(g.trans_a), trans_char(g.trans_b), g.m, g.n, g.k, static_cast<float>(g.alpha), a, g.lda,
-                 b, g.ldb, static_cast<float>(g.beta), c, g.ldc);
+  // A C API, but C++ inside: what it throws (out of memory in its lazy initialisation or JIT buffers) is
+  // turned into a dpe::Error here, and its status is checked after it returns (Note [Exceptions and oneDNN]).
+  dnnl_status_t status = dnnl_success;
+  try {
+    status = dnnl_sgemm(trans_char(g.trans_a), trans_char(g.trans_b), g.m, g.n, g.k, static_cast<float>(g.alpha), a,
+                        g.lda, b, g.ldb, static_cast<float>(g.beta), c, g.ldc);
+  } catch (...) {
+    detail::rethrow_onednn_failure("gemm_cpu", dpe::detail::str_cat("in dnnl_sgemm (m ", g.m, ", n ", g.n, ", k ", g.k, ")"));
+  }
   // The arguments were validated above, so oneDNN rejecting them is our bug; anything else (out of
   // memory) is reported as an error.
   DPE_INTERNAL_ASSERT(status != dnnl_invalid_arguments, "dnnl_sgemm rejected m ", g.m, ", n ", g.n, ", k ", g.k,
                       ", lda ", g.lda, ", ldb ", g.ldb, ", ldc ", g.ldc);
+  DPE_CHECK(status != dnnl_out_of_memory, "gemm_cpu: out of memory inside oneDNN (dnnl_sgemm returned ",
+            dnnl_status2str(status), ") for m ", g.m, ", n ", g.n, ", k ", g.k);
   DPE_CHECK(status == dnnl_success, "dnnl_sgemm failed: ", dnnl_status2str(status), " (m ", g.m, ", n ", g.n,
             ", k ", g.k, ")");
 }

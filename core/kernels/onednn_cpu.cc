@@ -1,0 +1,68 @@
+// See core/kernels/onednn.h.
+//
+// Note [Exceptions and oneDNN]
+// oneDNN is C++ inside, also behind its C API: when it runs out of memory in code that reports no status
+// (lazy one-time initialisation during dnnl_primitive_execute, JIT code buffers), a std::bad_alloc unwinds
+// out through its frames. Some of those frames are glibc's C code with cleanups: pthread_once, which
+// std::call_once (and so oneDNN's lazy initialisation) runs on. glibc unwinds its own frames with a
+// personality routine that dlopens libgcc_s.so.1 the first time it is needed; under memory pressure that
+// dlopen fails and glibc aborts the process with "libgcc_s.so.1 must be installed for unwinding to work"
+// (reproduced: `ulimit -v 200000; dpe train --model cnn --limit 512`, backtrace __gcc_personality_v0 <-
+// __pthread_once_slow <- libdnnl <- dnnl_primitive_execute <- conv2d_forward_cpu). Two measures:
+//  1. At start-up, while memory is plentiful, one exception is thrown through std::call_once's pthread_once
+//     frame: glibc then loads libgcc_s for its unwinder and keeps it, so a later exception through such a
+//     frame unwinds instead of aborting.
+//  2. Every call into oneDNN sits in a try block whose catch turns what escapes into a dpe::Error
+//     (rethrow_onednn_failure), and the large buffers oneDNN needs per call (convolution scratchpads) are
+//     allocated by dpe, which checks the allocation and names it, rather than inside oneDNN.
+// What cannot be made safe from outside (seen with core/kernels/onednn_cpu_test.cc's address-space sweep):
+//  - oneDNN 2.6's JIT writes through a code buffer it failed to allocate (Xbyak without exceptions): SIGSEGV;
+//  - libgomp, oneDNN's OpenMP runtime, exits the process with status 1 ("libgomp: Out of memory allocating
+//    ...") when its own allocations fail;
+//  - an exception thrown on one of oneDNN's OpenMP worker threads ends in std::terminate inside the OpenMP
+//    runtime (an exception may not leave a parallel region).
+#include "core/kernels/onednn.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include <exception>
+#include <mutex>
+#include <new>
+
+#include "core/error.h"
+
+namespace dpe::kernels::detail {
+namespace {
+
+// Measure 1 of the note: runs during static initialisation of any program that links the CPU kernels.
+const bool kUnwinderPrimed = [] {
+  std::once_flag flag;
+  try {
+    std::call_once(flag, [] { throw 0; });
+  } catch (int) {
+  }
+  return true;
+}();
+
+}  // namespace
+
+void rethrow_onednn_failure(const char* what, const std::string& context) {
+  (void)kUnwinderPrimed;
+  try {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const dnnl::error& e) {
+    DPE_CHECK(e.status != dnnl_out_of_memory, what, ": out of memory inside oneDNN (", e.what(), ") ", context);
+    DPE_CHECK(false, what, ": oneDNN failed: ", e.what(), " (status ", dnnl_status2str(e.status), ") ", context);
+  } catch (const std::bad_alloc& e) {
+    DPE_CHECK(false, what, ": out of memory inside oneDNN (", e.what(), ") ", context);
+  } catch (const std::exception& e) {
+    DPE_CHECK(false, what, ": oneDNN failed with an exception: ", e.what(), " ", context);
+  } catch (...) {
+    DPE_CHECK(false, what, ": oneDNN failed with an exception that is not a std::exception ", context);
+  }
+}
+
+}  // namespace dpe::kernels::detail
