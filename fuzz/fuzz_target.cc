@@ -31,13 +31,15 @@ void note_outcome(std::string_view outcome) {
 
 void set_outcome_sink(OutcomeSink sink) { g_sink.store(sink); }
 
-std::string error_signature(std::string_view what) {
-  std::string_view message = what, location = "?";
+std::string_view error_location(std::string_view what) {
   const size_t open = what.rfind(" (");
-  if (!what.empty() && what.back() == ')' && open != std::string_view::npos) {
-    location = what.substr(open + 2, what.size() - open - 3);
-    message = what.substr(0, open);
-  }
+  if (what.empty() || what.back() != ')' || open == std::string_view::npos) return "?";
+  return what.substr(open + 2, what.size() - open - 3);
+}
+
+std::string error_signature(std::string_view what) {
+  const std::string_view location = error_location(what);
+  const std::string_view message = location == "?" ? what : what.substr(0, what.size() - location.size() - 3);
   std::string out(location);
   out += ' ';
   // A quote opens after a space, '(' or the start, and closes before a space, ':', ',', ')' or the end, so

@@ -30,6 +30,9 @@ void set_outcome_sink(OutcomeSink sink);
 // site (a fail() helper) still tell apart, and one check with many values counts once:
 //   "f: bad magic number 7 ('x') (data/idx_reader.cc:98)" -> "data/idx_reader.cc:98 f: bad magic number # ('*')"
 std::string error_signature(std::string_view what);
+// The "<file>:<line>" that core/error.cc appends to every dpe::Error message; "?" when there is none. Only
+// feedback: an input with a NUL byte cuts what() short, and its own text may then pose as a location.
+std::string_view error_location(std::string_view what);
 
 // A harness's own verdict that an input found a bug (an oracle failed). Not a dpe::Error, so the driver (and
 // libFuzzer, through std::terminate) report it.
@@ -42,9 +45,11 @@ class Finding : public std::logic_error {
 void require(bool ok, const std::string& what);
 
 // Runs f(). A dpe::Error is the expected way to reject an input: swallowed and noted as "<label>:<signature>".
-// Except "out of memory": an input of a few KB that makes dpe allocate more than the machine has (or than
-// ASan's 2 GiB limit in the driver) is a size taken from the input unchecked, a Finding. dpe::InternalError
-// (a dpe bug) and every other exception propagate to the driver, which reports them.
+// Except the allocators' "out of memory" (core/allocator.cc; recognised by the start of the message, which
+// no input can forge: messages that quote the input start with dpe's own words): an input of a few KB that
+// makes dpe allocate more than the machine has (or than ASan's 2 GiB limit in the driver) is a size taken
+// from the input unchecked, a Finding. dpe::InternalError (a dpe bug) and every other exception propagate to the
+// driver, which reports them.
 template <typename F>
 void expect_only_dpe_errors(std::string_view label, F&& f) {
   try {
@@ -53,7 +58,7 @@ void expect_only_dpe_errors(std::string_view label, F&& f) {
     throw;
   } catch (const Error& e) {
     const std::string_view what = e.what();
-    if (what.find("out of memory") != std::string_view::npos) {
+    if (what.starts_with("out of memory")) {
       throw Finding("an input made dpe run out of memory: " + std::string(what));
     }
     note_outcome(std::string(label) + ":" + error_signature(what));
