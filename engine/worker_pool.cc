@@ -137,7 +137,21 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices) : impl_(std::mak
   }
   for (auto& worker : impl_->workers) {
     Impl::Worker* w = worker.get();
-    w->thread = std::thread([this, w] { impl_->loop(*w); });
+    try {
+      w->thread = std::thread([this, w] { impl_->loop(*w); });
+    } catch (...) {
+      // Creating a thread fails (std::system_error, EAGAIN) when memory or the thread limit runs out. Stop the
+      // workers already started: destroying their joinable std::threads would call std::terminate.
+      {
+        std::lock_guard lock(impl_->mutex);
+        impl_->stopping = true;
+      }
+      impl_->work_ready.notify_all();
+      for (auto& started : impl_->workers) {
+        if (started->thread.joinable()) started->thread.join();
+      }
+      throw;
+    }
     ++impl_->threads_created;
   }
 }

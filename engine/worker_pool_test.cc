@@ -1,8 +1,14 @@
 #include "engine/worker_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <system_error>
 #include <condition_variable>
 #include <mutex>
 #include <set>
@@ -116,6 +122,36 @@ TEST(WorkerPoolTest, CarriesGradModeAndLimitsCpuThreads) {
   EXPECT_GE(pool.cpu_threads_per_device(), 1);
   EXPECT_LE(pool.cpu_threads_per_device(), std::max(1u, std::thread::hardware_concurrency()));
   EXPECT_THROW(pool.run(3, [](size_t) {}), Error);
+}
+
+// A worker thread that cannot be created (memory or the thread limit exhausted) is an exception from the
+// constructor, not std::terminate from destroying the workers already started (seen: `ulimit -v 150000;
+// dpe train --model cnn`). In a forked child whose address space leaves room for one more 8 MiB thread stack;
+// 16 workers are more than glibc's cache of freed stacks (40 MiB) can serve.
+TEST(WorkerPoolTest, ThreadCreationFailureIsAnErrorNotAnAbort) {
+  const std::vector<Device> devices = cpu_devices(16);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::ifstream statm("/proc/self/statm");
+    int64_t pages = 0;
+    statm >> pages;
+    rlimit limit{static_cast<rlim_t>(pages * sysconf(_SC_PAGESIZE) + (12 << 20)), RLIM_INFINITY};
+    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+    try {
+      DeviceWorkerPool pool(devices);
+      _exit(2);  // every thread started: the limit did not bite
+    } catch (const std::system_error&) {
+      _exit(0);
+    } catch (...) {
+      _exit(1);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status) << " (6: std::terminate)";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: another exception; 2: no failure; 3: setrlimit failed";
 }
 
 }  // namespace
