@@ -49,9 +49,12 @@ std::string read_file(const std::string& path, int64_t max_bytes, int64_t* total
       if (got < 0 && errno == EINTR) continue;
       DPE_CHECK(got >= 0, "cannot read ", path, ": ", std::strerror(errno));
       if (got == 0) break;
-      DPE_CHECK(got <= budget - static_cast<int64_t>(text.size()), "load_text_corpus: ", path, " holds more than ",
-                budget, " bytes, the limit of ", max_bytes, " bytes (TextCorpusOptions::max_bytes) less the ",
-                *total, " bytes of the files before it; an endless stream such as /dev/zero or a FIFO?");
+      if (got > budget - static_cast<int64_t>(text.size())) {
+        DPE_CHECK(false, "load_text_corpus: ", path, " holds more than ", budget, " bytes (the limit, ",
+                  *total == 0 ? "" : dpe::detail::str_cat(max_bytes, " bytes less the ", *total,
+                                                          " bytes of the files before it, "),
+                  "TextCorpusOptions::max_bytes): an endless stream such as /dev/zero or a FIFO?");
+      }
       text.append(buf, static_cast<size_t>(got));
     }
   } catch (const std::bad_alloc&) {

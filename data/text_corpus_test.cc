@@ -121,7 +121,15 @@ TEST(TextCorpus, Errors) {
 TEST(TextCorpus, SizeLimit) {
   const std::string dir = test_dir();
   std::string e = error_of([] { load_text_corpus({"/dev/zero"}, 8, {.max_bytes = 1 << 20}); });
-  EXPECT_NE(e.find("load_text_corpus: /dev/zero holds more than 1048576 bytes, the limit of 1048576 bytes"),
+  EXPECT_NE(e.find("load_text_corpus: /dev/zero holds more than 1048576 bytes (the limit, "
+                   "TextCorpusOptions::max_bytes)"),
+            std::string::npos)
+      << e;
+  // After other files, the message says how much of the limit they took.
+  const std::string small = write_text(dir, "small", std::string(1000, 's'));
+  e = error_of([&] { load_text_corpus({small, "/dev/zero"}, 8, {.max_bytes = 1 << 20}); });
+  EXPECT_NE(e.find("/dev/zero holds more than 1047576 bytes (the limit, 1048576 bytes less the 1000 bytes of the "
+                   "files before it, TextCorpusOptions::max_bytes)"),
             std::string::npos)
       << e;
   EXPECT_NE(e.find("an endless stream such as /dev/zero"), std::string::npos) << e;
