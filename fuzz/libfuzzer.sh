@@ -2,7 +2,7 @@
 # Coverage-guided fuzzing with clang's libFuzzer, outside Bazel (which builds with GCC): the harnesses are
 # libFuzzer entry points, so they compile unchanged. Optional; needs `apt-get install clang libclang-rt-14-dev`.
 #
-#   fuzz/libfuzzer.sh json|device_list|idx|checkpoint [libFuzzer options, e.g. -max_total_time=300]
+#   fuzz/libfuzzer.sh json|device_list|idx|checkpoint|text_corpus [libFuzzer options, e.g. -max_total_time=300]
 #
 # Builds out/libfuzzer/<harness>_fuzz with ASan + UBSan (objects cached in out/libfuzzer/obj, rebuilt when a
 # source or header is newer), copies the seed corpus to out/libfuzzer/corpus/<harness> (where libFuzzer adds
@@ -10,7 +10,7 @@
 # out/libfuzzer/. docs/FUZZING.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-harness=${1:?usage: fuzz/libfuzzer.sh json|device_list|idx|checkpoint [libFuzzer options]}
+harness=${1:?usage: fuzz/libfuzzer.sh json|device_list|idx|checkpoint|text_corpus [libFuzzer options]}
 shift
 command -v clang++ >/dev/null || { echo "needs clang: apt-get install clang libclang-rt-14-dev" >&2; exit 2; }
 
@@ -23,7 +23,8 @@ case $harness in
     srcs="$(ls core/*.cc core/*/*.cc layers/*.cc optim/*.cc scatter_gather/*.cc | grep -v -e _test.cc -e cuda -e nccl)"
     srcs="$srcs engine/checkpoint.cc engine/json.cc"
     ;;
-  *) echo "unknown harness '$harness' (json, device_list, idx, checkpoint)" >&2; exit 2 ;;
+  text_corpus) srcs="$(ls core/*.cc core/*/*.cc | grep -v -e _test.cc -e cuda) data/text_corpus.cc" ;;
+  *) echo "unknown harness '$harness' (json, device_list, idx, checkpoint, text_corpus)" >&2; exit 2 ;;
 esac
 
 out=out/libfuzzer

@@ -167,6 +167,17 @@ void device_list_corpus() {
   write("device_list/two_colons", "cpu:1:2");
 }
 
+// Byte 0 picks seq_len = 1 + b % 40 (b >= 200: max_bytes 64); the rest is the text (fuzz/text_corpus_fuzz.cc).
+void text_corpus_corpus() {
+  write("text_corpus/fortunes", std::string("\x0f") + "A fortune.\n%\nAnother one,\non two lines.\n%\n%\nLast\n");
+  write("text_corpus/crlf", std::string("\x07") + "one\r\n%\r\ntwo\r\n%\r\n");
+  write("text_corpus/one_record", std::string("\x01") + "no separator at all");
+  write("text_corpus/only_separators", std::string("\x05") + "%\n%\n%");
+  write("text_corpus/empty_text", std::string("\x03"));
+  write("text_corpus/over_limit", std::string("\xc8") + std::string(70, 'x'));
+  write("text_corpus/long_record", std::string("\x02") + std::string(100, 'y') + "\n%\nz");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,6 +192,7 @@ int main(int argc, char** argv) {
   checkpoint_corpus(tmp);
   json_corpus();
   device_list_corpus();
+  text_corpus_corpus();
   fs::remove_all(tmp);
   return 0;
 }
