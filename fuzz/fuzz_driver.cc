@@ -424,7 +424,7 @@ Bytes read_file(const fs::path& path) {
   return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// A libFuzzer/AFL dictionary: one token per line, `"text"` or `name="text"`, with \\, \" and \xNN escapes;
+// A libFuzzer/AFL dictionary: one token per line, `"text"` or `name="text"`, with \\, \" and \xNN escapes only;
 // blank lines and lines starting with # are ignored.
 std::vector<Bytes> read_dict(const std::string& path) {
   std::ifstream in(path);
@@ -446,8 +446,10 @@ std::vector<Bytes> read_dict(const std::string& path) {
         if (e == 'x' && i + 2 < close) {
           token.push_back(static_cast<uint8_t>(std::stoi(line.substr(i + 1, 2), nullptr, 16)));
           i += 2;
-        } else {
+        } else if (e == '\\' || e == '"') {
           token.push_back(static_cast<uint8_t>(e));
+        } else {  // as libFuzzer: no \n and the like
+          throw std::runtime_error(path + ":" + std::to_string(line_no) + ": unknown escape \\" + e + " (use \\xNN)");
         }
       } else {
         token.push_back(static_cast<uint8_t>(line[i]));
