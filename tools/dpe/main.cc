@@ -4,22 +4,38 @@
 //   dpe collectives   nccl-tests-style bandwidth table of the process group's collectives
 //   dpe train         train mlp / cnn / tiny-llama in single, DP or DDP mode
 //   dpe bench         the same model, data and batch in single, DP and DDP mode, side by side
+//
+// Exit status: 0 success; 2 a dpe::Error (a bad argument, file or configuration; the message names it);
+// 3 out of memory (std::bad_alloc outside dpe's allocators, which report it as a dpe::Error themselves, or
+// a thread that could not be created); 4 any other exception (a bug: please report it); CLI11's own codes (100 and up) for command-line syntax errors.
+// Every error is one line on stderr, "dpe <command>: <message>"; nothing ends in abort().
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <new>
+#include <string_view>
+#include <system_error>
 
 #include "core/error.h"
 #include "tools/dpe/commands.h"
 
 int main(int argc, char** argv) {
   // oneDNN's OpenMP threads spin after every GEMM by default, taking the cores that the next kernels (oneTBB)
-  // need whenever a device has more than one thread: one CPU device on 2 cores ran the MLP 5x slower. libgomp
-  // reads the policy once, when it is loaded, so the tool sets it and starts itself again.
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+  // need whenever a device has more than one thread: one CPU device on 2 cores ran the MLP 5x slower.
+  // OpenBLAS (float64 GEMM only, which the tool never runs) starts a pool thread per core when it is loaded;
+  // under memory pressure those threads retry mmap forever and the exit hangs joining them (seen with
+  // `ulimit -v 150000; dpe train`), so the tool keeps it single-threaded. Both libraries read their setting
+  // once, when they are loaded, so the tool sets what is unset and starts itself again.
+  bool restart = false;
+  for (const char* name : {"OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS"}) {
+    if (std::getenv(name) == nullptr) {
+      setenv(name, std::string_view(name) == "OMP_WAIT_POLICY" ? "PASSIVE" : "1", 1);
+      restart = true;
+    }
   }
+  if (restart) execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
   CLI::App app{"dpe: a data-parallel training engine (DP and DDP modes on CPU and CUDA devices)", "dpe"};
   app.require_subcommand(1);
   app.option_defaults()->always_capture_default();  // --help shows every default
@@ -27,14 +43,50 @@ int main(int argc, char** argv) {
   dpe::tool::add_collectives_command(app);
   dpe::tool::add_train_command(app);
   dpe::tool::add_bench_command(app);
+  app.footer("Exit status: 0 success, 2 error (bad argument, file or configuration), 3 out of memory, "
+             "4 unexpected internal error.");
+  // "dpe <command>: <message>" on stderr, then the exit status of the kind of failure. After a std::bad_alloc
+  // the report itself may find no memory: then it says "dpe: <message>" (get_subcommands builds a vector).
+  auto report = [&app](const char* prefix, const char* message, const char* suffix, int status) noexcept {
+    const CLI::App* command = &app;
+    try {
+      if (!app.get_subcommands().empty()) command = app.get_subcommands()[0];
+    } catch (...) {
+    }
+    std::fprintf(stderr, "%s%s: %s%s%s\n", command == &app ? "" : "dpe ", command->get_name().c_str(), prefix,
+                 message, suffix);
+    return status;
+  };
+  // After a failure the process ends with _Exit once stderr and stdout are flushed: the libraries' exit-time
+  // teardown (thread pools joined by OpenBLAS, libgomp, oneTBB) is skipped, because after running out of
+  // memory it may wait forever on a thread that never started properly. Every dpe object of the command was
+  // already destroyed while the exception unwound.
+  int status = 0;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const dpe::Error& e) {
-    const CLI::App* command = app.get_subcommands().empty() ? &app : app.get_subcommands()[0];
-    std::fprintf(stderr, "dpe %s: %s\n", command->get_name().c_str(), e.what());
-    return 2;
+    status = report("", e.what(), "", 2);
+  } catch (const std::bad_alloc& e) {
+    status = report("out of memory (", e.what(),
+                    ") in an allocation outside dpe's allocators, which name what they allocate", 3);
+  } catch (const std::system_error& e) {
+    // Creating a thread (std::thread, a library's pool) fails with EAGAIN when memory or the thread limit is
+    // exhausted: a resource error, not a bug.
+    const bool resources = e.code() == std::errc::resource_unavailable_try_again ||
+                           e.code() == std::errc::not_enough_memory;
+    status = resources ? report("out of memory or threads: ", e.what(), " (creating a thread or a buffer failed)", 3)
+                       : report("unexpected error: ", e.what(), " (a bug in dpe: please report it)", 4);
+  } catch (const std::exception& e) {
+    status = report("unexpected error: ", e.what(), " (a bug in dpe: please report it)", 4);
+  } catch (...) {
+    status = report("unexpected error: ", "an exception that is not a std::exception",
+                    " (a bug in dpe: please report it)", 4);
+  }
+  if (status != 0) {
+    std::fflush(nullptr);
+    std::_Exit(status);
   }
   return 0;
 }

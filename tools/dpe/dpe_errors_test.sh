@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Bad inputs and resource exhaustion end in one line "dpe <command>: <message>" and a documented exit status
+# (tools/dpe/main.cc: 2 error, 3 out of memory, 4 unexpected), never in an abort or a hang: endless and
+# oversized files, checkpoints whose headers claim more than the file holds, and training under address-space
+# limits (ulimit -v), where out of memory once ended in glibc's "libgcc_s.so.1 must be installed for
+# unwinding to work" abort (oneDNN), in std::terminate (the worker pool) or in a hang at exit (OpenBLAS).
+set -uo pipefail
+bin="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fail=0
+# expect STATUS PATTERN ARGS...: `dpe ARGS` exits with STATUS within 60 s and prints PATTERN.
+expect() {
+  local want_status="$1" pattern="$2"; shift 2
+  out=$(timeout 60 "$bin" "$@" 2>&1)
+  local status=$?
+  if [[ $status -ne $want_status ]] || ! grep -qF -- "$pattern" <<<"$out"; then
+    echo "FAILED: dpe $* -> status $status (want $want_status, 124 = timed out), want '$pattern', output:"
+    echo "$out" | tail -5
+    fail=1
+  fi
+}
+
+# ---- endless and oversized data files ----
+mkdir -p "$tmp/dir" "$tmp/idx"
+expect 2 "dpe train: load_text_corpus: /dev/zero holds more than 268435456 bytes (the limit" \
+  train --model tiny-llama --data-dir /dev/zero --epochs 1
+expect 2 "dpe train: cannot read $tmp/dir: Is a directory" train --model tiny-llama --data-dir "$tmp/dir" --epochs 1
+expect 2 "cannot open /dev/zero/train-labels-idx1-ubyte.gz: Not a directory" \
+  train --model mlp --data-dir /dev/zero --epochs 1
+# IDX headers promising 2^32 - 1 labels and 2^40 image bytes in files of a few bytes (plain files: zlib reads
+# them unchanged): refused before anything is allocated.
+python3 - "$tmp/idx" <<'PY'
+import struct, sys
+d = sys.argv[1]
+open(f"{d}/train-labels-idx1-ubyte.gz", "wb").write(struct.pack(">II", 0x801, 0xFFFFFFFF) + b"\x01" * 10)
+open(f"{d}/train-images-idx3-ubyte.gz", "wb").write(struct.pack(">IIII", 0x803, 65536, 65536, 256))
+PY
+expect 2 "the header promises 4294967295 items of 1 bytes (4294967295 bytes) but the file holds only 10 bytes" \
+  train --model mlp --data-dir "$tmp/idx" --epochs 1
+
+# ---- checkpoints whose headers claim more than the file holds ----
+python3 - "$tmp" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+def write(name, header, data=b"", length=None):
+    text = json.dumps(header).encode()
+    with open(f"{d}/{name}", "wb") as f:
+        f.write(struct.pack("<Q", len(text) if length is None else length) + text + data)
+# numel * 8 wraps to 0 bytes: once accepted with an empty range.
+write("wrap.safetensors", {"0.weight": {"dtype": "F64", "shape": [2**62], "data_offsets": [0, 0]}})
+# 2^40 bytes claimed, 16 present.
+write("huge.safetensors", {"0.weight": {"dtype": "F32", "shape": [2**18, 2**20], "data_offsets": [0, 2**40]}},
+      b"x" * 16)
+# a header length of 2^40.
+write("badlen.safetensors", {}, length=2**40)
+PY
+expect 2 "load_checkpoint: $tmp/wrap.safetensors: entry '0.weight': shape is too large: F64 [4611686018427387904]" \
+  train --model mlp --resume "$tmp/wrap.safetensors" --epochs 1
+expect 2 "data_offsets [0, 1099511627776] lie outside the 16-byte data section" \
+  train --model mlp --resume "$tmp/huge.safetensors" --epochs 1
+expect 2 "bad header length 1099511627776" train --model mlp --resume "$tmp/badlen.safetensors" --epochs 1
+
+# ---- training under address-space limits ----
+# Whatever runs out first, the tool reports it (2: dpe's allocator or a converted oneDNN failure; 3: a
+# std::bad_alloc or a thread that could not start) or trains to the end (0). Not allowed: 134 (SIGABRT:
+# glibc's unwinding abort, std::terminate) and 124 (a hang). Tolerated, because nothing outside them can
+# change it (core/kernels/onednn_cpu.cc, Note [Exceptions and oneDNN]): 139 (oneDNN 2.6's JIT writing through
+# a code buffer it failed to allocate) and 1 after a "libgomp: ..." line (the OpenMP runtime's own exit when
+# it cannot allocate or start a thread).
+# One CPU device per core (as many as sysconf reports, which is what the worker pool divides), so that each
+# device runs oneDNN with one OpenMP thread, as on the 2-core machines this was measured on: with several,
+# an exception on one of oneDNN's OpenMP threads ends in std::terminate, which nothing outside oneDNN can
+# prevent. CPU devices even where there is a GPU (the CUDA runtime reserves more address space than these
+# limits).
+cores=$(getconf _NPROCESSORS_ONLN)
+ids=$(seq -s, -f "cpu:%g" 0 $((cores - 1)))
+export DPE_NUM_CPU_DEVICES="$cores"
+reported=0
+for kib in 100000 125000 150000 175000 200000 250000 300000 400000; do
+  for model in mlp cnn; do
+    out=$(ulimit -v "$kib"; timeout 120 "$bin" train --model "$model" --device-ids "$ids" --epochs 1 --limit 256 \
+          --batch-size 64 2>&1)
+    status=$?
+    case "$status" in
+      0) ;;
+      2|3)
+        if ! tail -1 <<<"$out" | grep -q "^dpe train: "; then
+          echo "FAILED: ulimit -v $kib, $model: status $status without a 'dpe train: ' line:"; echo "$out" | tail -3
+          fail=1
+        fi
+        reported=$((reported + 1)) ;;
+      139) echo "note: ulimit -v $kib, $model: SIGSEGV (oneDNN's JIT, see above)" ;;
+      1) if grep -q "^libgomp: " <<<"$out"; then echo "note: ulimit -v $kib, $model: libgomp exit";
+         else echo "FAILED: ulimit -v $kib, $model: status 1:"; echo "$out" | tail -3; fail=1; fi ;;
+      *) echo "FAILED: ulimit -v $kib, $model: status $status (134 = abort, 124 = hang):"; echo "$out" | tail -3
+         fail=1 ;;
+    esac
+  done
+done
+if [[ $reported -eq 0 ]]; then echo "FAILED: no run under ulimit -v reported running out of memory"; fail=1; fi
+exit $fail
