@@ -18,7 +18,7 @@
 // What cannot be made safe from outside (seen with core/kernels/onednn_cpu_test.cc's address-space sweep):
 //  - oneDNN 2.6's JIT writes through a code buffer it failed to allocate (Xbyak without exceptions): SIGSEGV;
 //  - libgomp, oneDNN's OpenMP runtime, exits the process with status 1 ("libgomp: Out of memory allocating
-//    ...") when its own allocations fail;
+//    ...", "libgomp: Thread creation failed: ...") when its own allocations or threads fail;
 //  - an exception thrown on one of oneDNN's OpenMP worker threads ends in std::terminate inside the OpenMP
 //    runtime (an exception may not leave a parallel region).
 #include "core/kernels/onednn.h"
