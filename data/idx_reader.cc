@@ -141,13 +141,15 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic, const IdxRea
     DPE_CHECK(got == 4, path, ": the header ends early: size ", d, " of ", ndims, " is missing");
     result.dims.push_back(load_be32(word));
   }
-  // Sizes are uint32, so each fits; their product may not.
+  // Sizes are uint32, so each fits; their product may not. Both products are bounded, the item's on its own:
+  // with dims[0] == 0 the total stays 0 however large an item is.
   int64_t row_bytes = 1;  // bytes per item along dimension 0
   int64_t total_bytes = result.dims[0];
   for (int d = 1; d < ndims; ++d) {
     const int64_t size = result.dims[d];
-    DPE_CHECK(size == 0 || total_bytes <= kMaxPayloadBytes / size, path, ": sizes ", dims_str(result.dims),
-              " describe more than ", kMaxPayloadBytes, " bytes; the header is corrupt");
+    DPE_CHECK(size == 0 || (total_bytes <= kMaxPayloadBytes / size && row_bytes <= kMaxPayloadBytes / size), path,
+              ": sizes ", dims_str(result.dims), " describe more than ", kMaxPayloadBytes,
+              " bytes; the header is corrupt");
     row_bytes *= size;
     total_bytes *= size;
   }

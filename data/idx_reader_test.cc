@@ -123,6 +123,16 @@ TEST(IdxReader, HugeSizesAreACorruptHeaderNotAnAllocation) {
   expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic); }), {path, "truncated payload"});
 }
 
+// Regression (found by fuzz/idx_fuzz under UBSan): with 0 items the total stayed 0, so the item size (the
+// product of the other sizes) overflowed int64 unchecked.
+TEST(IdxReader, HugeItemsOfAnEmptyFileAreACorruptHeader) {
+  const std::string path = test_dir() + "/empty_but_huge.idx";
+  const uint32_t magic = 0x0804;  // unsigned bytes, four dimensions
+  std::vector<uint8_t> bytes = idx_bytes(magic, {0, 0xffffffff, 0xffffffff, 0xffffffff}, {});
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  expect_contains(error_of([&] { read_idx(path, magic); }), {path, "header is corrupt"});
+}
+
 // A header promising more than the file can hold fails before the payload is allocated or read, naming the
 // sizes: for a plain file its size on disk, for a gzip file that size times deflate's largest ratio (1032).
 TEST(IdxReader, OversizedHeaderFailsBeforeAllocating) {

@@ -21,12 +21,9 @@ targets=(
   //models/...
 )
 # Left out, each with its reason (docs/FUZZING.md, "Known findings"):
-#   //core:random_cpu_test: compares a kernel's explicit std::fma with `a + b * x` written in the test, which
-#   only -O2 and up contract to the same FMA; at -O1 the last bit differs (not a memory or UB finding).
 #   //core:onednn_cpu_test: runs oneDNN in forked children under RLIMIT_AS until memory runs out; ASan's own
 #   runtime then dies on its failed internal mmaps (fake stacks, thread-local blocks), which no option avoids.
 excluded=(
-  //core:random_cpu_test
   //core:onednn_cpu_test
 )
 fuzz_seconds=${DPE_FUZZ_SECONDS:-2}
