@@ -65,8 +65,11 @@ std::string read_file(const std::string& path, int64_t max_bytes, int64_t* total
 }
 
 void add_record(std::string record, std::vector<std::string>& records) {
-  if (record.ends_with('\n')) record.pop_back();
-  if (record.ends_with('\r')) record.pop_back();
+  if (record.ends_with("\r\n")) {
+    record.resize(record.size() - 2);
+  } else if (record.ends_with('\n')) {
+    record.pop_back();
+  }  // a lone "\r" is not a newline: it stays
   if (!record.empty()) records.push_back(std::move(record));
 }
 

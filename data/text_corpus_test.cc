@@ -31,6 +31,10 @@ TEST(TextCorpus, SplitRecords) {
   EXPECT_EQ(split_records("no separator\nat all\n"), (std::vector<std::string>{"no separator\nat all"}));
   EXPECT_EQ(split_records("x\r\n%\r\ny"), (std::vector<std::string>{"x", "y"}));  // CRLF, no final newline
   EXPECT_EQ(split_records("%\n\n%\n%\na\n%\n"), (std::vector<std::string>{"a"}));       // empty records skipped
+  // A lone "\r" at the end is text, not a newline (it was dropped: found reading the code for fuzz/).
+  EXPECT_EQ(split_records("a\r"), (std::vector<std::string>{"a\r"}));
+  EXPECT_EQ(split_records("a\r\n%\nb\r"), (std::vector<std::string>{"a", "b\r"}));
+  EXPECT_EQ(split_records("a\r\r\n"), (std::vector<std::string>{"a\r"}));
   EXPECT_EQ(split_records("100%\n%%\n% \n"), (std::vector<std::string>{"100%\n%%\n% "}));  // only a lone "%"
   EXPECT_EQ(split_records("  \n%\nb"), (std::vector<std::string>{"  ", "b"}));
   EXPECT_TRUE(split_records("").empty());
