@@ -28,6 +28,7 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
+constexpr const char* kCheckpointVersion = "1";  // dpe.checkpoint_version: what this dpe writes and reads
 constexpr const char* kOptimizerPrefix = "optimizer.";
 constexpr const char* kOptimizerStatePrefix = "optimizer.state.";
 // A header larger than this is treated as corrupt (safetensors' own reader caps it at 100 MB).
@@ -329,6 +330,13 @@ ParsedFile read_and_validate(const std::string& path) {
     }
     f.tensors[name] = std::move(t);
   }
+  // A file of another safetensors writer has no version (its tensors still load); a dpe checkpoint of
+  // another format version may mean anything.
+  auto version = f.metadata.find("dpe.checkpoint_version");
+  if (version != f.metadata.end() && version->second != kCheckpointVersion) {
+    fail(path, "__metadata__ 'dpe.checkpoint_version' = '", version->second, "'; this dpe reads version ",
+         kCheckpointVersion, " (was the file written by another dpe version?)");
+  }
   return f;
 }
 
@@ -487,7 +495,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
   }
   json::Value meta = json::Value::object();
   meta.set("format", json::Value::string("pt"));
-  meta.set("dpe.checkpoint_version", json::Value::string("1"));
+  meta.set("dpe.checkpoint_version", json::Value::string(kCheckpointVersion));
   meta.set("training.epoch", json::Value::string(std::to_string(state.epoch)));
   meta.set("training.step", json::Value::string(std::to_string(state.step)));
   const std::vector<GeneratorState> rng = state.rng.empty() ? capture_rng_state() : state.rng;

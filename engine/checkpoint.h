@@ -24,7 +24,7 @@
 // of killed runs are never read and never removed (they look like a live writer's).
 // Validation: load opens `path` (refusing a directory, FIFO or device by name), reads the 8-byte length and
 // the header, checks them against the file's actual size (header length, JSON, dtypes, shapes with checked
-// arithmetic, offsets inside the data), then reads each tensor's byte range into a new tensor, and checks
+// arithmetic, offsets inside the data, a dpe.checkpoint_version other than 1), then reads each tensor's byte range into a new tensor, and checks
 // keys and shapes against the model and the optimizer structure, all before it modifies anything: memory
 // never exceeds the header plus the tensors, whatever the header claims. Any problem throws dpe::Error
 // "load_checkpoint: <path>: <problem>" with the model, optimizer, state and RNG untouched.

@@ -280,6 +280,19 @@ TEST_F(CorruptFileTest, TruncatedFiles) {
   EXPECT_NE(load_error(p).find("lie outside the"), std::string::npos);
 }
 
+// Regression: a checkpoint of another format version was loaded as if it were version 1.
+TEST_F(CorruptFileTest, AnotherFormatVersion) {
+  std::string bytes = read_bytes(good_);
+  const size_t key = bytes.find("\"dpe.checkpoint_version\"");
+  ASSERT_NE(key, std::string::npos);
+  const size_t value = bytes.find("\"1\"", key + 24);
+  ASSERT_NE(value, std::string::npos);
+  bytes[value + 1] = '9';  // same length: the header stays valid safetensors
+  const std::string p = temp_path("version9.safetensors");
+  write_bytes(p, bytes);
+  EXPECT_NE(load_error(p).find("'dpe.checkpoint_version' = '9'; this dpe reads version 1"), std::string::npos);
+}
+
 TEST_F(CorruptFileTest, BadHeaderLength) {
   const std::string p = temp_path("badlen.safetensors");
   write_raw(p, "{}", "", uint64_t(1) << 60);

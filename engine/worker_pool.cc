@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "core/autograd/grad_mode.h"
@@ -38,6 +39,8 @@ std::exception_ptr capture(const std::function<void()>& fn) {
 std::string message_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
+  } catch (const std::bad_alloc& ex) {
+    return std::string("out of memory (") + ex.what() + ") in an allocation outside dpe's allocators";
   } catch (const std::exception& ex) {
     return ex.what();
   } catch (...) {
@@ -75,7 +78,12 @@ struct DeviceWorkerPool::Impl {
     std::unique_ptr<tbb::task_arena> arena;
     if (w.device.is_cpu()) {
       omp_set_num_threads(cpu_threads);
-      arena = std::make_unique<tbb::task_arena>(cpu_threads);
+      try {
+        arena = std::make_unique<tbb::task_arena>(cpu_threads);
+      } catch (const std::bad_alloc&) {
+        // Out of memory before the first task: run tasks in oneTBB's default arena (correct, only not
+        // limited to this device's share of the cores) rather than end the thread with std::terminate.
+      }
     }
     uint64_t seen = 0;
     while (true) {

@@ -31,7 +31,9 @@ for mode in dp ddp single; do
   python3 -c "import sys; sys.exit(0 if $acc > 0.55 else 1)" || { echo "FAILED: $mode accuracy $acc <= 0.55"; fail=1; }
 done
 check "save" "$bin" train --model cnn --mode ddp --sync-bn --epochs 1 --limit 256 --batch-size 64 --save-every 1 --checkpoint "$tmp/ck.safetensors"
-[[ -s "$tmp/ck.safetensors" && ! -e "$tmp/ck.safetensors.tmp" ]] || { echo "FAILED: no checkpoint"; fail=1; }
+[[ -s "$tmp/ck.safetensors" ]] || { echo "FAILED: no checkpoint"; fail=1; }
+leftovers=("$tmp"/ck.safetensors.tmp*)
+[[ ! -e "${leftovers[0]}" ]] || { echo "FAILED: temporary left behind: ${leftovers[*]}"; fail=1; }
 check "resume" "$bin" train --model cnn --mode ddp --sync-bn --epochs 2 --limit 256 --batch-size 64 --resume "$tmp/ck.safetensors"
 grep -q "resumed after epoch 1" <<<"$out" || { echo "FAILED: not resumed: $out"; fail=1; }
 grep -q "^epoch 1/2" <<<"$out" && { echo "FAILED: epoch 1 ran again: $out"; fail=1; }

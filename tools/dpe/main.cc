@@ -61,6 +61,20 @@ int main(int argc, char** argv) {
   // teardown (thread pools joined by OpenBLAS, libgomp, oneTBB) is skipped, because after running out of
   // memory it may wait forever on a thread that never started properly. Every dpe object of the command was
   // already destroyed while the exception unwound.
+  // CLI11 answers an unknown command word with "A subcommand is required", which does not name it.
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = true;
+    try {
+      app.get_subcommand(argv[1]);
+    } catch (const CLI::OptionNotFound&) {
+      known = false;
+    }
+    if (!known) {
+      std::fprintf(stderr, "dpe: unknown command '%s'; expected devices, collectives, train or bench (dpe --help)\n",
+                   argv[1]);
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);  // what an unknown option gives
+    }
+  }
   int status = 0;
   try {
     app.parse(argc, argv);
