@@ -1,0 +1,212 @@
+"""Runs every bad input of tools/reliability/bad_inputs.txt through the dpe tool and checks the promise of
+docs/RELIABILITY.md: the expected exit code, a message naming the problem, no crash, no hang.
+
+Usage: bad_inputs.py DPE_BINARY CASES_FILE [--markdown docs/RELIABILITY.md] [--only SUBSTRING]
+
+Each case line is `class | exit code | message substring | arguments`; the arguments are split like a
+shell would split them (shlex), but no shell runs: the program gets them as an argument vector. {tmp} and the
+fixture names below are replaced by paths this script prepares in a fresh temporary directory. A case passes
+when the exit code is the expected one, the combined output contains the substring, and the command ends
+within the time limit. Prints one line per failure and ends with "N passed, N failed"; exits 1 when anything
+failed. With --markdown it rewrites the table between the markers in that file from what it observed.
+"""
+import argparse
+import gzip
+import json
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+FASHION_MNIST = pathlib.Path("/usr/share/datasets/fashion-mnist")
+TIME_LIMIT_S = 120  # far above any case's run time: reaching it is a hang
+BEGIN, END = "<!-- bad-inputs:begin -->", "<!-- bad-inputs:end -->"
+
+
+def run(argv, env, timeout=TIME_LIMIT_S):
+    start = time.monotonic()
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           env=env, timeout=timeout)
+        return p.returncode, p.stdout.decode("utf-8", "replace"), time.monotonic() - start
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode("utf-8", "replace")
+        return None, out, time.monotonic() - start
+
+
+def rewrite_checkpoint(src, dst, metadata_changes):
+    """Copies a safetensors checkpoint with some __metadata__ values replaced (a valid file otherwise)."""
+    blob = src.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    header["__metadata__"].update(metadata_changes)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    dst.write_bytes(struct.pack("<Q", len(text)) + text + blob[8 + n:])
+
+
+def write_idx(path, magic_type, dims, payload, compress=True):
+    data = bytes([0, 0, magic_type, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims) + payload
+    path.write_bytes(gzip.compress(data) if compress else data)
+
+
+def prepare(tmp, dpe, env):
+    """The fixtures the cases name: returns {name: path}."""
+    f = {"tmp": tmp}
+    (tmp / "adir").mkdir()
+    f["adir"] = tmp / "adir"
+    f["missing"] = tmp / "no" / "such" / "dir"
+    f["empty"] = tmp / "empty"
+    f["empty"].write_bytes(b"")
+    f["garbage"] = tmp / "garbage"
+    f["garbage"].write_bytes(bytes((i * 131 + 7) % 256 for i in range(4096)))
+    f["fifo"] = tmp / "fifo"
+    os.mkfifo(f["fifo"])
+    # A valid checkpoint of the mlp after one epoch, and variants of it.
+    ck = tmp / "ck.safetensors"
+    code, out, _ = run([dpe, "train", "--model", "mlp", "--mode", "single", "--epochs", "1", "--limit", "64",
+                        "--batch-size", "32", "--save-every", "1", "--checkpoint", str(ck)], env)
+    if code != 0:
+        sys.exit(f"fixture: dpe train could not write a checkpoint (exit {code}):\n{out}")
+    f["ck"] = ck
+    for name, changes in {
+        "ck_epoch_negative": {"training.epoch": "-4"},
+        "ck_epoch_huge": {"training.epoch": "9223372036854775807"},
+        "ck_epoch_text": {"training.epoch": "one"},
+        "ck_step_negative": {"training.step": "-1"},
+        "ck_rng_garbled": {"training.rng.cpu:0": "12;34"},
+        "ck_version": {"dpe.checkpoint_version": "99"},
+    }.items():
+        rewrite_checkpoint(ck, tmp / f"{name}.safetensors", changes)
+        f[name] = tmp / f"{name}.safetensors"
+    blob = ck.read_bytes()
+    f["ck_truncated"] = tmp / "ck_truncated.safetensors"
+    f["ck_truncated"].write_bytes(blob[: len(blob) // 2])
+    f["ck_header_huge"] = tmp / "ck_header_huge.safetensors"
+    f["ck_header_huge"].write_bytes(struct.pack("<Q", 1 << 62) + blob[8:])
+    f["ck_header_short"] = tmp / "ck_header_short.safetensors"
+    f["ck_header_short"].write_bytes(blob[:5])
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    for name, mutate in {
+        "ck_offsets_outside": lambda h, k: h[k].update(data_offsets=[0, 1 << 40]),
+        "ck_shape_wraps": lambda h, k: h[k].update(shape=[1 << 32, 1 << 32, 1 << 2]),
+        "ck_dtype_unknown": lambda h, k: h[k].update(dtype="Q7"),
+        "ck_shape_wrong": lambda h, k: h[k].update(shape=[3, 3]),
+    }.items():
+        h = json.loads(json.dumps(header))
+        key = next(k for k in h if k != "__metadata__")
+        mutate(h, key)
+        text = json.dumps(h).encode()
+        text += b" " * (-len(text) % 8)
+        (tmp / f"{name}.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + blob[8 + n:])
+        f[name] = tmp / f"{name}.safetensors"
+    # Fashion-MNIST directories, each with one file made wrong (the others are the real ones).
+    for name, (file, magic_type, dims, payload, compress) in {
+        "idx_bad_magic": ("train-labels-idx1-ubyte.gz", 0x0D, [60000], bytes(60000), True),
+        "idx_short_payload": ("train-labels-idx1-ubyte.gz", 0x08, [60000], bytes(100), True),
+        "idx_long_payload": ("train-labels-idx1-ubyte.gz", 0x08, [60000], bytes(60001), True),
+        "idx_huge_dims": ("train-images-idx3-ubyte.gz", 0x08, [60000, 0xFFFFFF, 0xFFFFFF], bytes(16), True),
+        "idx_wrong_rank": ("train-images-idx3-ubyte.gz", 0x08, [60000, 784], bytes(16), True),
+        "idx_labels_out_of_range": ("train-labels-idx1-ubyte.gz", 0x08, [60000], bytes([200]) * 60000, True),
+        "idx_count_mismatch": ("train-labels-idx1-ubyte.gz", 0x08, [59999], bytes(59999), True),
+    }.items():
+        d = tmp / name
+        d.mkdir()
+        for real in FASHION_MNIST.iterdir():
+            os.symlink(real, d / real.name)
+        (d / file).unlink()
+        write_idx(d / file, magic_type, dims, payload, compress)
+        f[name] = d
+    d = tmp / "idx_not_gzip"
+    d.mkdir()
+    for real in FASHION_MNIST.iterdir():
+        os.symlink(real, d / real.name)
+    (d / "train-labels-idx1-ubyte.gz").unlink()
+    (d / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b\x08\x00garbage that is not deflate")
+    f["idx_not_gzip"] = d
+    f["text_binary"] = tmp / "binary.txt"
+    f["text_binary"].write_bytes(bytes(range(256)) * 4)
+    f["text_one_record"] = tmp / "one.txt"
+    f["text_one_record"].write_bytes(b"just one line\n")
+    return f
+
+
+def load_cases(path):
+    cases = []
+    for number, line in enumerate(pathlib.Path(path).read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        parts = [p.strip() for p in line.split("|", 3)]
+        if len(parts) != 4:
+            sys.exit(f"{path}:{number}: expected 'class | exit code | message | arguments', got: {line}")
+        cls, code, message, args = parts
+        cases.append({"line": number, "class": cls, "code": int(code), "message": message, "args": args})
+    return cases
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dpe")
+    parser.add_argument("cases")
+    parser.add_argument("--markdown")
+    parser.add_argument("--only", default="")
+    a = parser.parse_args()
+    dpe = str(pathlib.Path(a.dpe).resolve())
+    env = dict(os.environ, DPE_NUM_CPU_DEVICES="3", OMP_WAIT_POLICY="PASSIVE")
+    cases = [c for c in load_cases(a.cases) if a.only in c["args"] or a.only in c["class"]]
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="dpe_bad_inputs_", dir=os.environ.get("TEST_TMPDIR")))
+    try:
+        fixtures = prepare(tmp, dpe, env)
+        passed = failed = 0
+        rows = []
+        for c in cases:
+            names = {k: str(v) for k, v in fixtures.items()}
+            args = [arg.format(**names) for arg in shlex.split(c["args"])]
+            case_env = dict(env)
+            while args and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", args[0]):
+                name, value = args.pop(0).split("=", 1)
+                case_env[name] = value
+            code, out, seconds = run([dpe] + args, case_env)
+            lines = [l for l in out.splitlines() if l.strip()]
+            message = c["message"].format(**names)
+            observed = next((l for l in reversed(lines) if message in l), lines[-1] if lines else "")
+            ok = code == c["code"] and message in out and not (tmp / "pwned").exists()
+            if ok:
+                passed += 1
+            else:
+                failed += 1
+                why = "hung (killed)" if code is None else f"exit {code}"
+                print(f"FAILED line {c['line']}: dpe {c['args']}\n  expected exit {c['code']} and '{c['message']}', "
+                      f"got {why}:\n  " + "\n  ".join(lines[-6:]))
+            rows.append((c, code, observed.replace(str(tmp), "$TMP"), ok, seconds))
+        if a.markdown:
+            write_markdown(pathlib.Path(a.markdown), rows)
+        print(f"{passed} passed, {failed} failed")
+        return 1 if failed else 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_markdown(path, rows):
+    def cell(text):
+        return text.replace("|", "\\|").replace("`", "'")
+
+    table = ["| # | class | command | expected | observed exit | observed message |", "|---|---|---|---|---|---|"]
+    for i, (c, code, observed, ok, seconds) in enumerate(rows, 1):
+        observed = observed if len(observed) <= 220 else observed[:217] + "..."
+        table.append(f"| {i} | {c['class']} | `dpe {cell(c['args'])}` | {c['code']}, '{cell(c['message'])}' | "
+                     f"{'hang' if code is None else code}{'' if ok else ' FAILED'} | {cell(observed)} |")
+    text = path.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    path.write_text(text[:start] + "\n" + "\n".join(table) + "\n" + text[end:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
