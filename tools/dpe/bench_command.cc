@@ -378,13 +378,13 @@ void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Single-device, DP and DDP mode on the same model, data and batch");
   cmd->add_option("--model", args->model, "model")->check(CLI::IsMember(models::kModelNames));
-  cmd->add_option("--modes", args->modes, "modes to run; single-all: one device on every core")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"single", "single-all", "dp", "ddp"}));
-  cmd->add_option("--device-ids", args->device_ids,
+  add_name_list_option(*cmd, "--modes", args->modes, "modes to run; single-all: one device on every core",
+                       {"single", "single-all", "dp", "ddp"});
+  CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
   add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1,
-                 kMaxDevices);
+                 kMaxDevices)
+      ->excludes(device_ids);  // one or the other: a count beside a list would be ignored
   add_int_option(*cmd, "--batch-size", args->batch_size,
                  "global batch (at most the training samples; in ddp mode every device needs a sample of it)", 1,
                  int64_t{1} << 31);
@@ -393,9 +393,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
   CLI::Option* compare = cmd->add_flag("--compare-pytorch", args->compare_pytorch,
                                        "also run tools/bench/pytorch_reference.py (Debian python3-torch)");
-  cmd->add_option("--pytorch-configs", args->pytorch_configs,
-                  "PyTorch configurations: single, single-Nt, dp, ddp-gloo (with --compare-pytorch)")
-      ->delimiter(',')
+  add_name_list_option(*cmd, "--pytorch-configs", args->pytorch_configs,
+                       "PyTorch configurations: single, single-Nt, dp, ddp-gloo (with --compare-pytorch)")
       ->needs(compare);
   cmd->add_option("--pytorch-script", args->pytorch_script,
                   "path of pytorch_reference.py (default: the repository's; with --compare-pytorch)")

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <charconv>
@@ -195,6 +196,45 @@ CLI::Option* add_real_option(CLI::App& cmd, const std::string& names, double& ta
   char shown[64];
   std::snprintf(shown, sizeof shown, "%g", target);
   option->default_str(shown);
+  return option;
+}
+
+std::vector<std::string> parse_name_list(const std::string& option, const std::string& text,
+                                         const std::vector<std::string>& allowed) {
+  auto join = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& item : items) out += (out.empty() ? "" : ",") + item;
+    return out;
+  };
+  DPE_CHECK(!text.empty(), option, " '': expected at least one of ", join(allowed));
+  std::vector<std::string> items;
+  size_t start = 0;
+  for (int position = 1;; ++position) {
+    const size_t comma = text.find(',', start);
+    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    DPE_CHECK(!item.empty(), option, " '", text, "': item ", position, " is empty; expected names separated by single commas");
+    DPE_CHECK(allowed.empty() || std::find(allowed.begin(), allowed.end(), item) != allowed.end(), option, " '", text,
+              "': item ", position, " '", item, "' is not one of ", join(allowed));
+    items.push_back(std::move(item));
+    if (comma == std::string::npos) return items;
+    start = comma + 1;
+  }
+}
+
+CLI::Option* add_name_list_option(CLI::App& cmd, const std::string& names, std::vector<std::string>& target,
+                                  const std::string& description, const std::vector<std::string>& allowed) {
+  const std::string name = detail::long_name(names);
+  CLI::Option* option = cmd.add_option_function<std::string>(
+      names, [&target, name, allowed](const std::string& text) { target = parse_name_list(name, text, allowed); },
+      description);
+  std::string shown;
+  for (const std::string& item : target) shown += (shown.empty() ? "" : ",") + item;
+  option->default_str(shown);
+  if (!allowed.empty()) {
+    std::string choices;
+    for (const std::string& item : allowed) choices += (choices.empty() ? "" : ",") + item;
+    option->type_name("LIST of {" + choices + "}");
+  }
   return option;
 }
 

@@ -58,6 +58,14 @@ CLI::Option* add_seed_option(CLI::App& cmd, const std::string& names, uint64_t& 
 CLI::Option* add_real_option(CLI::App& cmd, const std::string& names, double& target, const std::string& description,
                              double lo, bool lo_open);
 
+// A comma-separated list of names (--modes, --ops, --pytorch-configs). CLI11's own delimiter drops empty
+// items without a word, so these are split like the device lists: every item non-empty and, when `allowed` is
+// not empty, one of it; else "--modes 'single,,dp': item 2 is empty" (exit status 2).
+std::vector<std::string> parse_name_list(const std::string& option, const std::string& text,
+                                         const std::vector<std::string>& allowed);
+CLI::Option* add_name_list_option(CLI::App& cmd, const std::string& names, std::vector<std::string>& target,
+                                  const std::string& description, const std::vector<std::string>& allowed = {});
+
 // Output files are checked when a command starts, not after the work: `path` must be non-empty, not a
 // directory, in an existing directory that we may write (write and search permission), and an existing
 // file must be writable. Creates, truncates and opens nothing. Errors name the option and the path.

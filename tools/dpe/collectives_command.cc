@@ -276,9 +276,8 @@ void add_collectives_command(CLI::App& app) {
   cmd->add_option("--device-ids", args->device_ids, "members, e.g. cpu:0,cpu:1 (default: every CUDA device, else cpu:0,cpu:1)");
   cmd->add_option("--backend", args->backend, "collectives backend")
       ->check(CLI::IsMember({"auto", "cpu", "peer-copy", "nccl"}));
-  cmd->add_option("--ops", args->ops, "collectives to run")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"}));
+  add_name_list_option(*cmd, "--ops", args->ops, "collectives to run",
+                       {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"});
   add_int_option(*cmd, "-b,--min-bytes", args->min_bytes,
                  "smallest size in bytes (K, M, G suffixes: powers of 1024); a row holds size / 4 float32 elements",
                  1, int64_t{1} << 32, true);

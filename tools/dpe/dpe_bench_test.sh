@@ -106,6 +106,8 @@ expect 2 "--device-ids '': expected at least one device" --device-ids ""
 expect 2 "--device-ids 'cpu:0,,cpu:1': item 2 is empty" --device-ids cpu:0,,cpu:1
 expect 2 "--device-ids: cpu:4096 does not exist" --device-ids cpu:0,cpu:4096
 expect 2 "--device-ids lists cpu:0 more than once (items 1 and 2)" --device-ids cpu:0,cpu:0
-expect 105 "--modes: frob not in" --modes frob
+expect 2 "--modes 'frob': item 1 'frob' is not one of single,single-all,dp,ddp" --modes frob
+expect 2 "--modes 'single,,dp': item 2 is empty" --modes single,,dp
+expect 2 "--modes 'single,': item 2 is empty" --modes single,
 expect 105 "--model: resnet not in" --model resnet
 exit $fail

@@ -24,7 +24,8 @@ expect() {
     fail=1
   fi
 }
-expect 105 "--ops: frobnicate not in" --ops frobnicate
+expect 2 "--ops 'frobnicate': item 1 'frobnicate' is not one of all_reduce,broadcast" --ops frobnicate
+expect 2 "--ops 'all_reduce,,broadcast': item 2 is empty" --ops all_reduce,,broadcast
 expect 105 "--backend: mpi not in" --backend mpi
 # A member that fails aborts the group: the others are released at once (not after the group's 5-minute
 # timeout) and the error is the failing member's own.

@@ -177,10 +177,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--model", args->engine.model, "model")->check(CLI::IsMember(models::kModelNames));
   cmd->add_option("--mode", args->engine.mode, "single device, DataParallel or DistributedDataParallel")
       ->check(CLI::IsMember(kModes));
-  cmd->add_option("--device-ids", args->device_ids,
+  CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
   add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1,
-                 kMaxDevices);
+                 kMaxDevices)
+      ->excludes(device_ids);  // one or the other: a count beside a list would be ignored
   cmd->add_option("--output-device", args->output_device, "dp mode only: where DP gathers outputs (default: the first device)");
   add_int_option(*cmd, "--batch-size", args->batch_size,
                  "global batch (split across the devices; in ddp mode every device needs a sample of it)", 1,
