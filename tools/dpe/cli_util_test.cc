@@ -126,6 +126,27 @@ TEST(NumericOptions, ParseThroughCli11) {
   EXPECT_TRUE(has(app.help(), "FLOAT:(0, inf)=0.05")) << app.help();  // the defaults at registration
 }
 
+// Regression: CLI11's delimiter dropped empty items of --modes / --ops / --pytorch-configs without a word.
+TEST(NameListOptions, EveryItemNonEmptyAndKnown) {
+  const std::vector<std::string> modes = {"single", "dp", "ddp"};
+  EXPECT_EQ(parse_name_list("--modes", "ddp,single", modes), (std::vector<std::string>{"ddp", "single"}));
+  EXPECT_EQ(parse_name_list("--configs", "anything,else", {}), (std::vector<std::string>{"anything", "else"}));
+  EXPECT_TRUE(has(error_of([&] { parse_name_list("--modes", "single,,dp", modes); }),
+                  "--modes 'single,,dp': item 2 is empty"));
+  EXPECT_TRUE(has(error_of([&] { parse_name_list("--modes", "dp,", modes); }), "--modes 'dp,': item 2 is empty"));
+  EXPECT_TRUE(has(error_of([&] { parse_name_list("--modes", "", modes); }),
+                  "--modes '': expected at least one of single,dp,ddp"));
+  EXPECT_TRUE(has(error_of([&] { parse_name_list("--modes", "dp,frob", modes); }),
+                  "--modes 'dp,frob': item 2 'frob' is not one of single,dp,ddp"));
+  CLI::App app;
+  std::vector<std::string> chosen = {"single"};
+  add_name_list_option(app, "--modes", chosen, "modes", modes);
+  EXPECT_TRUE(has(app.help(), "=single")) << app.help();
+  app.parse("--modes dp,ddp", false);
+  EXPECT_EQ(chosen, (std::vector<std::string>{"dp", "ddp"}));
+  EXPECT_TRUE(has(error_of([&] { app.parse("--modes dp,,ddp", false); }), "item 2 is empty"));
+}
+
 class OutputPathTest : public ::testing::Test {
  protected:
   std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp");
