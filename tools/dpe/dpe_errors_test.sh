@@ -75,8 +75,21 @@ expect 2 "bad header length 1099511627776" train --model mlp --resume "$tmp/badl
 cores=$(getconf _NPROCESSORS_ONLN)
 ids=$(seq -s, -f "cpu:%g" 0 $((cores - 1)))
 export DPE_NUM_CPU_DEVICES="$cores"
+# The limits are above the address space the tool needs just to start: its shared libraries alone map about
+# 100 MB in the CPU-only build and about 1 GB in the CUDA build (cuBLAS, cuDNN, NCCL), where a fixed limit
+# would only test the dynamic loader. That base is found by bisection on `dpe train --help`.
+lo=10000 hi=16000000
+if ! (ulimit -v "$hi"; "$bin" train --help >/dev/null 2>&1); then
+  echo "FAILED: dpe train --help does not run under ulimit -v $hi"; exit 1
+fi
+while ((hi - lo > 2000)); do
+  mid=$(((lo + hi) / 2))
+  if (ulimit -v "$mid"; "$bin" train --help >/dev/null 2>&1); then hi=$mid; else lo=$mid; fi
+done
+echo "the tool starts under ulimit -v $hi (KiB)"
 reported=0
-for kib in 100000 125000 150000 175000 200000 250000 300000 400000; do
+for extra in 2000 25000 50000 75000 100000 150000 200000 300000; do
+  kib=$((hi + extra))
   for model in mlp cnn; do
     out=$(ulimit -v "$kib"; timeout 120 "$bin" train --model "$model" --device-ids "$ids" --epochs 1 --limit 256 \
           --batch-size 64 2>&1)
