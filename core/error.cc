@@ -6,7 +6,7 @@ namespace {
 // Keep messages readable: "core/tensor.cc:42: ..." rather than an absolute build path.
 const char* short_path(const char* file) {
   std::string_view path(file);
-  for (std::string_view root : {"core/", "layers/", "engine/", "scatter_gather/", "tools/", "tests/"}) {
+  for (std::string_view root : {"core/", "layers/", "engine/", "scatter_gather/", "collectives/", "tools/", "tests/"}) {
     if (auto pos = path.rfind(root); pos != std::string_view::npos) return file + pos;
   }
   return file;

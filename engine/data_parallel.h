@@ -56,7 +56,7 @@
 #include "optim/optimizer.h"
 #include "scatter_gather/chunking.h"
 #include "scatter_gather/coalesced.h"
-#include "scatter_gather/process_group.h"
+#include "collectives/process_group.h"
 
 namespace dpe {
 

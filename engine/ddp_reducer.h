@@ -40,7 +40,7 @@
 
 #include "core/tensor.h"
 #include "engine/replica_hooks.h"
-#include "scatter_gather/process_group.h"
+#include "collectives/process_group.h"
 
 namespace dpe {
 

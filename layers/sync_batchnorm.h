@@ -17,14 +17,14 @@
 //             [sum_dy, sum_dy_xmu] (2C), then dx = (dy - sum_dy/N - (x - mean) * invstd^2 * sum_dy_xmu/N)
 //             * invstd * weight.
 // So every member must run the same SyncBatchNorm layers in the same order, forward and backward (the
-// collectives' contract, scatter_gather/process_group.h); a member with an empty batch (N_r = 0) still
+// collectives' contract, collectives/process_group.h); a member with an empty batch (N_r = 0) still
 // takes part. See Note [SyncBatchNorm merge on the host] in the .cc for where the merge runs.
 #pragma once
 
 #include <memory>
 
 #include "layers/batchnorm.h"
-#include "scatter_gather/process_group.h"
+#include "collectives/process_group.h"
 
 namespace dpe::nn {
 

@@ -16,7 +16,7 @@
 #include "core/ops.h"
 #include "core/stream.h"
 #include "engine/worker_pool.h"
-#include "scatter_gather/process_group.h"
+#include "collectives/process_group.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
 

@@ -1,4 +1,4 @@
-#include "scatter_gather/reduce_buffers.h"
+#include "collectives/reduce_buffers.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "scatter_gather/rendezvous.h"
+#include "collectives/rendezvous.h"
 
 #include <sstream>
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "scatter_gather/reduce_buffers.h"
+#include "collectives/reduce_buffers.h"
 
 namespace dpe {
 

@@ -5,7 +5,8 @@
 //   ProcessGroup group({Device::cpu(0), Device::cpu(1)});
 //   pool.run(2, [&](size_t r) { group.all_reduce(r, grads[r], ReduceOp::Avg); });
 //
-// Backends (research/ddp_collectives_semantics.md §4.3):
+// Backends (research/ddp_collectives_semantics.md §4.3), chosen once when the group is constructed
+// (collectives/backend.h, internal):
 //  - Cpu: CPU devices share the host memory. Every member does its share of the work (an all-reduce
 //    reduces 1/n of the elements across all members' buffers and writes the result back into all of them),
 //    so a collective runs on n threads near memory bandwidth.
@@ -38,19 +39,10 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "scatter_gather/reduce_buffers.h"
-#include "scatter_gather/rendezvous.h"
+#include "collectives/collective_types.h"
+#include "collectives/rendezvous.h"
 
 namespace dpe {
-
-enum class CollectiveBackend { Auto, Cpu, PeerCopy, Nccl };
-const char* backend_name(CollectiveBackend backend);
-
-enum class Collective {
-  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, Gather, Scatter, AllToAll, Barrier, BroadcastObject
-};
-inline constexpr size_t kNumCollectives = 10;
-const char* collective_name(Collective c);
 
 struct ProcessGroupOptions {
   CollectiveBackend backend = CollectiveBackend::Auto;
@@ -58,7 +50,10 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
 };
 
-class NcclComms;  // scatter_gather/nccl_comms.h, CUDA builds only
+namespace collectives {
+class Backend;  // collectives/backend.h (internal)
+struct Posted;
+}  // namespace collectives
 
 class ProcessGroup {
  public:
@@ -109,7 +104,7 @@ class ProcessGroup {
   void reset_counters();
 
  private:
-  struct Posted;
+  using Posted = collectives::Posted;
   template <typename Validate, typename Work>
   void run(int rank, Posted& mine, const Validate& validate, const Work& work);
   std::string check_common(const Posted& mine) const;
@@ -125,12 +120,6 @@ class ProcessGroup {
   [[noreturn]] void fail_alone(const std::string& message);
   void check_rank(int rank, const char* what);
   void check_flat(int rank, const char* what, const Tensor& flat, const char* flat_name, const Tensor& piece);
-  void copy(const Tensor& dst, const Tensor& src) const;
-  // Member `rank`'s share (share_of) of every member's `tensor`, flat; empty when that share is empty.
-  std::vector<Tensor> share_of_every_tensor(int rank) const;
-  // dsts[m] = op over srcs[k], computed by member `rank` (its device does the arithmetic off the host).
-  void combine(int rank, const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs, ReduceOp op) const;
-  bool uses_nccl() const { return nccl_ != nullptr; }
 
   std::vector<Device> devices_;
   CollectiveBackend backend_;
@@ -138,7 +127,7 @@ class ProcessGroup {
   std::vector<const Posted*> posted_;  // member r's arguments, valid between its two meetings
   std::vector<int64_t> sequence_;      // per member: collectives called (error messages)
   std::array<std::atomic<int64_t>, kNumCollectives> calls_{};
-  std::unique_ptr<NcclComms> nccl_;
+  std::unique_ptr<collectives::Backend> backend_impl_;  // chosen once, by the constructor
 };
 
 }  // namespace dpe

@@ -2,7 +2,7 @@
 // element counts 0, 1, odd and not divisible by the group, every dtype, in place and out of place; the
 // timeout, abort and argument-mismatch paths. The same checks run on CUDA logical devices (peer-copy) and
 // a one-GPU NCCL group when a GPU is present.
-#include "scatter_gather/process_group.h"
+#include "collectives/process_group.h"
 
 #include <gtest/gtest.h>
 

@@ -1,82 +1,22 @@
-#include "scatter_gather/process_group.h"
+#include "collectives/process_group.h"
 
 #include <set>
 
+#include "collectives/backend.h"
+#include "collectives/backend_registry.h"
 #include "core/autograd/grad_mode.h"
-#include "core/copy.h"
 #include "core/error.h"
-#include "core/ops.h"
-
-#if DPE_WITH_CUDA
-#include "core/cuda/cuda_device.h"
-#include "scatter_gather/nccl_comms.h"
-#else
-namespace dpe {
-class NcclComms {};
-}  // namespace dpe
-#endif
 
 namespace dpe {
-
-const char* backend_name(CollectiveBackend backend) {
-  switch (backend) {
-    case CollectiveBackend::Auto: return "auto";
-    case CollectiveBackend::Cpu: return "cpu";
-    case CollectiveBackend::PeerCopy: return "peer-copy";
-    case CollectiveBackend::Nccl: return "nccl";
-  }
-  return "?";
-}
-
-const char* collective_name(Collective c) {
-  static constexpr const char* kNames[kNumCollectives] = {
-      "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-      "gather", "scatter", "all_to_all", "barrier", "broadcast_object"};
-  return kNames[static_cast<size_t>(c)];
-}
-
-// One member's arguments for the collective in flight; lives on the member's stack for the whole call.
-struct ProcessGroup::Posted {
-  Collective kind;
-  int root = 0;
-  ReduceOp op = ReduceOp::Sum;
-  Tensor tensor;              // all_reduce/broadcast/reduce: the tensor; all_gather/gather: input;
-                              // reduce_scatter/scatter: output
-  Tensor flat;                // the tensor forms' other side (all_gather output, reduce_scatter input)
-  std::vector<Tensor> list;   // all_gather/gather outputs, reduce_scatter/scatter/all_to_all inputs
-  std::vector<Tensor> list2;  // all_to_all outputs
-  const std::vector<uint8_t>* bytes = nullptr;
-};
 
 namespace {
-
-bool all_distinct_gpus(const std::vector<Device>& devices) {
-#if DPE_WITH_CUDA
-  std::set<int> physical;
-  for (const Device& d : devices) physical.insert(cuda::physical_device(d.index));
-  return physical.size() == devices.size();
-#else
-  (void)devices;
-  return false;
-#endif
-}
 
 const std::vector<Device>& checked_members(const std::vector<Device>& devices) {
   DPE_CHECK(!devices.empty(), "ProcessGroup: no devices; expected at least one");
   return devices;
 }
 
-// [begin, end) of the elements member `rank` of `n` works on: equal shares, aligned to 64-byte lines so
-// that no two members write one cache line.
-std::pair<int64_t, int64_t> share_of(int64_t count, size_t element_bytes, int n, int rank) {
-  int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(element_bytes));
-  int64_t per = (count + n - 1) / n;
-  per = (per + align - 1) / align * align;
-  int64_t begin = std::min(count, per * rank);
-  return {begin, std::min(count, begin + per)};
-}
-
-Tensor flat_slice(const Tensor& t, int64_t begin, int64_t end) { return t.view({-1}).narrow(0, begin, end - begin); }
+using collectives::flat_slice;
 
 std::string member(const std::vector<Device>& devices, size_t k) {
   return detail::str_cat("member ", k, " (", devices[k], ")");
@@ -132,22 +72,9 @@ ProcessGroup::ProcessGroup(std::vector<Device> devices, ProcessGroupOptions opti
     DPE_CHECK(seen.insert(d).second, "ProcessGroup: ", d, " is listed more than once");
     check_device_exists(d);
   }
-  bool cpu = devices_[0].is_cpu();
-  if (backend_ == CollectiveBackend::Auto) {
-    backend_ = cpu ? CollectiveBackend::Cpu
-                   : (all_distinct_gpus(devices_) ? CollectiveBackend::Nccl : CollectiveBackend::PeerCopy);
-  }
-  DPE_CHECK(cpu == (backend_ == CollectiveBackend::Cpu), "ProcessGroup: backend '", backend_name(backend_),
-            "' cannot serve ", devices_[0], "; expected '", cpu ? "cpu" : "nccl' or 'peer-copy", "'");
-  if (backend_ == CollectiveBackend::Nccl) {
-    DPE_CHECK(all_distinct_gpus(devices_), "ProcessGroup: backend 'nccl' needs every member on its own GPU "
-              "(NCCL refuses one GPU as two ranks); these logical devices share a GPU: use 'peer-copy'");
-#if DPE_WITH_CUDA
-    std::vector<int> logical;
-    for (const Device& d : devices_) logical.push_back(static_cast<int>(d.index));
-    nccl_ = std::make_unique<NcclComms>(logical);
-#endif
-  }
+  // The backend is chosen here, once (collectives/backend_registry.h); no collective looks at it again.
+  backend_ = collectives::resolve_backend(backend_, devices_);
+  backend_impl_ = collectives::make_backend(backend_, devices_);
 }
 
 ProcessGroup::~ProcessGroup() = default;
@@ -220,15 +147,6 @@ std::string ProcessGroup::check_root_list(size_t root, const char* list_name, co
   return "";
 }
 
-std::vector<Tensor> ProcessGroup::share_of_every_tensor(int rank) const {
-  const Tensor& mine = posted_[rank]->tensor;  // validated: every member's has this count and dtype
-  auto [begin, end] = share_of(mine.numel(), element_size(mine.dtype()), size(), rank);
-  std::vector<Tensor> slices;
-  if (begin == end) return slices;
-  for (const Posted* p : posted_) slices.push_back(flat_slice(p->tensor, begin, end));
-  return slices;
-}
-
 void ProcessGroup::fail_alone(const std::string& message) {
   rendezvous_.abort(message);
   DPE_CHECK(false, message);
@@ -274,78 +192,22 @@ void ProcessGroup::run(int rank, Posted& mine, const Validate& validate, const W
   if (rank == 0) calls_[static_cast<size_t>(mine.kind)].fetch_add(1);
 }
 
-void ProcessGroup::copy(const Tensor& dst, const Tensor& src) const {
-  if (dst.numel() == 0 || (dst.data_ptr() == src.data_ptr() && dst.device() == src.device())) return;
-  copy_into(dst.view({-1}), src.view({-1}));
-}
-
-void ProcessGroup::combine(int rank, const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs,
-                           ReduceOp op) const {
-  if (srcs[0].numel() == 0) return;
-  if (devices_[rank].is_cpu()) {
-    std::vector<const void*> in;
-    std::vector<void*> out;
-    for (const Tensor& s : srcs) in.push_back(s.data_ptr());
-    for (const Tensor& d : dsts) out.push_back(d.data_ptr());
-    reduce_buffers_cpu(srcs[0].dtype(), op, in, out, srcs[0].numel());
-    return;
-  }
-  // Peer copies: stage every source on this member's device, reduce there, copy the result out.
-  std::vector<Tensor> staged;
-  for (const Tensor& s : srcs) staged.push_back(s.to(devices_[rank]).reshape({-1}));
-  Tensor stacked = stack(staged, 0);
-  Tensor result;
-  switch (op) {
-    case ReduceOp::Sum: result = sum(stacked, 0); break;
-    case ReduceOp::Avg: result = sum(stacked, 0) * (1.0 / static_cast<double>(srcs.size())); break;
-    case ReduceOp::Max: result = max(stacked, 0).values; break;
-    case ReduceOp::Min: result = neg(max(neg(stacked), 0).values); break;
-  }
-  for (const Tensor& d : dsts) copy_into(d.view({-1}), result);
-}
-
 void ProcessGroup::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {
   Posted mine{.kind = Collective::AllReduce, .op = op, .tensor = tensor};
   auto validate = [&] { return check_every(&Posted::tensor, "tensor", 0); };
-  run(rank, mine, validate, [&] {
-    if (uses_nccl()) {
-#if DPE_WITH_CUDA
-      nccl_->all_reduce(rank, tensor, op);
-#endif
-      return;
-    }
-    std::vector<Tensor> slices = share_of_every_tensor(rank);
-    if (!slices.empty()) combine(rank, slices, slices, op);
-  });
+  run(rank, mine, validate, [&] { backend_impl_->all_reduce(rank, posted_); });
 }
 
 void ProcessGroup::broadcast(int rank, const Tensor& tensor, int root) {
   Posted mine{.kind = Collective::Broadcast, .root = root, .tensor = tensor};
   auto validate = [&] { return check_every(&Posted::tensor, "tensor", static_cast<size_t>(root)); };
-  run(rank, mine, validate, [&] {
-    if (uses_nccl()) {
-#if DPE_WITH_CUDA
-      nccl_->broadcast(rank, tensor, root);
-#endif
-      return;
-    }
-    if (rank != root) copy(tensor, posted_[root]->tensor);
-  });
+  run(rank, mine, validate, [&] { backend_impl_->broadcast(rank, posted_); });
 }
 
 void ProcessGroup::reduce(int rank, const Tensor& tensor, int root, ReduceOp op) {
   Posted mine{.kind = Collective::Reduce, .root = root, .op = op, .tensor = tensor};
   auto validate = [&] { return check_every(&Posted::tensor, "tensor", static_cast<size_t>(root)); };
-  run(rank, mine, validate, [&] {
-    if (uses_nccl()) {
-#if DPE_WITH_CUDA
-      nccl_->reduce(rank, tensor, root, op);
-#endif
-      return;
-    }
-    std::vector<Tensor> slices = share_of_every_tensor(rank);
-    if (!slices.empty()) combine(rank, {slices[root]}, slices, op);
-  });
+  run(rank, mine, validate, [&] { backend_impl_->reduce(rank, posted_); });
 }
 
 void ProcessGroup::all_gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input) {
@@ -354,24 +216,21 @@ void ProcessGroup::all_gather(int rank, const std::vector<Tensor>& outputs, cons
     std::string e = check_every(&Posted::tensor, "input", 0);
     return e.empty() ? check_every_list("outputs", "an output", "its input") : e;
   };
-  run(rank, mine, validate, [&] {
-    for (int k = 0; k < size(); ++k) copy(outputs[k], posted_[k]->tensor);
-  });
+  run(rank, mine, validate, [&] { backend_impl_->all_gather(rank, posted_); });
 }
 
 void ProcessGroup::all_gather_into_tensor(int rank, const Tensor& output, const Tensor& input) {
   check_flat(rank, "all_gather_into_tensor", output, "output", input);
   std::vector<Tensor> outputs;
   for (int k = 0; k < size(); ++k) outputs.push_back(flat_slice(output, k * input.numel(), (k + 1) * input.numel()));
-  if (!uses_nccl()) return all_gather(rank, outputs, input);
-#if DPE_WITH_CUDA
+  // A backend without a flat form gets the list form over the output's slices (validated as lists).
+  if (backend_impl_->flat_forms() == collectives::FlatForms::AsLists) return all_gather(rank, outputs, input);
   Posted mine{.kind = Collective::AllGather, .tensor = input, .flat = output, .list = outputs};
   auto validate = [&]() -> std::string {
     std::string e = check_every(&Posted::tensor, "input", 0);
     return e.empty() ? check_every(&Posted::flat, "output", 0) : e;
   };
-  run(rank, mine, validate, [&] { nccl_->all_gather(rank, output, input); });
-#endif
+  run(rank, mine, validate, [&] { backend_impl_->all_gather_into_tensor(rank, posted_); });
 }
 
 void ProcessGroup::reduce_scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
@@ -380,39 +239,32 @@ void ProcessGroup::reduce_scatter(int rank, const Tensor& output, const std::vec
     std::string e = check_every(&Posted::tensor, "output", 0);
     return e.empty() ? check_every_list("inputs", "an input", "its output") : e;
   };
-  run(rank, mine, validate, [&] {
-    std::vector<Tensor> mine_from_each;
-    for (const Posted* p : posted_) mine_from_each.push_back(p->list[rank]);
-    // In place (output is this member's own slice of its input): the kernel reads before it writes.
-    combine(rank, {output}, mine_from_each, op);
-  });
+  run(rank, mine, validate, [&] { backend_impl_->reduce_scatter(rank, posted_); });
 }
 
 void ProcessGroup::reduce_scatter_tensor(int rank, const Tensor& output, const Tensor& input, ReduceOp op) {
   check_flat(rank, "reduce_scatter_tensor", input, "input", output);
   std::vector<Tensor> inputs;
   for (int k = 0; k < size(); ++k) inputs.push_back(flat_slice(input, k * output.numel(), (k + 1) * output.numel()));
-  if (!uses_nccl()) return reduce_scatter(rank, output, inputs, op);
-#if DPE_WITH_CUDA
+  if (backend_impl_->flat_forms() == collectives::FlatForms::AsLists) return reduce_scatter(rank, output, inputs, op);
   Posted mine{.kind = Collective::ReduceScatter, .op = op, .tensor = output, .flat = input, .list = inputs};
   auto validate = [&]() -> std::string {
     std::string e = check_every(&Posted::tensor, "output", 0);
     return e.empty() ? check_every(&Posted::flat, "input", 0) : e;
   };
-  run(rank, mine, validate, [&] { nccl_->reduce_scatter(rank, output, input, op); });
-#endif
+  run(rank, mine, validate, [&] { backend_impl_->reduce_scatter_tensor(rank, posted_); });
 }
 
 void ProcessGroup::gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input, int root) {
   Posted mine{.kind = Collective::Gather, .root = root, .tensor = input, .list = outputs};
   auto validate = [&] { return check_root_list(static_cast<size_t>(root), "outputs", "input", "the root's output for it"); };
-  run(rank, mine, validate, [&] { copy(posted_[root]->list[rank], input); });
+  run(rank, mine, validate, [&] { backend_impl_->gather(rank, posted_); });
 }
 
 void ProcessGroup::scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, int root) {
   Posted mine{.kind = Collective::Scatter, .root = root, .tensor = output, .list = inputs};
   auto validate = [&] { return check_root_list(static_cast<size_t>(root), "inputs", "output", "the root's input for it"); };
-  run(rank, mine, validate, [&] { copy(output, posted_[root]->list[rank]); });
+  run(rank, mine, validate, [&] { backend_impl_->scatter(rank, posted_); });
 }
 
 void ProcessGroup::all_to_all(int rank, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) {
@@ -435,9 +287,7 @@ void ProcessGroup::all_to_all(int rank, const std::vector<Tensor>& outputs, cons
     }
     return "";
   };
-  run(rank, mine, validate, [&] {
-    for (int k = 0; k < size(); ++k) copy(outputs[k], posted_[k]->list[rank]);
-  });
+  run(rank, mine, validate, [&] { backend_impl_->all_to_all(rank, posted_); });
 }
 
 void ProcessGroup::barrier(int rank) {
@@ -448,7 +298,7 @@ void ProcessGroup::barrier(int rank) {
 std::vector<uint8_t> ProcessGroup::broadcast_object(int rank, const std::vector<uint8_t>& bytes, int root) {
   Posted mine{.kind = Collective::BroadcastObject, .root = root, .bytes = &bytes};
   std::vector<uint8_t> result;
-  run(rank, mine, [] { return std::string(); }, [&] { result = *posted_[root]->bytes; });
+  run(rank, mine, [] { return std::string(); }, [&] { result = backend_impl_->broadcast_object(rank, posted_); });
   return result;
 }
 

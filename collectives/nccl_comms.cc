@@ -1,4 +1,4 @@
-#include "scatter_gather/nccl_comms.h"
+#include "collectives/nccl_comms.h"
 
 #include <nccl.h>
 

@@ -1,0 +1,120 @@
+#include "collectives/shared_memory_backend.h"
+
+#include <algorithm>
+
+#include "core/copy.h"
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace dpe::collectives {
+
+namespace {
+
+// [begin, end) of the elements member `rank` of `n` works on: equal shares, aligned to 64-byte lines so
+// that no two members write one cache line.
+std::pair<int64_t, int64_t> share_of(int64_t count, size_t element_bytes, int n, int rank) {
+  int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(element_bytes));
+  int64_t per = (count + n - 1) / n;
+  per = (per + align - 1) / align * align;
+  int64_t begin = std::min(count, per * rank);
+  return {begin, std::min(count, begin + per)};
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_shared_memory_backend(const std::vector<Device>& devices) {
+  return std::make_unique<SharedMemoryBackend>(devices);
+}
+
+void SharedMemoryBackend::copy(const Tensor& dst, const Tensor& src) const {
+  if (dst.numel() == 0 || (dst.data_ptr() == src.data_ptr() && dst.device() == src.device())) return;
+  copy_into(dst.view({-1}), src.view({-1}));
+}
+
+std::vector<Tensor> SharedMemoryBackend::share_of_every_tensor(int rank, const PostedAll& posted) const {
+  const Tensor& mine = posted[rank]->tensor;  // validated: every member's has this count and dtype
+  auto [begin, end] = share_of(mine.numel(), element_size(mine.dtype()), size(), rank);
+  std::vector<Tensor> slices;
+  if (begin == end) return slices;
+  for (const Posted* p : posted) slices.push_back(flat_slice(p->tensor, begin, end));
+  return slices;
+}
+
+void SharedMemoryBackend::combine(int rank, const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs,
+                                  ReduceOp op) const {
+  if (srcs[0].numel() == 0) return;
+  if (devices_[rank].is_cpu()) {
+    std::vector<const void*> in;
+    std::vector<void*> out;
+    for (const Tensor& s : srcs) in.push_back(s.data_ptr());
+    for (const Tensor& d : dsts) out.push_back(d.data_ptr());
+    reduce_buffers_cpu(srcs[0].dtype(), op, in, out, srcs[0].numel());
+    return;
+  }
+  // Peer copies: stage every source on this member's device, reduce there, copy the result out.
+  std::vector<Tensor> staged;
+  for (const Tensor& s : srcs) staged.push_back(s.to(devices_[rank]).reshape({-1}));
+  Tensor stacked = stack(staged, 0);
+  Tensor result;
+  switch (op) {
+    case ReduceOp::Sum: result = sum(stacked, 0); break;
+    case ReduceOp::Avg: result = sum(stacked, 0) * (1.0 / static_cast<double>(srcs.size())); break;
+    case ReduceOp::Max: result = max(stacked, 0).values; break;
+    case ReduceOp::Min: result = neg(max(neg(stacked), 0).values); break;
+  }
+  for (const Tensor& d : dsts) copy_into(d.view({-1}), result);
+}
+
+void SharedMemoryBackend::all_reduce(int rank, const PostedAll& posted) {
+  std::vector<Tensor> slices = share_of_every_tensor(rank, posted);
+  if (!slices.empty()) combine(rank, slices, slices, posted[rank]->op);
+}
+
+void SharedMemoryBackend::broadcast(int rank, const PostedAll& posted) {
+  int root = posted[rank]->root;
+  if (rank != root) copy(posted[rank]->tensor, posted[root]->tensor);
+}
+
+void SharedMemoryBackend::reduce(int rank, const PostedAll& posted) {
+  std::vector<Tensor> slices = share_of_every_tensor(rank, posted);
+  if (!slices.empty()) combine(rank, {slices[posted[rank]->root]}, slices, posted[rank]->op);
+}
+
+void SharedMemoryBackend::all_gather(int rank, const PostedAll& posted) {
+  const std::vector<Tensor>& outputs = posted[rank]->list;
+  for (int k = 0; k < size(); ++k) copy(outputs[k], posted[k]->tensor);
+}
+
+void SharedMemoryBackend::reduce_scatter(int rank, const PostedAll& posted) {
+  std::vector<Tensor> mine_from_each;
+  for (const Posted* p : posted) mine_from_each.push_back(p->list[rank]);
+  // In place (output is this member's own slice of its input): the kernel reads before it writes.
+  combine(rank, {posted[rank]->tensor}, mine_from_each, posted[rank]->op);
+}
+
+void SharedMemoryBackend::all_gather_into_tensor(int rank, const PostedAll& posted) {
+  DPE_INTERNAL_ASSERT(false, "the shared-memory backend serves all_gather_into_tensor as all_gather");
+}
+
+void SharedMemoryBackend::reduce_scatter_tensor(int rank, const PostedAll& posted) {
+  DPE_INTERNAL_ASSERT(false, "the shared-memory backend serves reduce_scatter_tensor as reduce_scatter");
+}
+
+void SharedMemoryBackend::gather(int rank, const PostedAll& posted) {
+  copy(posted[posted[rank]->root]->list[rank], posted[rank]->tensor);
+}
+
+void SharedMemoryBackend::scatter(int rank, const PostedAll& posted) {
+  copy(posted[rank]->tensor, posted[posted[rank]->root]->list[rank]);
+}
+
+void SharedMemoryBackend::all_to_all(int rank, const PostedAll& posted) {
+  const std::vector<Tensor>& outputs = posted[rank]->list2;
+  for (int k = 0; k < size(); ++k) copy(outputs[k], posted[k]->list[rank]);
+}
+
+std::vector<uint8_t> SharedMemoryBackend::broadcast_object(int rank, const PostedAll& posted) {
+  return *posted[posted[rank]->root]->bytes;
+}
+
+}  // namespace dpe::collectives
