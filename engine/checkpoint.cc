@@ -19,7 +19,7 @@
 
 #include "core/error.h"
 #include "core/ops.h"
-#include "engine/json.h"
+#include "engine/safetensors_header.h"
 
 namespace dpe::engine {
 
@@ -256,7 +256,7 @@ ParsedFile read_and_validate(const std::string& path) {
   }
   f.data_start = 8 + header_len;
   const uint64_t data_size = size - f.data_start;
-  json::Value header;
+  safetensors::Json header;
   {
     std::string text;
     try {
@@ -266,38 +266,49 @@ ParsedFile read_and_validate(const std::string& path) {
     }
     read_range(f, 8, text.data(), header_len, "the JSON header");
     try {
-      header = json::parse(text);
+      header = safetensors::parse_header(text);
     } catch (const Error& e) {
       fail(path, "malformed JSON header: ", e.what());
     } catch (const std::bad_alloc&) {
       fail(path, "out of memory parsing the ", header_len, "-byte JSON header");
     }
   }
-  if (!header.is_object()) fail(path, "the JSON header is a ", json::kind_name(header.kind()), ", not an object");
-  for (const auto& [name, v] : header.members()) {
+  if (!header.is_object()) fail(path, "the JSON header is a ", safetensors::kind_name(header), ", not an object");
+  for (const auto& member : header.items()) {
+    const std::string& name = member.key();
+    const safetensors::Json& v = member.value();
     if (name == "__metadata__") {
       if (!v.is_object()) fail(path, "__metadata__ is not an object");
-      for (const auto& [k, s] : v.members()) {
-        if (!s.is_string()) fail(path, "__metadata__ value of '", k, "' is a ", json::kind_name(s.kind()), ", not a string");
-        f.metadata[k] = s.as_string();
+      for (const auto& m : v.items()) {
+        if (!m.value().is_string()) {
+          fail(path, "__metadata__ value of '", m.key(), "' is a ", safetensors::kind_name(m.value()),
+               ", not a string");
+        }
+        f.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     if (!v.is_object()) fail(path, "entry '", name, "' is not an object");
-    const json::Value* dtype = v.find("dtype");
-    const json::Value* shape = v.find("shape");
-    const json::Value* offsets = v.find("data_offsets");
-    if (!dtype || !shape || !offsets) fail(path, "entry '", name, "' lacks dtype, shape or data_offsets");
+    const auto dtype_it = v.find("dtype"), shape_it = v.find("shape"), offsets_it = v.find("data_offsets");
+    if (dtype_it == v.end() || shape_it == v.end() || offsets_it == v.end()) {
+      fail(path, "entry '", name, "' lacks dtype, shape or data_offsets");
+    }
+    const safetensors::Json &dtype = *dtype_it, &shape = *shape_it, &offsets = *offsets_it;
     FileTensor t;
-    if (!dtype->is_string() || !parse_safetensors_dtype(dtype->as_string(), &t.dtype)) {
-      fail(path, "entry '", name, "' has unsupported dtype ",
-           dtype->is_string() ? dtype->as_string() : std::string(json::kind_name(dtype->kind())),
+    const std::string dtype_name = dtype.is_string() ? dtype.get<std::string>() : safetensors::kind_name(dtype);
+    if (!dtype.is_string() || !parse_safetensors_dtype(dtype_name, &t.dtype)) {
+      fail(path, "entry '", name, "' has unsupported dtype ", dtype_name,
            " (supported: F32, F64, F16, BF16, I64, I32, U8)");
     }
-    if (!shape->is_array()) fail(path, "entry '", name, "': shape is not an array");
-    for (const json::Value& d : shape->items()) {
-      if (!d.is_int() || d.as_int() < 0) fail(path, "entry '", name, "': shape has a non-integer or negative size");
-      t.shape.push_back(d.as_int());
+    if (!shape.is_array()) fail(path, "entry '", name, "': shape is not an array");
+    for (const safetensors::Json& d : shape) {
+      // nlohmann holds a non-negative integer as unsigned, a negative one as signed.
+      if (!d.is_number_unsigned()) fail(path, "entry '", name, "': shape has a non-integer or negative size");
+      const uint64_t size = d.get<uint64_t>();
+      if (size > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        fail(path, "entry '", name, "': shape has a size ", size, " above 2^63 - 1");
+      }
+      t.shape.push_back(static_cast<int64_t>(size));
     }
     // numel and numel * element size, checked: an unchecked product wraps (F64 [2^62] "needs" 0 bytes) and
     // would pass the size comparison below with an empty byte range.
@@ -309,23 +320,27 @@ ParsedFile read_and_validate(const std::string& path) {
                expected > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
     if (has_zero) expected = 0;
     if (overflow && !has_zero) {
-      fail(path, "entry '", name, "': shape is too large: ", dtype->as_string(), " ", shape_str(t.shape),
+      fail(path, "entry '", name, "': shape is too large: ", dtype_name, " ", shape_str(t.shape),
            " needs more than 2^63 bytes (the product of its sizes overflows)");
     }
-    if (!offsets->is_array() || offsets->items().size() != 2 || !offsets->items()[0].is_int() ||
-        !offsets->items()[1].is_int()) {
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_integer() ||
+        !offsets[1].is_number_integer()) {
       fail(path, "entry '", name, "': data_offsets is not [begin, end]");
     }
-    const int64_t b = offsets->items()[0].as_int(), e = offsets->items()[1].as_int();
-    if (b < 0 || e < b) fail(path, "entry '", name, "': invalid data_offsets [", b, ", ", e, "]");
-    t.begin = static_cast<uint64_t>(b);
-    t.end = static_cast<uint64_t>(e);
+    // Offsets are u64 (exact: safetensors_header.h); a negative one is signed.
+    const std::string b = offsets[0].dump(), e = offsets[1].dump();
+    if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned() ||
+        offsets[1].get<uint64_t>() < offsets[0].get<uint64_t>()) {
+      fail(path, "entry '", name, "': invalid data_offsets [", b, ", ", e, "]");
+    }
+    t.begin = offsets[0].get<uint64_t>();
+    t.end = offsets[1].get<uint64_t>();
     if (t.end > data_size) {
       fail(path, "entry '", name, "': data_offsets [", b, ", ", e, "] lie outside the ", data_size,
            "-byte data section (truncated file?)");
     }
     if (t.end - t.begin != expected) {
-      fail(path, "entry '", name, "': data_offsets cover ", t.end - t.begin, " bytes but ", dtype->as_string(), " ",
+      fail(path, "entry '", name, "': data_offsets cover ", t.end - t.begin, " bytes but ", dtype_name, " ",
            shape_str(t.shape), " needs ", expected);
     }
     f.tensors[name] = std::move(t);
@@ -493,33 +508,36 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
               n, "'");
     entries.push_back({n, to_host_contiguous(t)});
   }
-  json::Value meta = json::Value::object();
-  meta.set("format", json::Value::string("pt"));
-  meta.set("dpe.checkpoint_version", json::Value::string(kCheckpointVersion));
-  meta.set("training.epoch", json::Value::string(std::to_string(state.epoch)));
-  meta.set("training.step", json::Value::string(std::to_string(state.step)));
+  // Member names are distinct by construction (tensor names checked above, metadata keys with distinct
+  // prefixes): append_member appends without searching, as the old writer did.
+  safetensors::Json meta = safetensors::Json::object();
+  safetensors::append_member(meta, "format", "pt");
+  safetensors::append_member(meta, "dpe.checkpoint_version", kCheckpointVersion);
+  safetensors::append_member(meta, "training.epoch", std::to_string(state.epoch));
+  safetensors::append_member(meta, "training.step", std::to_string(state.step));
   const std::vector<GeneratorState> rng = state.rng.empty() ? capture_rng_state() : state.rng;
   for (const GeneratorState& g : rng) {
-    meta.set("training.rng." + g.device, json::Value::string(std::to_string(g.seed) + "," + std::to_string(g.offset)));
+    safetensors::append_member(meta, "training.rng." + g.device,
+                               std::to_string(g.seed) + "," + std::to_string(g.offset));
   }
-  for (const auto& [k, v] : state.metadata) meta.set("user." + k, json::Value::string(v));
+  for (const auto& [k, v] : state.metadata) safetensors::append_member(meta, "user." + k, v);
   if (optimizer != nullptr) {
     const optim::OptimizerStateDict sd = optimizer->state_dict();
-    meta.set("optimizer.type", json::Value::string(sd.type));
-    meta.set("optimizer.param_groups", json::Value::string(std::to_string(sd.param_groups.size())));
+    safetensors::append_member(meta, "optimizer.type", sd.type);
+    safetensors::append_member(meta, "optimizer.param_groups", std::to_string(sd.param_groups.size()));
     for (size_t g = 0; g < sd.param_groups.size(); ++g) {
       const std::string prefix = "optimizer.param_groups." + std::to_string(g) + ".";
       const auto& group = sd.param_groups[g];
-      meta.set(prefix + "lr", json::Value::string(format_double(group.lr)));
+      safetensors::append_member(meta, prefix + "lr", format_double(group.lr));
       std::string params;
       for (size_t i = 0; i < group.params.size(); ++i) params += (i ? "," : "") + std::to_string(group.params[i]);
-      meta.set(prefix + "params", json::Value::string(params));
-      for (const auto& [k, v] : group.options) meta.set(prefix + k, json::Value::string(format_double(v)));
+      safetensors::append_member(meta, prefix + "params", params);
+      for (const auto& [k, v] : group.options) safetensors::append_member(meta, prefix + k, format_double(v));
     }
     for (const auto& [i, named] : sd.scalars) {
       for (const auto& [k, v] : named) {
-        meta.set(std::string(kOptimizerStatePrefix) + std::to_string(i) + "." + k,
-                 json::Value::string(format_double(v)));
+        safetensors::append_member(meta, std::string(kOptimizerStatePrefix) + std::to_string(i) + "." + k,
+                                   format_double(v));
       }
     }
     for (const auto& [i, named] : sd.tensors) {
@@ -528,22 +546,21 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
       }
     }
   }
-  json::Value header = json::Value::object();
+  safetensors::Json header = safetensors::Json::object();
   uint64_t offset = 0;
   for (const Entry& e : entries) {
-    json::Value shape = json::Value::array();
-    for (int64_t d : e.host.shape()) shape.push_back(json::Value::integer(d));
-    json::Value info = json::Value::object();
-    info.set("dtype", json::Value::string(safetensors_dtype(e.host.dtype())));
-    info.set("shape", std::move(shape));
+    safetensors::Json shape = safetensors::Json::array();
+    for (int64_t d : e.host.shape()) shape.push_back(d);
+    safetensors::Json info = safetensors::Json::object();
+    info["dtype"] = safetensors_dtype(e.host.dtype());
+    info["shape"] = std::move(shape);
     const uint64_t end = offset + e.host.nbytes();
-    info.set("data_offsets", json::Value::array({json::Value::integer(static_cast<int64_t>(offset)),
-                                                 json::Value::integer(static_cast<int64_t>(end))}));
-    header.set(e.name, std::move(info));
+    info["data_offsets"] = safetensors::Json::array({offset, end});
+    safetensors::append_member(header, e.name, std::move(info));
     offset = end;
   }
-  header.set("__metadata__", std::move(meta));
-  std::string text = json::dump(header);
+  safetensors::append_member(header, "__metadata__", std::move(meta));
+  std::string text = safetensors::dump_header(header);
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned (8 + N is a multiple of 8)
   std::string block(8, '\0');
   const uint64_t n = text.size();

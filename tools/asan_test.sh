@@ -10,7 +10,7 @@ tools/setup.sh
 targets=(
   //data/...
   //engine:checkpoint_test
-  //engine:json_test
+  //engine:safetensors_header_test
   //engine:worker_pool_test
   //engine:data_parallel_test
   //engine:ddp_test

@@ -25,6 +25,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "core/allocator.h"
 #include "models/models.h"
 #include "tools/dpe/cli_util.h"
@@ -73,6 +75,14 @@ std::string gnuplot_label(const std::string& text) {
   std::string out;
   for (char c : text) out += std::isalnum(static_cast<unsigned char>(c)) || std::strchr(" ._-+", c) ? c : '?';
   return out;
+}
+
+// `v` as a default-formatted stream shows it (6 significant digits), as a double: nlohmann then writes the
+// shortest text that reads back as that double, the digits the --json report always had.
+double as_printed(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return std::strtod(buf, nullptr);
 }
 
 struct Row {
@@ -261,23 +271,35 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
     DPE_CHECK(out.good(), "--csv ", args.csv, ": write failed");
   }
   if (!args.json.empty()) {
+    // Written with nlohmann-json: strings (the PyTorch script's configs and notes among them) escaped. Numbers
+    // keep the 6 significant digits the report always had (as_printed).
+    using Json = nlohmann::ordered_json;
+    Json report = {
+        {"model", args.model}, {"batch_size", args.batch_size}, {"steps", args.steps}, {"rows", Json::array()}};
+    for (const Row& r : rows) {
+      const StepReport& p = r.phases;
+      Json row = {{"framework", r.framework},
+                  {"config", r.config},
+                  {"devices", r.devices},
+                  {"samples_per_s", as_printed(r.samples_per_s)},
+                  {"scaling", as_printed(r.scaling)},
+                  {"step_ms", as_printed(r.step_ms)},
+                  {"phases_ms", {{"scatter", as_printed(p.scatter_ms)},
+                                 {"broadcast", as_printed(p.broadcast_ms)},
+                                 {"forward", as_printed(p.forward_ms)},
+                                 {"gather", as_printed(p.gather_ms)},
+                                 {"loss", as_printed(p.loss_ms)},
+                                 {"backward", as_printed(p.backward_ms)},
+                                 {"reduce", as_printed(p.reduce_ms)},
+                                 {"optimizer", as_printed(p.optimizer_ms)}}},
+                  {"peak_bytes", Json::object()}};
+      for (const auto& [device, bytes] : r.peak) row["peak_bytes"][device.str()] = bytes;
+      if (!r.note.empty()) row["note"] = r.note;
+      report["rows"].push_back(std::move(row));
+    }
     std::ofstream out(args.json);
     DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
-    out << "{\"model\": \"" << args.model << "\", \"batch_size\": " << args.batch_size << ", \"steps\": " << args.steps
-        << ", \"rows\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      const StepReport& p = r.phases;
-      out << (i ? ", " : "") << "{\"framework\": \"" << r.framework << "\", \"config\": \"" << r.config
-          << "\", \"devices\": " << r.devices << ", \"samples_per_s\": " << r.samples_per_s << ", \"scaling\": "
-          << r.scaling << ", \"step_ms\": " << r.step_ms << ", \"phases_ms\": {\"scatter\": " << p.scatter_ms
-          << ", \"broadcast\": " << p.broadcast_ms << ", \"forward\": " << p.forward_ms << ", \"gather\": "
-          << p.gather_ms << ", \"loss\": " << p.loss_ms << ", \"backward\": " << p.backward_ms << ", \"reduce\": "
-          << p.reduce_ms << ", \"optimizer\": " << p.optimizer_ms << "}, \"peak_bytes\": {";
-      for (size_t k = 0; k < r.peak.size(); ++k) out << (k ? ", " : "") << '"' << r.peak[k].first << "\": " << r.peak[k].second;
-      out << "}" << (r.note.empty() ? "" : ", \"note\": \"" + r.note + "\"") << "}";
-    }
-    out << "]}\n";
+    out << report.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace) << "\n";
     out.close();
     DPE_CHECK(out.good(), "--json ", args.json, ": write failed");
   }

@@ -54,15 +54,20 @@ ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fa
 out=$(cd "$tmp" && "$bin" bench "${quick[@]}" --png "|touch pwned5" 2>&1)
 ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
 # The PyTorch script path and configurations reach python3 as arguments, never through a shell: a stand-in
-# script at a path with a quote and $(...) prints one row.
+# script at a path with a quote and $(...) prints two rows, the second with a quote in its configuration that
+# dpe cuts at the quote ('a\'): the --json report escapes it (hand-written JSON wrote "a\", no valid JSON).
 script="$tmp/it's \$(touch pwned6).py"
 cat > "$script" <<'PY'
 import json, sys
 assert sys.argv[sys.argv.index("--configs") + 1] == "single-3t,ddp-gloo", sys.argv
 print(json.dumps({"framework": "pytorch", "config": "single-3t", "processes": 1, "samples_per_s": 123.0, "step_ms": 4.5}))
+print(json.dumps({"framework": "pytorch", "config": 'a"b', "processes": 1, "samples_per_s": 1.0, "step_ms": 1.0}))
 PY
 if [[ -x /usr/bin/python3 ]]; then
-  expect 0 "pytorch  single-3t" "${quick[@]}" --compare-pytorch --pytorch-script "$script" --pytorch-configs single-3t,ddp-gloo
+  expect 0 "pytorch  single-3t" "${quick[@]}" --compare-pytorch --pytorch-script "$script" --pytorch-configs single-3t,ddp-gloo \
+    --json "$tmp/p.json"
+  python3 -c 'import json, sys; c = [r["config"] for r in json.load(open(sys.argv[1]))["rows"]]; assert "a\\" in c, c' \
+    "$tmp/p.json" || { echo "FAILED: the --json report of a configuration with a quote"; fail=1; }
   ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
 fi
 # Bad PyTorch configurations are refused at start-up, naming the value and the known ones.

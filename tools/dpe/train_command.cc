@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "data/data_loader.h"
 #include "engine/checkpoint.h"
@@ -62,12 +65,25 @@ void check_before_work(TrainArgs& args, engine::TrainingState* resumed) {
   }
 }
 
-void write_json(const TrainArgs& args, const DataParallel& dp, double accuracy, const std::string& epochs_json) {
+// `v` as printf's `format` shows it (e.g. "%.6f"), as a double: the report keeps the digits it always had,
+// and nlohmann writes the shortest text that reads back as that double.
+double as_printed(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return std::strtod(buf, nullptr);
+}
+
+// The --json report, written with nlohmann-json: strings escaped, keys in this order.
+void write_json(const TrainArgs& args, const DataParallel& dp, double accuracy, const nlohmann::ordered_json& epochs) {
+  nlohmann::ordered_json report = {{"model", args.engine.model},
+                                   {"mode", args.engine.mode},
+                                   {"devices", device_list_str(dp.device_ids())},
+                                   {"batch_size", args.batch_size},
+                                   {"final_test_accuracy", as_printed("%g", accuracy)},
+                                   {"epochs", epochs}};
   std::ofstream out(args.json);
   DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
-  out << "{\"model\": \"" << args.engine.model << "\", \"mode\": \"" << args.engine.mode << "\", \"devices\": \""
-      << device_list_str(dp.device_ids()) << "\", \"batch_size\": " << args.batch_size
-      << ", \"final_test_accuracy\": " << accuracy << ", \"epochs\": [" << epochs_json << "]}\n";
+  out << report.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   out.close();
   DPE_CHECK(out.good(), "--json ", args.json, ": write failed");
 }
@@ -114,7 +130,7 @@ void run_train(TrainArgs args) {
     std::printf("nothing left to train: %s is after epoch %lld and --epochs is %lld; the loaded model was evaluated\n",
                 args.engine.resume.c_str(), static_cast<long long>(first_epoch), static_cast<long long>(args.epochs));
     std::printf("final test accuracy %.4f\n", accuracy);
-    if (!args.json.empty()) write_json(args, *dp, accuracy, "");
+    if (!args.json.empty()) write_json(args, *dp, accuracy, nlohmann::ordered_json::array());
     return;
   }
   // One scheduler per optimizer (DDP: per replica, so every replica keeps the same learning rate), stepped
@@ -129,7 +145,7 @@ void run_train(TrainArgs args) {
       if (first_epoch > 0) schedulers.back()->set_last_epoch(first_epoch * loader.num_batches());
     }
   }
-  std::string epochs_json;
+  nlohmann::ordered_json epochs_json = nlohmann::ordered_json::array();
   double accuracy = 0;
   for (int64_t epoch = first_epoch; epoch < args.epochs; ++epoch) {
     loader.begin_epoch(epoch);
@@ -151,13 +167,11 @@ void run_train(TrainArgs args) {
     std::snprintf(summary, sizeof summary, "loss %.4f  test accuracy %.4f  %.0f samples/s  %.1f s",
                   loss_sum / static_cast<double>(samples), accuracy, rate, seconds);
     progress.finish(summary);
-    char row[256];
-    std::snprintf(row, sizeof row,
-                  "%s{\"epoch\": %lld, \"train_loss\": %.6f, \"test_accuracy\": %.6f, \"samples_per_s\": %.2f, "
-                  "\"seconds\": %.3f}",
-                  epochs_json.empty() ? "" : ", ", static_cast<long long>(epoch + 1),
-                  loss_sum / static_cast<double>(samples), accuracy, rate, seconds);
-    epochs_json += row;
+    epochs_json.push_back({{"epoch", epoch + 1},
+                           {"train_loss", as_printed("%.6f", loss_sum / static_cast<double>(samples))},
+                           {"test_accuracy", as_printed("%.6f", accuracy)},
+                           {"samples_per_s", as_printed("%.2f", rate)},
+                           {"seconds", as_printed("%.3f", seconds)}});
     if (args.save_every > 0 && ((epoch + 1) % args.save_every == 0 || epoch + 1 == args.epochs)) {
       // Replicas are identical (DDP) or the master holds the model (DP): replica 0 is the model.
       engine::save_checkpoint(args.checkpoint, dp->module(), &dp->optimizer(0),
