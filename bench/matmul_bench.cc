@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
   if (has_avx512) std::printf(", AVX-512 %.1f GFLOP/s", avx512);
   else std::printf(", AVX-512 not available");
   std::printf("\n  -> single-core FP32 peak used below: %.1f GFLOP/s (%d threads: %.1f GFLOP/s = threads x peak;\n"
-              "     DESIGN.md's 235 GFLOP/s is the AVX-512 Zen 5 figure, for comparison)\n",
+              "     docs/DESIGN.md's 235 GFLOP/s is the AVX-512 Zen 5 figure, for comparison)\n",
               peak, all_threads, peak * all_threads);
   std::printf("OpenBLAS core: %s (OPENBLAS_CORETYPE=%s); oneDNN picks its own ISA\n\n", openblas_get_corename(),
               std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset");

@@ -5,7 +5,7 @@
 //   ProcessGroup group({Device::cpu(0), Device::cpu(1)});
 //   pool.run(2, [&](size_t r) { group.all_reduce(r, grads[r], ReduceOp::Avg); });
 //
-// Backends (research/ddp_collectives_semantics.md §4.3), chosen once when the group is constructed
+// Backends (docs/PYTORCH_SEMANTICS.md §4), chosen once when the group is constructed
 // (collectives/backend.h, internal):
 //  - Cpu: CPU devices share the host memory. Every member does its share of the work (an all-reduce
 //    reduces 1/n of the elements across all members' buffers and writes the result back into all of them),

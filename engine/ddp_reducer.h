@@ -1,5 +1,5 @@
 // DDP-mode gradient reduction: PyTorch's c10d Reducer for one process driving every replica
-// (research/ddp_collectives_semantics.md §2, "the reducer algorithm").
+// (docs/PYTORCH_SEMANTICS.md §2, "the DDP reducer").
 //
 // Buckets. Parameters are grouped into buckets of one dtype by compute_bucket_assignment_by_size. The first
 // iteration uses one bucket per dtype (PyTorch disables bucketing until it has seen the real gradient-ready

@@ -1,4 +1,4 @@
-// One persistent worker thread per device (DESIGN.md "Threads, streams, errors").
+// One persistent worker thread per device (docs/DESIGN.md "Threads, streams, errors").
 //
 // run(count, fn) runs fn(i) on worker i for i in [0, count) at the same time and returns when all have
 // finished. A worker that throws does not stop the others: every exception is caught and numbered in the

@@ -6,7 +6,7 @@
 // (set_process_group); otherwise — no group, a group of one, eval — it is exactly BatchNorm (same op, same
 // bits, no collective).
 //
-// Synchronised training, per channel, on member r's own thread (research/ddp_collectives_semantics.md §3.2):
+// Synchronised training, per channel, on member r's own thread (docs/PYTORCH_SEMANTICS.md §3):
 //   forward:  local mean_r, invstd_r = 1/sqrt(var_biased_r + eps), n_r = numel / C;
 //             ONE all_gather_into_tensor of [mean (C), invstd (C), n_r (1)] (x's dtype, x's device);
 //             pairwise (Chan) merge in rank order, members with n_j = 0 skipped, giving mean, invstd and

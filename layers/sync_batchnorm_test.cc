@@ -62,7 +62,7 @@ ProcessGroupOptions short_timeout() {
 
 Tensor rows(const Tensor& t, int64_t start, int64_t length) { return t.narrow(0, start, length); }
 
-// research/ddp_collectives_semantics.md §3.2's test vector.
+// docs/PYTORCH_SEMANTICS.md §3's test vector.
 TEST(SyncBatchNormTest, WorkedExampleFromTheReference) {
   auto group = std::make_shared<ProcessGroup>(testing::cpu_devices(2), short_timeout());
   SyncBatchNorm prototype(1, /*eps=*/0.0, /*momentum=*/0.1);

@@ -12,7 +12,7 @@
 // step. Primitives are immutable and their scratchpad is user-provided (scratchpad_mode::user, allocated
 // per call), so one primitive may execute on several threads at once (one per CPU device worker). Each
 // call makes its own dnnl::stream. oneDNN parallelises with OpenMP using the calling thread's
-// omp_get_max_threads() (each device worker sets its share, see DESIGN.md).
+// omp_get_max_threads() (each device worker sets its share, see docs/DESIGN.md, "Threads, streams, errors").
 //
 // Contract: outputs are overwritten, as conv.h says. Results do not depend on the number of threads for
 // float64 (GEMMs in a fixed order); oneDNN's float32 kernels are deterministic for a fixed thread count.

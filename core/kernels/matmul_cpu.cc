@@ -5,7 +5,7 @@
 // by gradient checks, where OpenBLAS's speed does not matter.
 //
 // Threads: dnnl_sgemm parallelises with OpenMP using omp_get_max_threads() of the *calling* thread, so each
-// device worker sets its share with omp_set_num_threads() once (see DESIGN.md); OpenBLAS uses its own
+// device worker sets its share with omp_set_num_threads() once (see docs/DESIGN.md); OpenBLAS uses its own
 // pthread pool (openblas_set_num_threads). Neither uses TBB. gemm_cpu itself keeps no state: concurrent
 // calls on distinct C matrices are safe.
 // Batches run one after another, so a batch stride of 0 on A or B is safe; C must not overlap across
