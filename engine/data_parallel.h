@@ -206,7 +206,16 @@ class DataParallel {
   double forward_backward_ddp(const Tensor& input, const Tensor& target, const LossFn& loss);
   void validate_devices();
   void check_master_placement() const;
-  void sync_replicas(size_t used);
+  // The DP step's named parts (dp_mode.cc), in the order forward_args runs them.
+  struct ScatteredInputs;
+  int64_t check_batch(const std::vector<Tensor>& tensors, const std::vector<std::string>& labels, int64_t* dim) const;
+  std::vector<Tensor> forward_on_master(const nn::ModuleInput& input, const std::vector<Tensor>& tensors, int64_t batch);
+  ScatteredInputs scatter_inputs(const std::vector<Tensor>& tensors, int64_t dim, int64_t batch);
+  std::vector<std::vector<Tensor>> parallel_apply(const nn::ModuleInput& input, const ScatteredInputs& scattered,
+                                                  size_t used);
+  std::vector<Tensor> gather_outputs(std::vector<std::vector<Tensor>> outputs, const ScatteredInputs& scattered,
+                                     int64_t dim);
+  void sync_replicas(size_t used);  // the replicate step: one coalesced broadcast from the master
   void average_buffers(size_t used);
   void refresh_memory_report();
 

@@ -1,5 +1,6 @@
 // DataParallel's DDP mode: construction (structure check, broadcast from replica 0, process group, reducer)
-// and the DDP step. The DP-mode parts are in data_parallel.cc, the step API shared by both in train_step.cc.
+// and the DDP step. The DP step is in dp_mode.cc, what both modes construct in data_parallel.cc, the step API
+// they share in train_step.cc.
 #include <algorithm>
 
 #include "core/autograd/grad_mode.h"

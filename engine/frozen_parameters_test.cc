@@ -115,7 +115,9 @@ void check_case(const Case& c, int steps = 4) {
   // Gradients, of the last step: none for a frozen parameter on any replica (DP's clones included).
   for (size_t r = 0; r < 3; ++r) {
     for (const auto& [name, p] : dp.replica(r).named_parameters()) {
-      if (c.frozen.contains(name)) EXPECT_FALSE(p.grad().defined()) << "replica " << r << " " << name;
+      if (c.frozen.contains(name)) {
+        EXPECT_FALSE(p.grad().defined()) << "replica " << r << " " << name;
+      }
       EXPECT_EQ(p.requires_grad(), !c.frozen.contains(name)) << "replica " << r << " " << name;
     }
   }
