@@ -52,6 +52,7 @@
 #include "engine/ddp_reducer.h"
 #include "engine/gradient_reducer.h"
 #include "engine/worker_pool.h"
+#include "layers/loss.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
 #include "scatter_gather/chunking.h"
@@ -109,9 +110,8 @@ struct StepReport {
   std::vector<std::pair<Device, MemoryStats>> memory;  // per device_ids entry, after the step
 };
 
-// The loss of a batch (DP: the gathered output, on output_device) or of one replica's shard (DDP: on the
-// replica's device, run on its worker thread, so it must be thread-safe): a 0-dim tensor.
-using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+// LossFn (layers/loss.h): the loss of a batch (DP: the gathered output, on output_device) or of one replica's
+// shard (DDP: on the replica's device, run on its worker thread, so it must be thread-safe): a 0-dim tensor.
 // Makes an optimizer over the given parameters: DP calls it once (master), DDP once per replica.
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Tensor>& params)>;
 

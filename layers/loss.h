@@ -10,8 +10,17 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "core/tensor.h"
+
+namespace dpe {
+
+// A loss as DataParallel's step API takes it: (output, target) -> a 0-dim tensor (engine/data_parallel.h
+// says where each mode computes it and on which thread).
+using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+}  // namespace dpe
 
 namespace dpe::nn {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/data_parallel.h"
+#include "layers/loss.h"
 #include "layers/module.h"
 
 namespace dpe::models {
