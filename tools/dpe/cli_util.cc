@@ -17,22 +17,38 @@ namespace dpe::tool {
 
 namespace {
 
+// "a,b,c" -> {"a", "b", "c"}, each item non-empty: "<label> 'a,,b': item 2 is empty; expected <expected>".
+// The caller checks that `text` is not empty (its message names what was expected).
+std::vector<std::string> split_items(const std::string& label, const std::string& text, const char* expected) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  for (int position = 1;; ++position) {
+    const size_t comma = text.find(',', start);
+    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    DPE_CHECK(!item.empty(), label, " '", text, "': item ", position, " is empty; expected ", expected);
+    items.push_back(std::move(item));
+    if (comma == std::string::npos) return items;
+    start = comma + 1;
+  }
+}
+
+std::string join_commas(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ",") + item;
+  return out;
+}
+
 std::vector<Device> parse_list(const std::string& label, const std::string& list) {
   DPE_CHECK(!list.empty(), label, " '': expected at least one device, e.g. cpu:0,cpu:1");
   std::vector<Device> devices;
-  size_t start = 0;
-  for (int position = 1;; ++position) {
-    const size_t comma = list.find(',', start);
-    const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    DPE_CHECK(!item.empty(), label, " '", list, "': item ", position,
-              " is empty; expected devices separated by single commas, e.g. cpu:0,cpu:1");
+  int position = 0;
+  for (const std::string& item : split_items(label, list, "devices separated by single commas, e.g. cpu:0,cpu:1")) {
+    ++position;
     try {
       devices.push_back(Device::parse(item));
     } catch (const Error& e) {
       throw Error(dpe::detail::str_cat(label, " '", list, "': item ", position, ": ", e.what()));
     }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return devices;
 }
@@ -201,24 +217,13 @@ CLI::Option* add_real_option(CLI::App& cmd, const std::string& names, double& ta
 
 std::vector<std::string> parse_name_list(const std::string& option, const std::string& text,
                                          const std::vector<std::string>& allowed) {
-  auto join = [](const std::vector<std::string>& items) {
-    std::string out;
-    for (const std::string& item : items) out += (out.empty() ? "" : ",") + item;
-    return out;
-  };
-  DPE_CHECK(!text.empty(), option, " '': expected at least one of ", join(allowed));
-  std::vector<std::string> items;
-  size_t start = 0;
-  for (int position = 1;; ++position) {
-    const size_t comma = text.find(',', start);
-    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    DPE_CHECK(!item.empty(), option, " '", text, "': item ", position, " is empty; expected names separated by single commas");
-    DPE_CHECK(allowed.empty() || std::find(allowed.begin(), allowed.end(), item) != allowed.end(), option, " '", text,
-              "': item ", position, " '", item, "' is not one of ", join(allowed));
-    items.push_back(std::move(item));
-    if (comma == std::string::npos) return items;
-    start = comma + 1;
+  DPE_CHECK(!text.empty(), option, " '': expected at least one of ", join_commas(allowed));
+  std::vector<std::string> items = split_items(option, text, "names separated by single commas");
+  for (size_t i = 0; i < items.size(); ++i) {
+    DPE_CHECK(allowed.empty() || std::find(allowed.begin(), allowed.end(), items[i]) != allowed.end(), option, " '",
+              text, "': item ", i + 1, " '", items[i], "' is not one of ", join_commas(allowed));
   }
+  return items;
 }
 
 CLI::Option* add_name_list_option(CLI::App& cmd, const std::string& names, std::vector<std::string>& target,
@@ -227,14 +232,8 @@ CLI::Option* add_name_list_option(CLI::App& cmd, const std::string& names, std::
   CLI::Option* option = cmd.add_option_function<std::string>(
       names, [&target, name, allowed](const std::string& text) { target = parse_name_list(name, text, allowed); },
       description);
-  std::string shown;
-  for (const std::string& item : target) shown += (shown.empty() ? "" : ",") + item;
-  option->default_str(shown);
-  if (!allowed.empty()) {
-    std::string choices;
-    for (const std::string& item : allowed) choices += (choices.empty() ? "" : ",") + item;
-    option->type_name("LIST of {" + choices + "}");
-  }
+  option->default_str(join_commas(target));
+  if (!allowed.empty()) option->type_name("LIST of {" + join_commas(allowed) + "}");
   return option;
 }
 
