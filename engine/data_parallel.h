@@ -116,6 +116,9 @@ struct StepReport {
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Tensor>& params)>;
 
 class DataParallel;
+namespace engine_detail {
+struct TensorSlots;  // where a step's tensor arguments are (dp_mode.cc)
+}  // namespace engine_detail
 
 // DDP's no_sync(): while alive, backward passes accumulate gradients locally without any collective; the
 // next synchronised backward reduces the accumulated gradients. In DP mode gradients always land in the
@@ -208,11 +211,12 @@ class DataParallel {
   void check_master_placement() const;
   // The DP step's named parts (dp_mode.cc), in the order forward_args runs them.
   struct ScatteredInputs;
-  int64_t check_batch(const std::vector<Tensor>& tensors, const std::vector<std::string>& labels, int64_t* dim) const;
-  std::vector<Tensor> forward_on_master(const nn::ModuleInput& input, const std::vector<Tensor>& tensors, int64_t batch);
+  using TensorSlots = engine_detail::TensorSlots;
+  int64_t check_batch(const TensorSlots& slots, int64_t* dim) const;
+  std::vector<Tensor> forward_on_master(const nn::ModuleInput& input, const TensorSlots& slots, int64_t batch);
   ScatteredInputs scatter_inputs(const std::vector<Tensor>& tensors, int64_t dim, int64_t batch);
-  std::vector<std::vector<Tensor>> parallel_apply(const nn::ModuleInput& input, const ScatteredInputs& scattered,
-                                                  size_t used);
+  std::vector<std::vector<Tensor>> parallel_apply(const nn::ModuleInput& input, const TensorSlots& slots,
+                                                  const ScatteredInputs& scattered, size_t used);
   std::vector<Tensor> gather_outputs(std::vector<std::vector<Tensor>> outputs, const ScatteredInputs& scattered,
                                      int64_t dim);
   void sync_replicas(size_t used);  // the replicate step: one coalesced broadcast from the master

@@ -101,15 +101,17 @@ class DataParallelGatherNode final : public autograd::Node {
   std::vector<bool> scalar_outputs_;
 };
 
-namespace {
-
 // Where the tensor arguments of a ModuleInput are: positional indices, then names.
-struct TensorSlots {
+struct engine_detail::TensorSlots {
   std::vector<size_t> positional;
   std::vector<std::string> named;
   std::vector<Tensor> tensors;     // in that order
   std::vector<std::string> labels;  // "argument 0", "argument 'mask'"
 };
+
+namespace {
+
+using engine_detail::TensorSlots;
 
 TensorSlots tensor_slots(const nn::ModuleInput& input) {
   TensorSlots slots;
@@ -192,8 +194,8 @@ std::vector<Tensor> DataParallel::forward_args(const nn::ModuleInput& input) {
   report_ = StepReport{.mode = options_.mode};
   const TensorSlots slots = tensor_slots(input);
   int64_t dim = options_.dim;
-  const int64_t batch = check_batch(slots.tensors, slots.labels, &dim);
-  if (device_ids_.size() == 1 || slots.tensors.empty()) return forward_on_master(input, slots.tensors, batch);
+  const int64_t batch = check_batch(slots, &dim);
+  if (device_ids_.size() == 1 || slots.tensors.empty()) return forward_on_master(input, slots, batch);
   if (GradMode::is_enabled()) refresh_trainable();
 
   ScatteredInputs scattered = scatter_inputs(slots.tensors, dim, batch);
@@ -201,14 +203,15 @@ std::vector<Tensor> DataParallel::forward_args(const nn::ModuleInput& input) {
   auto start = Clock::now();
   if (options_.mode == ParallelMode::DP) sync_replicas(used);  // replicate; DDP replicas are kept in step by their optimizers
   report_.broadcast_ms = ms_since(start);
-  std::vector<std::vector<Tensor>> outputs = parallel_apply(input, scattered, used);
+  std::vector<std::vector<Tensor>> outputs = parallel_apply(input, slots, scattered, used);
   return gather_outputs(std::move(outputs), scattered, dim);
 }
 
 // Every tensor argument is split along dim, so all must have it and agree on its size there. Returns the
 // batch (-1 without a tensor argument) and sets *dim to the first argument's normalised dim.
-int64_t DataParallel::check_batch(const std::vector<Tensor>& tensors, const std::vector<std::string>& labels,
-                                  int64_t* dim) const {
+int64_t DataParallel::check_batch(const TensorSlots& slots, int64_t* dim) const {
+  const std::vector<Tensor>& tensors = slots.tensors;
+  const std::vector<std::string>& labels = slots.labels;
   int64_t batch = -1;
   for (size_t t = 0; t < tensors.size(); ++t) {
     const Tensor& x = tensors[t];
@@ -226,16 +229,16 @@ int64_t DataParallel::check_batch(const std::vector<Tensor>& tensors, const std:
 
 // One device, or nothing to split: the master runs alone (no broadcast, no reduction), bit for bit the
 // module's own forward.
-std::vector<Tensor> DataParallel::forward_on_master(const nn::ModuleInput& input, const std::vector<Tensor>& tensors,
+std::vector<Tensor> DataParallel::forward_on_master(const nn::ModuleInput& input, const TensorSlots& slots,
                                                     int64_t batch) {
   report_.chunk_sizes = {std::max<int64_t>(batch, 0)};
   report_.used_devices = {device_ids_[0]};
   auto start = Clock::now();
   std::vector<Tensor> moved;
-  for (const Tensor& x : tensors) moved.push_back(x.to(device_ids_[0]));
+  for (const Tensor& x : slots.tensors) moved.push_back(x.to(device_ids_[0]));
   std::vector<Tensor> outputs;
   if (device_ids_.size() == 1) {
-    outputs = replicas_[0]->forward_args(with_tensors(input, tensor_slots(input), moved));
+    outputs = replicas_[0]->forward_args(with_tensors(input, slots, moved));
   } else {
     pool_->run(1, [&](size_t) { outputs = replicas_[0]->forward_args(input); });
   }
@@ -279,10 +282,9 @@ DataParallel::ScatteredInputs DataParallel::scatter_inputs(const std::vector<Ten
 }
 
 // Forward on every used device at once, each replica on its own worker with its chunks.
-std::vector<std::vector<Tensor>> DataParallel::parallel_apply(const nn::ModuleInput& input,
+std::vector<std::vector<Tensor>> DataParallel::parallel_apply(const nn::ModuleInput& input, const TensorSlots& slots,
                                                               const ScatteredInputs& scattered, size_t used) {
   auto start = Clock::now();
-  const TensorSlots slots = tensor_slots(input);
   std::vector<std::vector<Tensor>> outputs(used);
   pool_->run(used, [&](size_t i) {
     std::vector<Tensor> mine;
