@@ -40,20 +40,23 @@ def run(argv, env, timeout=TIME_LIMIT_S):
         return None, out, time.monotonic() - start
 
 
-def rewrite_checkpoint(src, dst, metadata_changes):
-    """Copies a safetensors checkpoint with some __metadata__ values replaced (a valid file otherwise)."""
+def rewrite_checkpoint(src, dst, mutate):
+    """Copies a safetensors checkpoint with its JSON header changed by mutate(header) (the data unchanged)."""
     blob = src.read_bytes()
     (n,) = struct.unpack("<Q", blob[:8])
     header = json.loads(blob[8:8 + n])
-    header["__metadata__"].update(metadata_changes)
+    mutate(header)
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     dst.write_bytes(struct.pack("<Q", len(text)) + text + blob[8 + n:])
 
 
-def write_idx(path, magic_type, dims, payload, compress=True):
-    data = bytes([0, 0, magic_type, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims) + payload
-    path.write_bytes(gzip.compress(data) if compress else data)
+def first_tensor(header):
+    return header[next(k for k in header if k != "__metadata__")]
+
+
+def gzipped_idx(magic_type, dims, payload):
+    return gzip.compress(bytes([0, 0, magic_type, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims) + payload)
 
 
 def prepare(tmp, dpe, env):
@@ -83,8 +86,16 @@ def prepare(tmp, dpe, env):
         "ck_rng_garbled": {"training.rng.cpu:0": "12;34"},
         "ck_version": {"dpe.checkpoint_version": "99"},
     }.items():
-        rewrite_checkpoint(ck, tmp / f"{name}.safetensors", changes)
         f[name] = tmp / f"{name}.safetensors"
+        rewrite_checkpoint(ck, f[name], lambda h, changes=changes: h["__metadata__"].update(changes))
+    for name, mutate in {
+        "ck_offsets_outside": lambda h: first_tensor(h).update(data_offsets=[0, 1 << 40]),
+        "ck_shape_wraps": lambda h: first_tensor(h).update(shape=[1 << 32, 1 << 32, 1 << 2]),
+        "ck_dtype_unknown": lambda h: first_tensor(h).update(dtype="Q7"),
+        "ck_shape_wrong": lambda h: first_tensor(h).update(shape=[3, 3]),
+    }.items():
+        f[name] = tmp / f"{name}.safetensors"
+        rewrite_checkpoint(ck, f[name], mutate)
     blob = ck.read_bytes()
     f["ck_truncated"] = tmp / "ck_truncated.safetensors"
     f["ck_truncated"].write_bytes(blob[: len(blob) // 2])
@@ -92,49 +103,25 @@ def prepare(tmp, dpe, env):
     f["ck_header_huge"].write_bytes(struct.pack("<Q", 1 << 62) + blob[8:])
     f["ck_header_short"] = tmp / "ck_header_short.safetensors"
     f["ck_header_short"].write_bytes(blob[:5])
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    for name, mutate in {
-        "ck_offsets_outside": lambda h, k: h[k].update(data_offsets=[0, 1 << 40]),
-        "ck_shape_wraps": lambda h, k: h[k].update(shape=[1 << 32, 1 << 32, 1 << 2]),
-        "ck_dtype_unknown": lambda h, k: h[k].update(dtype="Q7"),
-        "ck_shape_wrong": lambda h, k: h[k].update(shape=[3, 3]),
-    }.items():
-        h = json.loads(json.dumps(header))
-        key = next(k for k in h if k != "__metadata__")
-        mutate(h, key)
-        text = json.dumps(h).encode()
-        text += b" " * (-len(text) % 8)
-        (tmp / f"{name}.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + blob[8 + n:])
-        f[name] = tmp / f"{name}.safetensors"
-    # Fashion-MNIST directories, each with one file made wrong (the others are the real ones).
-    for name, (file, magic_type, dims, payload, compress) in {
-        "idx_bad_magic": ("train-labels-idx1-ubyte.gz", 0x0D, [60000], bytes(60000), True),
-        "idx_short_payload": ("train-labels-idx1-ubyte.gz", 0x08, [60000], bytes(100), True),
-        "idx_long_payload": ("train-labels-idx1-ubyte.gz", 0x08, [60000], bytes(60001), True),
-        "idx_huge_dims": ("train-images-idx3-ubyte.gz", 0x08, [60000, 0xFFFFFF, 0xFFFFFF], bytes(16), True),
-        "idx_wrong_rank": ("train-images-idx3-ubyte.gz", 0x08, [60000, 784], bytes(16), True),
-        "idx_labels_out_of_range": ("train-labels-idx1-ubyte.gz", 0x08, [60000], bytes([200]) * 60000, True),
-        "idx_count_mismatch": ("train-labels-idx1-ubyte.gz", 0x08, [59999], bytes(59999), True),
+    # Fashion-MNIST directories, each with one file made wrong (the others are links to the real ones).
+    labels, images = "train-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz"
+    for name, (file, content) in {
+        "idx_bad_magic": (labels, gzipped_idx(0x0D, [60000], bytes(60000))),
+        "idx_short_payload": (labels, gzipped_idx(0x08, [60000], bytes(100))),
+        "idx_long_payload": (labels, gzipped_idx(0x08, [60000], bytes(60001))),
+        "idx_huge_dims": (images, gzipped_idx(0x08, [60000, 0xFFFFFF, 0xFFFFFF], bytes(16))),
+        "idx_wrong_rank": (images, gzipped_idx(0x08, [60000, 784], bytes(16))),
+        "idx_labels_out_of_range": (labels, gzipped_idx(0x08, [60000], bytes([200]) * 60000)),
+        "idx_count_mismatch": (labels, gzipped_idx(0x08, [59999], bytes(59999))),
+        "idx_not_gzip": (labels, b"\x1f\x8b\x08\x00garbage that is not deflate"),
     }.items():
         d = tmp / name
         d.mkdir()
         for real in FASHION_MNIST.iterdir():
-            os.symlink(real, d / real.name)
-        (d / file).unlink()
-        write_idx(d / file, magic_type, dims, payload, compress)
+            if real.name != file:
+                os.symlink(real, d / real.name)
+        (d / file).write_bytes(content)
         f[name] = d
-    d = tmp / "idx_not_gzip"
-    d.mkdir()
-    for real in FASHION_MNIST.iterdir():
-        os.symlink(real, d / real.name)
-    (d / "train-labels-idx1-ubyte.gz").unlink()
-    (d / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b\x08\x00garbage that is not deflate")
-    f["idx_not_gzip"] = d
-    f["text_binary"] = tmp / "binary.txt"
-    f["text_binary"].write_bytes(bytes(range(256)) * 4)
-    f["text_one_record"] = tmp / "one.txt"
-    f["text_one_record"].write_bytes(b"just one line\n")
     return f
 
 
