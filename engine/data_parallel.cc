@@ -5,6 +5,9 @@
 #include <set>
 
 #include "core/error.h"
+#include "engine/ddp_reducer.h"
+#include "engine/gradient_reducer.h"
+#include "engine/worker_pool.h"
 
 namespace dpe {
 
@@ -112,6 +115,10 @@ void DataParallel::refresh_trainable() {
 }
 
 DataParallel::~DataParallel() = default;
+
+int64_t DataParallel::threads_created() const { return pool_->threads_created(); }
+
+size_t DataParallel::num_buckets() const { return reducer_ ? reducer_->num_buckets() : 0; }
 
 void DataParallel::validate_devices() {
   if (!options_.device_ids.has_value()) {

@@ -49,9 +49,7 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "engine/ddp_reducer.h"
-#include "engine/gradient_reducer.h"
-#include "engine/worker_pool.h"
+#include "engine/replica_error.h"
 #include "layers/loss.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
@@ -116,6 +114,11 @@ struct StepReport {
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Tensor>& params)>;
 
 class DataParallel;
+// The engine's internals (engine/*.h beside this one, private to engine/ by Bazel visibility): declared, not
+// included, so that a user of DataParallel compiles against this header and replica_error.h alone.
+class DeviceWorkerPool;
+class GradientReducer;
+class DdpReducer;
 namespace engine_detail {
 struct TensorSlots;  // where a step's tensor arguments are (dp_mode.cc)
 }  // namespace engine_detail
@@ -178,7 +181,7 @@ class DataParallel {
   optim::Optimizer& optimizer(size_t replica = 0);
   size_t num_optimizers() const { return optimizers_.size(); }  // DP: 1, DDP: one per replica
   ProcessGroup* process_group() { return group_.get(); }  // DDP mode only (else null)
-  const DdpReducer* ddp_reducer() const { return ddp_reducer_.get(); }
+  const DdpReducer* ddp_reducer() const { return ddp_reducer_.get(); }  // DDP mode; tests (engine/ddp_reducer.h)
   std::shared_ptr<nn::Module> module_ptr() { return replicas_[0]; }
   std::vector<Tensor> parameters() const { return replicas_[0]->parameters(); }
   const std::vector<Device>& device_ids() const { return device_ids_; }
@@ -188,8 +191,8 @@ class DataParallel {
   const StepReport& last_step() const { return report_; }
   // Counters for the persistence guarantees: constant after construction.
   int64_t replicas_created() const { return replicas_created_; }
-  int64_t threads_created() const { return pool_->threads_created(); }
-  size_t num_buckets() const { return reducer_ ? reducer_->num_buckets() : 0; }
+  int64_t threads_created() const;
+  size_t num_buckets() const;  // DP mode's gradient buckets
 
  private:
   friend class DataParallelGatherNode;

@@ -8,6 +8,7 @@
 #include "core/autograd/grad_mode.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
+#include "engine/ddp_reducer.h"
 #include "layers/activation.h"
 #include "layers/batchnorm.h"
 #include "layers/linear.h"

@@ -8,6 +8,9 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
+#include "engine/ddp_reducer.h"
+#include "engine/gradient_reducer.h"
+#include "engine/worker_pool.h"
 #include "engine/timing.h"
 #include "scatter_gather/scatter_gather.h"
 

@@ -10,7 +10,7 @@
 #include <set>
 
 #include "core/ops.h"
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "engine/data_parallel.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
@@ -257,14 +257,14 @@ TEST(FrozenParametersTest, CheckpointAndResumeAreExact) {
     auto first_half = engine_for(nn::clone_module(*net, Device::cpu(0)));
     for (int step = 0; step < 6; ++step) continuous->train_step(batches[step].first, batches[step].second, mse);
     for (int step = 0; step < 3; ++step) first_half->train_step(batches[step].first, batches[step].second, mse);
-    engine::save_checkpoint(path, first_half->module(), &first_half->optimizer(0), {.epoch = 1, .step = 3});
+    io::save_checkpoint(path, first_half->module(), &first_half->optimizer(0), {.epoch = 1, .step = 3});
 
     manual_seed(12);  // different initial values: the checkpoint must replace them all
     auto resumed_net = std::make_shared<Net>();
     set_frozen(*resumed_net, frozen);
-    engine::load_checkpoint(path, *resumed_net);
+    io::load_checkpoint(path, *resumed_net);
     auto resumed = engine_for(resumed_net);
-    for (size_t r = 0; r < resumed->num_optimizers(); ++r) engine::load_checkpoint(path, resumed->replica(r), &resumed->optimizer(r));
+    for (size_t r = 0; r < resumed->num_optimizers(); ++r) io::load_checkpoint(path, resumed->replica(r), &resumed->optimizer(r));
     for (int step = 3; step < 6; ++step) resumed->train_step(batches[step].first, batches[step].second, mse);
 
     const nn::StateDict a = continuous->module().state_dict(), b = resumed->module().state_dict();

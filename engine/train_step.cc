@@ -1,6 +1,9 @@
 // The step API shared by DP and DDP mode: forward_backward, the optimizers, zero_grad, no_sync.
 #include "core/error.h"
 #include "engine/data_parallel.h"
+#include "engine/ddp_reducer.h"
+#include "engine/gradient_reducer.h"
+#include "engine/worker_pool.h"
 #include "engine/timing.h"
 
 namespace dpe {

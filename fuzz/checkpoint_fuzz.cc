@@ -1,4 +1,4 @@
-// Fuzz target: the safetensors checkpoint reader (engine::load_checkpoint, engine/checkpoint.h) on arbitrary
+// Fuzz target: the safetensors checkpoint reader (io::load_checkpoint, io/checkpoint.h) on arbitrary
 // file contents. Each input is loaded twice into a fresh model (fuzz/fuzz_model.h): the model alone, then
 // model, Adam optimizer and training state (every metadata parser). Rejected files end in dpe::Error; the
 // reader promises to leave the model untouched then, which the harness checks.
@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "core/ops.h"
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "fuzz/fuzz_model.h"
 #include "fuzz/fuzz_target.h"
 #include "optim/adam.h"
@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const nn::StateDict before = snapshot(model);
     bool loaded = false;
     fuzz::expect_only_dpe_errors("model", [&] {
-      engine::load_checkpoint(file.path(), model);
+      io::load_checkpoint(file.path(), model);
       loaded = true;
     });
     fuzz::require(loaded || same_state(model, before), "a rejected checkpoint leaves the model untouched");
@@ -50,11 +50,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     fuzz::TinyModel model;
     optim::Adam adam(model.parameters(), {.lr = 0.01});
-    engine::TrainingState state;
+    io::TrainingState state;
     const nn::StateDict before = snapshot(model);
     bool loaded = false;
     fuzz::expect_only_dpe_errors("all", [&] {
-      engine::load_checkpoint(file.path(), model, &adam, &state);
+      io::load_checkpoint(file.path(), model, &adam, &state);
       loaded = true;
     });
     fuzz::require(loaded || same_state(model, before), "a rejected checkpoint leaves the model untouched");

@@ -16,12 +16,12 @@ command -v clang++ >/dev/null || { echo "needs clang: apt-get install clang libc
 
 # What each harness links besides fuzz/fuzz_target.cc (the Bazel deps, as sources).
 case $harness in
-  json) srcs="engine/safetensors_header.cc core/error.cc" ;;
+  json) srcs="io/safetensors_header.cc core/error.cc" ;;
   device_list) srcs="tools/dpe/cli_util.cc core/device.cc core/error.cc" ;;
   idx) srcs="data/idx_reader.cc core/error.cc" ;;
   checkpoint)
     srcs="$(ls core/*.cc core/*/*.cc layers/*.cc optim/*.cc scatter_gather/*.cc | grep -v -e _test.cc -e cuda -e nccl)"
-    srcs="$srcs engine/checkpoint.cc engine/safetensors_header.cc"
+    srcs="$srcs io/checkpoint.cc io/safetensors_header.cc"
     ;;
   text_corpus) srcs="$(ls core/*.cc core/*/*.cc | grep -v -e _test.cc -e cuda) data/text_corpus.cc" ;;
   *) echo "unknown harness '$harness' (json, device_list, idx, checkpoint, text_corpus)" >&2; exit 2 ;;

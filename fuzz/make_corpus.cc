@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/ops.h"
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "fuzz/fuzz_model.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
@@ -89,7 +89,7 @@ void idx_corpus() {
   write("idx/truncated.gz", gz);
 }
 
-std::vector<dpe::engine::GeneratorState> fixed_rng() { return {{"cpu:0", 42, 1000}, {"cpu:1", 43, 0}}; }
+std::vector<dpe::io::GeneratorState> fixed_rng() { return {{"cpu:0", 42, 1000}, {"cpu:1", 43, 0}}; }
 
 // One Adam (or SGD) step on a fixed batch, so the optimizer has state to save.
 void one_step(dpe::fuzz::TinyModel& model, dpe::optim::Optimizer& opt) {
@@ -104,9 +104,9 @@ void one_step(dpe::fuzz::TinyModel& model, dpe::optim::Optimizer& opt) {
 void checkpoint_corpus(const fs::path& tmp) {
   using namespace dpe;
   auto save = [&](const std::string& name, const nn::Module& model, const optim::Optimizer* opt,
-                  const engine::TrainingState& st) {
+                  const io::TrainingState& st) {
     const fs::path p = tmp / name;
-    engine::save_checkpoint(p.string(), model, opt, st);
+    io::save_checkpoint(p.string(), model, opt, st);
     return read(p);
   };
   manual_seed(1);

@@ -31,7 +31,7 @@ struct ParamGroup {
 };
 
 // What state_dict() returns and load_state_dict() takes: PyTorch's {"state": ..., "param_groups": ...}
-// with tensors and numbers, so checkpoints (engine/checkpoint.h) can store it.
+// with tensors and numbers, so checkpoints (io/checkpoint.h) can store it.
 struct OptimizerStateDict {
   std::string type;  // "SGD", "Adam", "AdamW": loading into another type is an error
   struct Group {

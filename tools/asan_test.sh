@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 targets=(
   //data/...
-  //engine:checkpoint_test
-  //engine:safetensors_header_test
+  //io:checkpoint_test
+  //io:safetensors_header_test
   //engine:worker_pool_test
   //engine:data_parallel_test
   //engine:ddp_test

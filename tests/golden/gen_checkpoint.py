@@ -1,6 +1,6 @@
-"""A safetensors file written outside dpe, for engine/checkpoint_test.cc (dpe must read it).
+"""A safetensors file written outside dpe, for io/checkpoint_test.cc (dpe must read it).
 
-Writes engine/testdata/torch_mlp.safetensors: the state_dict of a PyTorch MLP (fc1: Linear(4, 3),
+Writes io/testdata/torch_mlp.safetensors: the state_dict of a PyTorch MLP (fc1: Linear(4, 3),
 fc2: Linear(3, 2), float32), with the Python `safetensors` package when it is installed, else byte by byte
 with json + struct exactly as the format specifies (8-byte little-endian header length, JSON header, data).
 Also writes tests/golden/data/checkpoint_torch.golden with the same tensors, to compare against.

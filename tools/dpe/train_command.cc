@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/data_loader.h"
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "models/models.h"
 #include "optim/lr_scheduler.h"
 #include "tools/dpe/cli_util.h"
@@ -38,7 +38,7 @@ struct TrainArgs {
 
 // Everything that can be refused without loading data or building the engine, in the order a user would
 // fix it: devices, the mode's constraints, output paths, the checkpoint to resume.
-void check_before_work(TrainArgs& args, engine::TrainingState* resumed) {
+void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   args.engine.devices =
       args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices);
   check_device_ids("--device-ids", args.engine.devices);
@@ -89,7 +89,7 @@ void write_json(const TrainArgs& args, const DataParallel& dp, double accuracy, 
 }
 
 void run_train(TrainArgs args) {
-  engine::TrainingState resumed;
+  io::TrainingState resumed;
   check_before_work(args, &resumed);
   ModelData data = load_model_data(args.engine.model, args.data_dir, args.limit);
   const int64_t samples_per_epoch = data.train_inputs.size(0);
@@ -174,7 +174,7 @@ void run_train(TrainArgs args) {
                            {"seconds", as_printed("%.3f", seconds)}});
     if (args.save_every > 0 && ((epoch + 1) % args.save_every == 0 || epoch + 1 == args.epochs)) {
       // Replicas are identical (DDP) or the master holds the model (DP): replica 0 is the model.
-      engine::save_checkpoint(args.checkpoint, dp->module(), &dp->optimizer(0),
+      io::save_checkpoint(args.checkpoint, dp->module(), &dp->optimizer(0),
                               {.epoch = epoch + 1, .step = (epoch + 1) * loader.num_batches()});
       std::fprintf(stderr, "saved %s (epoch %lld)\n", args.checkpoint.c_str(), static_cast<long long>(epoch + 1));
     }

@@ -7,7 +7,7 @@
 #include "core/ops.h"
 #include "data/fashion_mnist.h"
 #include "data/text_corpus.h"
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "layers/sync_batchnorm.h"
 #include "models/models.h"
 #include "optim/adam.h"
@@ -94,19 +94,19 @@ void check_engine_options(const EngineOptions& options) {
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
 }
 
-engine::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer) {
-  const std::vector<engine::GeneratorState> generators = engine::capture_rng_state();
+io::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer) {
+  const std::vector<io::GeneratorState> generators = io::capture_rng_state();
   std::shared_ptr<nn::Module> model = models::make_model(options.model);
   if (options.sync_bn) model = nn::convert_sync_batchnorm(model);
   std::unique_ptr<optim::Optimizer> opt = optimizer_factory(optimizer)(model->parameters());
-  engine::TrainingState state;
+  io::TrainingState state;
   try {
-    engine::load_checkpoint(options.resume, *model, opt.get(), &state);
+    io::load_checkpoint(options.resume, *model, opt.get(), &state);
   } catch (...) {
-    engine::restore_rng_state(generators);
+    io::restore_rng_state(generators);
     throw;
   }
-  engine::restore_rng_state(generators);  // loading set them from the file; make_engine does that again
+  io::restore_rng_state(generators);  // loading set them from the file; make_engine does that again
   return state;
 }
 
@@ -125,13 +125,13 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
     dp_options.output_device = options.output_device;
     if (options.mode == "ddp") dp_options.mode = ParallelMode::DDP;
   }
-  engine::TrainingState state;
-  if (!options.resume.empty()) engine::load_checkpoint(options.resume, *model, nullptr, &state);
+  io::TrainingState state;
+  if (!options.resume.empty()) io::load_checkpoint(options.resume, *model, nullptr, &state);
   auto dp = std::make_unique<DataParallel>(model, dp_options);  // DDP: replica 0's (resumed) weights to all
   dp->set_optimizer(optimizer_factory(optimizer));
   if (!options.resume.empty()) {
     size_t optimizers = options.mode == "ddp" ? dp->device_ids().size() : 1;
-    for (size_t r = 0; r < optimizers; ++r) engine::load_checkpoint(options.resume, dp->replica(r), &dp->optimizer(r));
+    for (size_t r = 0; r < optimizers; ++r) io::load_checkpoint(options.resume, dp->replica(r), &dp->optimizer(r));
     if (resumed_epoch) *resumed_epoch = state.epoch;
   }
   return dp;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "engine/data_parallel.h"
 
 namespace dpe::tool {
@@ -58,7 +58,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
 // file is validated against a freshly built model on cpu:0 and its optimizer (the same checks as
 // make_engine's load: a checkpoint of another model or optimizer is refused before data is loaded). The
 // default generators are left as they were.
-engine::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer);
+io::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer);
 
 // Fraction of correct argmax predictions (for tiny-llama: of non-padding next tokens), computed with
 // replica 0 in eval mode on its device, in batches of `batch`.

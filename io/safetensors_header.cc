@@ -1,4 +1,4 @@
-#include "engine/safetensors_header.h"
+#include "io/safetensors_header.h"
 
 #include <cstddef>
 #include <iterator>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace dpe::safetensors {
+namespace dpe::io::safetensors {
 
 namespace {
 
@@ -182,4 +182,4 @@ const char* kind_name(const Json& v) {
   return "?";
 }
 
-}  // namespace dpe::safetensors
+}  // namespace dpe::io::safetensors

@@ -1,4 +1,4 @@
-#include "engine/safetensors_header.h"
+#include "io/safetensors_header.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace dpe::safetensors {
+namespace dpe::io::safetensors {
 namespace {
 
 std::string parse_error(std::string_view text) {
@@ -112,4 +112,4 @@ TEST(SafetensorsHeaderTest, DumpRoundTrips) {
 }
 
 }  // namespace
-}  // namespace dpe::safetensors
+}  // namespace dpe::io::safetensors

@@ -1,4 +1,4 @@
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -19,9 +19,9 @@
 
 #include "core/error.h"
 #include "core/ops.h"
-#include "engine/safetensors_header.h"
+#include "io/safetensors_header.h"
 
-namespace dpe::engine {
+namespace dpe::io {
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; dpe writes tensors' bytes as they are in memory");
@@ -643,4 +643,4 @@ void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimize
   }
 }
 
-}  // namespace dpe::engine
+}  // namespace dpe::io

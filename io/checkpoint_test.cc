@@ -1,4 +1,4 @@
-#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -25,7 +25,7 @@
 #include "optim/sgd.h"
 #include "tests/testing/golden.h"
 
-namespace dpe::engine {
+namespace dpe::io {
 namespace {
 
 namespace fs = std::filesystem;
@@ -590,10 +590,10 @@ TEST(CheckpointTest, SaveOverwritesAtomicallyAndReportsBadPaths) {
 }
 
 TEST(CheckpointTest, ReadsAFileWrittenByPython) {
-  // engine/testdata/torch_mlp.safetensors and its values: tests/golden/gen_checkpoint.py.
+  // io/testdata/torch_mlp.safetensors and its values: tests/golden/gen_checkpoint.py.
   testing::Golden g = testing::load_golden("checkpoint_torch");
   Mlp model(DType::Float32);
-  load_checkpoint("engine/testdata/torch_mlp.safetensors", model);
+  load_checkpoint("io/testdata/torch_mlp.safetensors", model);
   EXPECT_TRUE(equal(model.fc1->weight, g.tensor("fc1_weight")));
   EXPECT_TRUE(equal(model.fc1->bias, g.tensor("fc1_bias")));
   EXPECT_TRUE(equal(model.fc2->weight, g.tensor("fc2_weight")));
@@ -601,4 +601,4 @@ TEST(CheckpointTest, ReadsAFileWrittenByPython) {
 }
 
 }  // namespace
-}  // namespace dpe::engine
+}  // namespace dpe::io

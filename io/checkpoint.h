@@ -1,9 +1,9 @@
 // Checkpoints: model parameters and buffers, optimizer state, epoch/step, RNG state and user metadata in one
 // safetensors file (docs/LAYERS.md, "Losses, optimizers, checkpoints").
 //
-//   engine::save_checkpoint("run/ckpt.safetensors", *model, &opt, {.epoch = 3, .step = 1200});
-//   engine::TrainingState st;
-//   engine::load_checkpoint("run/ckpt.safetensors", *model, &opt, &st);   // resumes the same trajectory
+//   io::save_checkpoint("run/ckpt.safetensors", *model, &opt, {.epoch = 3, .step = 1200});
+//   io::TrainingState st;
+//   io::load_checkpoint("run/ckpt.safetensors", *model, &opt, &st);   // resumes the same trajectory
 //
 // Format: safetensors (an 8-byte little-endian header length N, N bytes of JSON header
 // {"<name>": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {string: string}}, then the
@@ -38,7 +38,7 @@
 #include "layers/module.h"
 #include "optim/optimizer.h"
 
-namespace dpe::engine {
+namespace dpe::io {
 
 // The state of one default generator (core/ops.h).
 struct GeneratorState {
@@ -72,4 +72,4 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
 void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer = nullptr,
                      TrainingState* state = nullptr);
 
-}  // namespace dpe::engine
+}  // namespace dpe::io

@@ -1,4 +1,4 @@
-// The JSON of safetensors headers (engine/checkpoint.h), read and written with nlohmann-json, held to what a
+// The JSON of safetensors headers (io/checkpoint.h), read and written with nlohmann-json, held to what a
 // safetensors header may be.
 //
 // parse_header() accepts one JSON value (surrounding whitespace allowed) as nlohmann's strict parser does
@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace dpe::safetensors {
+namespace dpe::io::safetensors {
 
 using Json = nlohmann::ordered_json;
 
@@ -39,4 +39,4 @@ std::string dump_header(const Json& v);
 // "object", "array", "string", "integer", "number" (a double: never in a parsed header), "boolean", "null".
 const char* kind_name(const Json& v);
 
-}  // namespace dpe::safetensors
+}  // namespace dpe::io::safetensors
