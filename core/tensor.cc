@@ -7,7 +7,7 @@
 #include <ostream>
 #include <sstream>
 
-#include "core/autograd/engine.h"
+#include "core/autograd/backward.h"
 #include "core/autograd/function.h"
 #include "core/autograd/grad_mode.h"
 #include "core/autograd/node.h"

@@ -119,9 +119,9 @@ class DataParallel;
 class DeviceWorkerPool;
 class GradientReducer;
 class DdpReducer;
-namespace engine_detail {
+namespace detail {
 struct TensorSlots;  // where a step's tensor arguments are (dp_mode.cc)
-}  // namespace engine_detail
+}  // namespace detail
 
 // DDP's no_sync(): while alive, backward passes accumulate gradients locally without any collective; the
 // next synchronised backward reduces the accumulated gradients. In DP mode gradients always land in the
@@ -214,7 +214,7 @@ class DataParallel {
   void check_master_placement() const;
   // The DP step's named parts (dp_mode.cc), in the order forward_args runs them.
   struct ScatteredInputs;
-  using TensorSlots = engine_detail::TensorSlots;
+  using TensorSlots = detail::TensorSlots;
   int64_t check_batch(const TensorSlots& slots, int64_t* dim) const;
   std::vector<Tensor> forward_on_master(const nn::ModuleInput& input, const TensorSlots& slots, int64_t batch);
   ScatteredInputs scatter_inputs(const std::vector<Tensor>& tensors, int64_t dim, int64_t batch);

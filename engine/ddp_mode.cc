@@ -15,8 +15,8 @@
 
 namespace dpe {
 
-using engine_detail::Clock;
-using engine_detail::ms_since;
+using detail::Clock;
+using detail::ms_since;
 
 void DataParallel::verify_replica_structure() const {
   for (size_t r = 1; r < replicas_.size(); ++r) {

@@ -85,7 +85,7 @@ DdpReducer::DdpReducer(std::vector<std::vector<Tensor>> replica_params, std::vec
   }
   std::reverse(initial.begin(), initial.end());  // bucket 0 holds the last-registered parameters
   assign_buckets(std::move(initial));
-  hooks_ = std::make_unique<engine_detail::ReplicaGradientHooks>(
+  hooks_ = std::make_unique<detail::ReplicaGradientHooks>(
       params_, [this](size_t r, size_t p) { on_gradient_ready(r, p); });
 }
 
@@ -201,9 +201,9 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
 void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
   ReplicaState& state = *replicas_[replica];
   while (state.next_bucket < buckets_.size() && state.pending[state.next_bucket] == 0) {
-    auto start = engine_detail::Clock::now();
+    auto start = detail::Clock::now();
     group_->all_reduce(static_cast<int>(replica), state.buffers[state.next_bucket], ReduceOp::Sum);
-    state.allreduce_ms += engine_detail::ms_since(start);
+    state.allreduce_ms += detail::ms_since(start);
     if (from_hook) ++state.launched_from_hooks;
     ++state.next_bucket;
   }

@@ -116,7 +116,7 @@ class DdpReducer {
   bool rebuilt_ = false;
   bool rebuild_due_ = false;
   std::vector<size_t> ready_order_;  // replica 0's gradient-ready order in the first synchronised iteration
-  std::unique_ptr<engine_detail::ReplicaGradientHooks> hooks_;  // last: removed before the state above
+  std::unique_ptr<detail::ReplicaGradientHooks> hooks_;  // last: removed before the state above
 };
 
 }  // namespace dpe

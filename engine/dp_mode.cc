@@ -2,7 +2,7 @@
 // the replicas up to date), parallel_apply, gather the outputs. The backward step lives in the gather node's
 // apply() (DataParallelGatherNode below): the replicas' backward passes in parallel and the reduction into
 // the master.
-#include "core/autograd/engine.h"
+#include "core/autograd/backward.h"
 #include "core/autograd/grad_mode.h"
 #include "core/autograd/node.h"
 #include "core/error.h"
@@ -16,8 +16,8 @@
 
 namespace dpe {
 
-using engine_detail::Clock;
-using engine_detail::ms_since;
+using detail::Clock;
+using detail::ms_since;
 
 // The grad_fn of a DP step's gathered outputs (output j of the step is this node's output j): backward
 // lands here with the gradients of the gathered outputs, and this node runs the replicas' backward passes in
@@ -105,7 +105,7 @@ class DataParallelGatherNode final : public autograd::Node {
 };
 
 // Where the tensor arguments of a ModuleInput are: positional indices, then names.
-struct engine_detail::TensorSlots {
+struct detail::TensorSlots {
   std::vector<size_t> positional;
   std::vector<std::string> named;
   std::vector<Tensor> tensors;     // in that order
@@ -114,7 +114,7 @@ struct engine_detail::TensorSlots {
 
 namespace {
 
-using engine_detail::TensorSlots;
+using detail::TensorSlots;
 
 TensorSlots tensor_slots(const nn::ModuleInput& input) {
   TensorSlots slots;

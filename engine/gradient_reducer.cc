@@ -26,7 +26,7 @@ GradientReducer::GradientReducer(std::vector<std::vector<Tensor>> replica_params
     pending_.push_back(std::make_unique<std::atomic<int64_t>>(0));
     reduced_.push_back(std::make_unique<std::atomic<bool>>(true));
   }
-  hooks_ = std::make_unique<engine_detail::ReplicaGradientHooks>(
+  hooks_ = std::make_unique<detail::ReplicaGradientHooks>(
       params_, [this](size_t r, size_t p) { on_gradient_ready(r, p); });
 }
 

@@ -62,7 +62,7 @@ class GradientReducer {
   std::mutex stats_mutex_;
   TransferStats stats_;
   int64_t reduced_early_ = 0;
-  std::unique_ptr<engine_detail::ReplicaGradientHooks> hooks_;  // last: removed before the state above
+  std::unique_ptr<detail::ReplicaGradientHooks> hooks_;  // last: removed before the state above
 };
 
 }  // namespace dpe

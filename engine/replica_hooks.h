@@ -12,7 +12,7 @@
 
 #include "core/tensor.h"
 
-namespace dpe::engine_detail {
+namespace dpe::detail {
 
 class ReplicaGradientHooks {
  public:
@@ -41,4 +41,4 @@ class ReplicaGradientHooks {
   std::vector<std::vector<int64_t>> handles_;
 };
 
-}  // namespace dpe::engine_detail
+}  // namespace dpe::detail

@@ -3,7 +3,7 @@
 
 #include <chrono>
 
-namespace dpe::engine_detail {
+namespace dpe::detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -11,4 +11,4 @@ inline double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-}  // namespace dpe::engine_detail
+}  // namespace dpe::detail

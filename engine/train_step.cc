@@ -8,8 +8,8 @@
 
 namespace dpe {
 
-using engine_detail::Clock;
-using engine_detail::ms_since;
+using detail::Clock;
+using detail::ms_since;
 
 NoSyncGuard::NoSyncGuard(DataParallel& dp) : dp_(dp), previous_(dp.require_backward_grad_sync_) {
   dp_.require_backward_grad_sync_ = false;

@@ -204,7 +204,7 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
 template <typename T>
 void im2col(const Conv2dShape& s, const T* x, T* cols) {
   const int64_t cg = s.c_in / s.groups, ho = s.h_out(), wo = s.w_out();
-  cpu_detail::parallel_tasks(cg * s.kh * s.kw, ho * wo, [&](int64_t row) {
+  detail::parallel_tasks(cg * s.kh * s.kw, ho * wo, [&](int64_t row) {
     const int64_t c = row / (s.kh * s.kw), ki = row / s.kw % s.kh, kj = row % s.kw;
     T* out = cols + row * ho * wo;
     const T* plane = x + c * s.h * s.w;
@@ -223,7 +223,7 @@ void im2col(const Conv2dShape& s, const T* x, T* cols) {
 template <typename T>
 void col2im(const Conv2dShape& s, const T* cols, T* dx) {
   const int64_t cg = s.c_in / s.groups, ho = s.h_out(), wo = s.w_out();
-  cpu_detail::parallel_tasks(cg, s.kh * s.kw * ho * wo, [&](int64_t c) {
+  detail::parallel_tasks(cg, s.kh * s.kw * ho * wo, [&](int64_t c) {
     T* plane = dx + c * s.h * s.w;
     for (int64_t ki = 0; ki < s.kh; ++ki) {
       for (int64_t kj = 0; kj < s.kw; ++kj) {

@@ -18,9 +18,9 @@
 namespace dpe::kernels {
 namespace {
 
-using cpu_detail::coalesce;
-using cpu_detail::for_each_run;
-using cpu_detail::parallel_range;
+using detail::coalesce;
+using detail::for_each_run;
+using detail::parallel_range;
 using detail::convert;
 using detail::dispatch_dtype;
 

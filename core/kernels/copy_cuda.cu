@@ -14,10 +14,10 @@
 namespace dpe::kernels {
 namespace {
 
-using cuda_detail::first_index;
-using cuda_detail::grid_for;
-using cuda_detail::grid_stride;
-using cuda_detail::kBlock;
+using detail::first_index;
+using detail::grid_for;
+using detail::grid_stride;
+using detail::kBlock;
 
 using detail::dispatch_dtype;
 

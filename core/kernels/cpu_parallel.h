@@ -14,7 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
-namespace dpe::kernels::cpu_detail {
+namespace dpe::kernels::detail {
 
 // Elements of work below which a kernel runs on the calling thread, and about how many each parallel
 // chunk gets above it. One value for every CPU kernel (copy, elementwise, random, reduce, softmax all used
@@ -61,4 +61,4 @@ void parallel_column_tiles(int64_t outer, int64_t size, int64_t inner, int64_t t
   });
 }
 
-}  // namespace dpe::kernels::cpu_detail
+}  // namespace dpe::kernels::detail

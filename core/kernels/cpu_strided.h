@@ -8,7 +8,7 @@
 
 #include "core/kernels/layout.h"
 
-namespace dpe::kernels::cpu_detail {
+namespace dpe::kernels::detail {
 
 // N operands after dropping size-1 dimensions and merging dimensions that are contiguous with respect to each
 // other in all of them (stride-0 broadcast dimensions merge too), so that the innermost run is as long as
@@ -77,4 +77,4 @@ void for_each_run(const Coalesced<N>& c, int64_t begin, int64_t end, const F& ru
   }
 }
 
-}  // namespace dpe::kernels::cpu_detail
+}  // namespace dpe::kernels::detail

@@ -10,9 +10,9 @@
 #include "core/cuda/cuda_check.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/kernels/ops.h"
+#include "core/kernels/op_enums.h"
 
-namespace dpe::kernels::cuda_detail {
+namespace dpe::kernels::detail {
 
 inline constexpr int kBlock = 256;         // threads per block of the elementwise kernels
 inline constexpr int kMaxRowBlock = 256;   // most threads any reduction block has (its shared arrays' size)
@@ -86,4 +86,4 @@ struct MinCombine {
   __device__ T operator()(T a, T b) const { return (a < b || a != a) ? a : b; }
 };
 
-}  // namespace dpe::kernels::cuda_detail
+}  // namespace dpe::kernels::detail

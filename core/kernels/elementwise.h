@@ -7,7 +7,7 @@
 #include "core/dtype.h"
 #include "core/kernels/backend_types.h"
 #include "core/kernels/layout.h"
-#include "core/kernels/ops.h"
+#include "core/kernels/op_enums.h"
 
 namespace dpe::kernels {
 

@@ -11,12 +11,12 @@
 namespace dpe::kernels {
 namespace {
 
-using cuda_detail::dispatch_compute_type;
-using cuda_detail::dispatch_op;
-using cuda_detail::first_index;
-using cuda_detail::grid_for;
-using cuda_detail::grid_stride;
-using cuda_detail::kBlock;
+using detail::dispatch_compute_type;
+using detail::dispatch_op;
+using detail::first_index;
+using detail::grid_for;
+using detail::grid_stride;
+using detail::kBlock;
 using detail::check_n;
 
 template <typename F>

@@ -13,7 +13,7 @@
 namespace dpe::kernels {
 namespace {
 
-using cpu_detail::parallel_tasks;
+using detail::parallel_tasks;
 using detail::dispatch_float;
 
 // indices: (n); throws naming the first index outside [0, V).

@@ -12,11 +12,11 @@
 namespace dpe::kernels {
 namespace {
 
-using cuda_detail::dispatch_compute_type;
-using cuda_detail::first_index;
-using cuda_detail::grid_for;
-using cuda_detail::grid_stride;
-using cuda_detail::kBlock;
+using detail::dispatch_compute_type;
+using detail::first_index;
+using detail::grid_for;
+using detail::grid_stride;
+using detail::kBlock;
 
 // indices: (n)  first_bad: 1 word, initialised to all ones; ends as the smallest bad position (or all ones).
 __global__ void find_bad_index_kernel(int64_t n, const int64_t* indices, int64_t V,

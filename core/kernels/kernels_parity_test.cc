@@ -441,7 +441,7 @@ const AxisShape kReduceShapes[] = {{1, 0, 1},  {3, 0, 5},   {1, 1, 1},    {1, 7,
 TYPED_TEST(Parity, Reduce) {
   SKIP_WITHOUT_GPU();
   using T = TypeParam;
-  const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min};
+  const AxisReduction ops[] = {AxisReduction::Sum, AxisReduction::Mean, AxisReduction::Max, AxisReduction::Min};
   for (const AxisShape& s : kReduceShapes) {
     std::vector<T> x = random_vector<T, Rng>(s.outer * s.size * s.inner, -1, 1, s.size + 13);
     const size_t outputs = static_cast<size_t>(s.outer * s.inner);
@@ -458,14 +458,14 @@ TYPED_TEST(Parity, Reduce) {
     for (double& v : norm) v = std::sqrt(v);
     auto d_x = upload(x);
     DeviceBuffer d_y(outputs * sizeof(T));
-    for (ReduceOp op : ops) {
-      if (s.size == 0 && op != ReduceOp::Sum) continue;  // rejected by both (the caller's contract)
+    for (AxisReduction op : ops) {
+      if (s.size == 0 && op != AxisReduction::Sum) continue;  // rejected by both (the caller's contract)
       std::vector<T> cpu(outputs);
       reduce_cpu(op, dtype_of<T>(), s.outer, s.size, s.inner, x.data(), cpu.data());
       reduce_cuda(stream(), op, dtype_of<T>(), s.outer, s.size, s.inner, d_x->get(), d_y.get());
       const std::string what = "reduce op " + std::to_string(static_cast<int>(op)) + " " +
                                shape_str(s.outer, s.size, s.inner);
-      if (op == ReduceOp::Max || op == ReduceOp::Min) {
+      if (op == AxisReduction::Max || op == AxisReduction::Min) {
         expect_equal(cpu, download<T>(d_y, outputs), what);  // no rounding at all
         continue;
       }
@@ -473,7 +473,7 @@ TYPED_TEST(Parity, Reduce) {
       // random-sign data behave like a random walk over the partial sums, whose size is about sqrt(sum x^2),
       // so the difference is a small multiple of eps * sqrt(size) * sqrt(sum x^2) (Higham & Mary 2019,
       // probabilistic error analysis): 4 of it, divided by size for the mean (plus its own rounding).
-      const double div = op == ReduceOp::Mean ? double(s.size) : 1.0;
+      const double div = op == AxisReduction::Mean ? double(s.size) : 1.0;
       expect_close(cpu, download<T>(d_y, outputs),
                    [&](size_t i) {
                      return 4 * kEps<T> * std::sqrt(double(s.size)) * norm[i] / div +
@@ -495,7 +495,7 @@ TYPED_TEST(Parity, ReduceAndArgmaxPropagateNaN) {
   const size_t outputs = static_cast<size_t>(s.outer * s.inner);
   auto d_x = upload(x);
   DeviceBuffer d_y(outputs * sizeof(T));
-  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min}) {
+  for (AxisReduction op : {AxisReduction::Sum, AxisReduction::Max, AxisReduction::Min}) {
     std::vector<T> cpu(outputs);
     reduce_cpu(op, dtype_of<T>(), s.outer, s.size, s.inner, x.data(), cpu.data());
     reduce_cuda(stream(), op, dtype_of<T>(), s.outer, s.size, s.inner, d_x->get(), d_y.get());

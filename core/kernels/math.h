@@ -6,7 +6,7 @@
 #include <type_traits>
 
 #include "core/host_device.h"
-#include "core/kernels/ops.h"
+#include "core/kernels/op_enums.h"
 
 namespace dpe::kernels {
 

@@ -11,11 +11,11 @@
 namespace dpe::kernels {
 namespace {
 
-using cuda_detail::dispatch_compute_type;
-using cuda_detail::first_index;
-using cuda_detail::grid_for;
-using cuda_detail::grid_stride;
-using cuda_detail::kBlock;
+using detail::dispatch_compute_type;
+using detail::first_index;
+using detail::grid_for;
+using detail::grid_stride;
+using detail::kBlock;
 
 __device__ __forceinline__ bool target_ok(int64_t t, int64_t classes, int64_t ignore_index) {
   return t != ignore_index && t >= 0 && t < classes;

@@ -23,7 +23,7 @@ void sgd_step_cpu(DType dtype, int64_t n, void* param, const void* grad, void* m
     const T weight_decay = static_cast<T>(step.weight_decay);
     dispatch_sgd_flags(bufs != nullptr, step.first_step, step.nesterov, weight_decay != T(0), [&](auto flags) {
       using Flags = decltype(flags);
-      cpu_detail::parallel_range(n, [&](int64_t begin, int64_t end) {
+      detail::parallel_range(n, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           ps[i] = sgd_updated_param<Flags>(ps[i], gs[i], Flags::momentum ? bufs + i : nullptr, lr, momentum,
                                            dampening_complement, weight_decay);

@@ -7,8 +7,8 @@
 namespace dpe::kernels {
 namespace {
 
-using cuda_detail::first_index;
-using cuda_detail::grid_stride;
+using detail::first_index;
+using detail::grid_stride;
 
 // param, grad, buf: (n); buf null without momentum.
 template <typename Flags, typename T>
@@ -27,12 +27,12 @@ void sgd_step_cuda(cudaStream_t stream, DType dtype, int64_t n, void* param, con
   detail::check_n("sgd_step_cuda", n);
   if (n == 0) return;
   DPE_INTERNAL_ASSERT(step.momentum == 0 || momentum_buffer != nullptr, "sgd_step_cuda: momentum without a buffer");
-  cuda_detail::dispatch_compute_type(dtype, "sgd_step_cuda", [&](auto tag) {
+  detail::dispatch_compute_type(dtype, "sgd_step_cuda", [&](auto tag) {
     using T = decltype(tag);
     T* buf = step.momentum != 0 ? static_cast<T*>(momentum_buffer) : nullptr;
     const T weight_decay = static_cast<T>(step.weight_decay);
     dispatch_sgd_flags(buf != nullptr, step.first_step, step.nesterov, weight_decay != T(0), [&](auto flags) {
-      sgd_step_kernel<decltype(flags), T><<<cuda_detail::grid_for(n), cuda_detail::kBlock, 0, stream>>>(
+      sgd_step_kernel<decltype(flags), T><<<detail::grid_for(n), detail::kBlock, 0, stream>>>(
           n, static_cast<T*>(param), static_cast<const T*>(grad), buf, static_cast<T>(step.lr),
           static_cast<T>(step.momentum), static_cast<T>(1.0 - step.dampening), weight_decay);
       DPE_CUDA_CHECK_LAUNCH();

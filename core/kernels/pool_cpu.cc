@@ -16,7 +16,7 @@ using detail::dispatch_float;
 // Calls body(plane, row) for every row of `rows` rows in each of `planes` planes; `work_per_row` elements.
 template <typename F>
 void for_each_row(int64_t planes, int64_t rows, int64_t work_per_row, const F& body) {
-  cpu_detail::parallel_tasks(planes * rows, work_per_row, [&](int64_t t) { body(t / rows, t % rows); });
+  detail::parallel_tasks(planes * rows, work_per_row, [&](int64_t t) { body(t / rows, t % rows); });
 }
 
 // Applies out[p, oi, oj] = f(in plane p, oi, oj) over (P, H_out, W_out).
@@ -50,7 +50,7 @@ int64_t gather_work(const Pool2dShape& s) {
 
 // max_pool2d without padding: every window lies inside the plane, so no clipping, and one output row is
 // searched a window position at a time across all its outputs. The outputs are independent, so the inner
-// loop carries no dependency and vectorises; the window-by-window search (pool_detail::max_window) chained
+// loop carries no dependency and vectorises; the window-by-window search (detail::max_window) chained
 // each compare to the previous select and was 15% of a CNN step, this is about half of that. The same result
 // as max_window: the first maximum in window order, or the first NaN (once the running maximum is NaN nothing
 // replaces it).
@@ -95,7 +95,7 @@ void max_pool2d_cpu(const Pool2dShape& s, const void* x, void* y, int64_t* indic
       return;
     }
     map_outputs<T>(s, s.kh * s.kw, x, y, [&](const T* plane, int64_t p, int64_t oi, int64_t oj) {
-      return pool_detail::max_window(s, plane, oi, oj, indices + (p * s.h_out + oi) * s.w_out + oj);
+      return detail::max_window(s, plane, oi, oj, indices + (p * s.h_out + oi) * s.w_out + oj);
     });
   });
 }
@@ -110,7 +110,7 @@ void max_pool2d_backward_cpu(const Pool2dShape& s, const void* dy, const int64_t
       // window, so the gradient is dy scattered through the indices, O(outputs) instead of a search per
       // input (a quarter of a CNN step). Same values as the gather below: 0 + dy == dy.
       const int64_t in_plane = s.h * s.w, out_plane = s.h_out * s.w_out;
-      cpu_detail::parallel_tasks(s.planes, in_plane, [&](int64_t p) {
+      detail::parallel_tasks(s.planes, in_plane, [&](int64_t p) {
         T* grad = static_cast<T*>(dx) + p * in_plane;
         const T* g = static_cast<const T*>(dy) + p * out_plane;
         const int64_t* idx = indices + p * out_plane;
@@ -120,7 +120,7 @@ void max_pool2d_backward_cpu(const Pool2dShape& s, const void* dy, const int64_t
       return;
     }
     map_inputs<T>(s, gather_work(s), dy, dx, [&](const T* plane, int64_t p, int64_t i, int64_t j) {
-      return pool_detail::max_backward_at(s, plane, indices + p * s.h_out * s.w_out, i, j);
+      return detail::max_backward_at(s, plane, indices + p * s.h_out * s.w_out, i, j);
     });
   });
 }
@@ -131,7 +131,7 @@ void avg_pool2d_cpu(const Pool2dShape& s, const void* x, void* y) {
   dispatch_float(s.dtype, "avg_pool2d_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
     map_outputs<T>(s, s.kh * s.kw, x, y, [&](const T* plane, int64_t, int64_t oi, int64_t oj) {
-      return pool_detail::avg_window(s, plane, oi, oj);
+      return detail::avg_window(s, plane, oi, oj);
     });
   });
 }
@@ -142,7 +142,7 @@ void avg_pool2d_backward_cpu(const Pool2dShape& s, const void* dy, void* dx) {
   dispatch_float(s.dtype, "avg_pool2d_backward_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
     map_inputs<T>(s, gather_work(s), dy, dx, [&](const T* plane, int64_t, int64_t i, int64_t j) {
-      return pool_detail::avg_backward_at(s, plane, i, j);
+      return detail::avg_backward_at(s, plane, i, j);
     });
   });
 }
@@ -154,7 +154,7 @@ void adaptive_avg_pool2d_cpu(const Pool2dShape& s, const void* x, void* y) {
   dispatch_float(s.dtype, "adaptive_avg_pool2d_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
     map_outputs<T>(s, window_work, x, y, [&](const T* plane, int64_t, int64_t oi, int64_t oj) {
-      return pool_detail::adaptive_avg_window(s, plane, oi, oj);
+      return detail::adaptive_avg_window(s, plane, oi, oj);
     });
   });
 }
@@ -166,7 +166,7 @@ void adaptive_avg_pool2d_backward_cpu(const Pool2dShape& s, const void* dy, void
   dispatch_float(s.dtype, "adaptive_avg_pool2d_backward_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
     map_inputs<T>(s, window_work, dy, dx, [&](const T* plane, int64_t, int64_t i, int64_t j) {
-      return pool_detail::adaptive_avg_backward_at(s, plane, i, j);
+      return detail::adaptive_avg_backward_at(s, plane, i, j);
     });
   });
 }

@@ -12,11 +12,11 @@
 namespace dpe::kernels {
 namespace {
 
-using cuda_detail::dispatch_compute_type;
-using cuda_detail::first_index;
-using cuda_detail::grid_for;
-using cuda_detail::grid_stride;
-using cuda_detail::kBlock;
+using detail::dispatch_compute_type;
+using detail::first_index;
+using detail::grid_for;
+using detail::grid_stride;
+using detail::kBlock;
 
 enum class Kind : int { Max, Avg, Adaptive };
 
@@ -28,11 +28,11 @@ __global__ void pool_forward_kernel(Pool2dShape s, const T* x, T* y, int64_t* in
     const int64_t oj = idx % s.w_out, oi = idx / s.w_out % s.h_out, p = idx / (s.w_out * s.h_out);
     const T* plane = x + p * s.h * s.w;
     if constexpr (kind == Kind::Max) {
-      y[idx] = pool_detail::max_window(s, plane, oi, oj, indices + idx);
+      y[idx] = detail::max_window(s, plane, oi, oj, indices + idx);
     } else if constexpr (kind == Kind::Avg) {
-      y[idx] = pool_detail::avg_window(s, plane, oi, oj);
+      y[idx] = detail::avg_window(s, plane, oi, oj);
     } else {
-      y[idx] = pool_detail::adaptive_avg_window(s, plane, oi, oj);
+      y[idx] = detail::adaptive_avg_window(s, plane, oi, oj);
     }
   }
 }
@@ -45,11 +45,11 @@ __global__ void pool_backward_kernel(Pool2dShape s, const T* dy, const int64_t* 
     const int64_t j = idx % s.w, i = idx / s.w % s.h, p = idx / (s.w * s.h);
     const T* plane = dy + p * s.h_out * s.w_out;
     if constexpr (kind == Kind::Max) {
-      dx[idx] = pool_detail::max_backward_at(s, plane, indices + p * s.h_out * s.w_out, i, j);
+      dx[idx] = detail::max_backward_at(s, plane, indices + p * s.h_out * s.w_out, i, j);
     } else if constexpr (kind == Kind::Avg) {
-      dx[idx] = pool_detail::avg_backward_at(s, plane, i, j);
+      dx[idx] = detail::avg_backward_at(s, plane, i, j);
     } else {
-      dx[idx] = pool_detail::adaptive_avg_backward_at(s, plane, i, j);
+      dx[idx] = detail::adaptive_avg_backward_at(s, plane, i, j);
     }
   }
 }

@@ -8,7 +8,7 @@
 #include "core/host_device.h"
 #include "core/kernels/pool.h"
 
-namespace dpe::kernels::pool_detail {
+namespace dpe::kernels::detail {
 
 DPE_HOST_DEVICE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 DPE_HOST_DEVICE int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -140,4 +140,4 @@ DPE_HOST_DEVICE T adaptive_avg_backward_at(const Pool2dShape& s, const T* dy, in
   return sum;
 }
 
-}  // namespace dpe::kernels::pool_detail
+}  // namespace dpe::kernels::detail

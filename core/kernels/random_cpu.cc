@@ -14,7 +14,7 @@
 namespace dpe::kernels {
 namespace {
 
-using cpu_detail::parallel_range;
+using detail::parallel_range;
 using detail::dispatch_float;
 
 // out[i] = value(philox4x32_10(seed, offset + i)) for i in [0, n); the counter wraps modulo 2^64.

@@ -6,15 +6,15 @@
 
 #include "core/dtype.h"
 #include "core/kernels/backend_types.h"
-#include "core/kernels/ops.h"
+#include "core/kernels/op_enums.h"
 
 namespace dpe::kernels {
 
 // x: (outer, size, inner)  y: (outer, inner). Mean divides the sum by size. Sum of size 0 is 0;
 // the caller rejects Max/Min/Mean over an empty axis. Accumulation is in the compute type, blocked/pairwise
 // for accuracy, so CPU and CUDA agree to a few ulps times log(size).
-void reduce_cpu(ReduceOp op, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, void* y);
-void reduce_cuda(cudaStream_t stream, ReduceOp op, DType dtype, int64_t outer, int64_t size, int64_t inner,
+void reduce_cpu(AxisReduction op, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, void* y);
+void reduce_cuda(cudaStream_t stream, AxisReduction op, DType dtype, int64_t outer, int64_t size, int64_t inner,
                  const void* x, void* y);
 
 // x: (outer, size, inner)  indices: (outer, inner) int64: the first index of the maximum (size >= 1).

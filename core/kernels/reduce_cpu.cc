@@ -27,9 +27,9 @@
 namespace dpe::kernels {
 namespace {
 
-using cpu_detail::kParallelGrain;  // also: pairwise nodes of >= 2x this many elements split over threads
-using cpu_detail::parallel_column_tiles;
-using cpu_detail::parallel_tasks;
+using detail::kParallelGrain;  // also: pairwise nodes of >= 2x this many elements split over threads
+using detail::parallel_column_tiles;
+using detail::parallel_tasks;
 using detail::check_axis_dims;
 using detail::dispatch_float;
 
@@ -68,7 +68,7 @@ int64_t split_point(int64_t n, int64_t leaf) {
   return h;
 }
 
-// Reduction of x[0..n), n >= 1, contiguous (see Note [Deterministic CPU reductions]).
+// AxisReduction of x[0..n), n >= 1, contiguous (see Note [Deterministic CPU reductions]).
 template <typename C, typename T>
 T reduce_contiguous(const T* x, int64_t n) {
   if (n <= kLeaf) {
@@ -205,9 +205,9 @@ void argmax_axis(int64_t outer, int64_t size, int64_t inner, const T* x, int64_t
 }  // namespace
 
 // x: (outer, size, inner)  y: (outer, inner)
-void reduce_cpu(ReduceOp op, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, void* y) {
+void reduce_cpu(AxisReduction op, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, void* y) {
   check_axis_dims("reduce_cpu", outer, size, inner);
-  DPE_CHECK(size > 0 || op == ReduceOp::Sum, "reduce_cpu: Mean/Max/Min over an empty axis (size 0, outer ", outer,
+  DPE_CHECK(size > 0 || op == AxisReduction::Sum, "reduce_cpu: Mean/Max/Min over an empty axis (size 0, outer ", outer,
             ", inner ", inner, ")");
   if (outer == 0 || inner == 0) return;
   dispatch_float(dtype, "reduce_cpu", [&](auto tag) {
@@ -219,17 +219,17 @@ void reduce_cpu(ReduceOp op, DType dtype, int64_t outer, int64_t size, int64_t i
       return;
     }
     switch (op) {
-      case ReduceOp::Sum: return reduce_axis<SumCombine>(outer, size, inner, xs, ys);
-      case ReduceOp::Mean: {
+      case AxisReduction::Sum: return reduce_axis<SumCombine>(outer, size, inner, xs, ys);
+      case AxisReduction::Mean: {
         reduce_axis<SumCombine>(outer, size, inner, xs, ys);
         const T count = static_cast<T>(size);
         for (int64_t i = 0; i < outer * inner; ++i) ys[i] /= count;
         return;
       }
-      case ReduceOp::Max: return reduce_axis<MaxCombine>(outer, size, inner, xs, ys);
-      case ReduceOp::Min: return reduce_axis<MinCombine>(outer, size, inner, xs, ys);
+      case AxisReduction::Max: return reduce_axis<MaxCombine>(outer, size, inner, xs, ys);
+      case AxisReduction::Min: return reduce_axis<MinCombine>(outer, size, inner, xs, ys);
     }
-    DPE_CHECK(false, "reduce_cpu: unknown ReduceOp ", static_cast<int>(op));
+    DPE_CHECK(false, "reduce_cpu: unknown AxisReduction ", static_cast<int>(op));
   });
 }
 

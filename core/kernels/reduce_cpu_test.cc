@@ -20,24 +20,24 @@ const AxisShape kShapes[] = {{1, 1, 1},     {1, 7, 1},      {3, 7, 1},   {2, 102
                              {3, 17, 300},  {1, 100003, 1}, {1, 5, 70001}, {4, 3000, 300}, {1, 100000, 3},
                              {70000, 3, 1}, {2, 0, 3},      {0, 5, 2},     {2, 5, 0}};
 
-const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min};
+const AxisReduction kOps[] = {AxisReduction::Sum, AxisReduction::Mean, AxisReduction::Max, AxisReduction::Min};
 
 // y, and sum |x| along the axis (the scale of a sum's rounding error). Accumulates in long double.
-std::vector<double> reference(ReduceOp op, const AxisShape& s, const double* x,
+std::vector<double> reference(AxisReduction op, const AxisShape& s, const double* x,
                               std::vector<double>* abs_sum = nullptr) {
   std::vector<double> y(static_cast<size_t>(s.outer * s.inner));
   if (abs_sum) abs_sum->assign(y.size(), 0.0);
   for (int64_t o = 0; o < s.outer; ++o) {
     for (int64_t i = 0; i < s.inner; ++i) {
-      long double acc = op == ReduceOp::Max ? -INFINITY : op == ReduceOp::Min ? INFINITY : 0.0;
+      long double acc = op == AxisReduction::Max ? -INFINITY : op == AxisReduction::Min ? INFINITY : 0.0;
       long double abs_acc = 0;
       for (int64_t k = 0; k < s.size; ++k) {
         const long double v = x[(o * s.size + k) * s.inner + i];
-        acc = op == ReduceOp::Max ? std::max(acc, v) : op == ReduceOp::Min ? std::min(acc, v) : acc + v;
+        acc = op == AxisReduction::Max ? std::max(acc, v) : op == AxisReduction::Min ? std::min(acc, v) : acc + v;
         abs_acc += std::fabs(v);
       }
-      y[o * s.inner + i] = static_cast<double>(op == ReduceOp::Mean ? acc / s.size : acc);
-      if (abs_sum) (*abs_sum)[o * s.inner + i] = static_cast<double>(op == ReduceOp::Mean ? abs_acc / s.size : abs_acc);
+      y[o * s.inner + i] = static_cast<double>(op == AxisReduction::Mean ? acc / s.size : acc);
+      if (abs_sum) (*abs_sum)[o * s.inner + i] = static_cast<double>(op == AxisReduction::Mean ? abs_acc / s.size : abs_acc);
     }
   }
   return y;
@@ -53,14 +53,14 @@ TYPED_TEST(ReduceCpu, MatchesDoubleReference) {
     const int64_t n = s.outer * s.size * s.inner;
     const std::vector<T> x = random_vector<T>(n, -1.0, 1.0, 3);
     const std::vector<double> xd(x.begin(), x.end());
-    for (ReduceOp op : kOps) {
-      if (s.size == 0 && op != ReduceOp::Sum) continue;
+    for (AxisReduction op : kOps) {
+      if (s.size == 0 && op != AxisReduction::Sum) continue;
       std::vector<T> y(static_cast<size_t>(s.outer * s.inner) + 1, T(-99));
       reduce_cpu(op, dtype_of<T>(), s.outer, s.size, s.inner, x.data(), y.data());
       std::vector<double> scale;
       const std::vector<double> want = reference(op, s, xd.data(), &scale);
       for (size_t i = 0; i < want.size(); ++i) {
-        if (op == ReduceOp::Max || op == ReduceOp::Min) {
+        if (op == AxisReduction::Max || op == AxisReduction::Min) {
           ASSERT_EQ(y[i], want[i]) << "op " << int(op) << " shape " << s.outer << "," << s.size << "," << s.inner;
         } else {
           // Worst case (leaf / lanes + log2 size) ulps of sum |x|; random signs stay far below 16.
@@ -81,8 +81,8 @@ TYPED_TEST(ReduceCpu, IntegerValuedSumsAreExact) {
     std::vector<T> x(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) x[i] = T((i * 7919) % 7 - 3);
     std::vector<T> y(static_cast<size_t>(s.outer * s.inner));
-    reduce_cpu(ReduceOp::Sum, dtype_of<T>(), s.outer, s.size, s.inner, x.data(), y.data());
-    const std::vector<double> want = reference(ReduceOp::Sum, s, std::vector<double>(x.begin(), x.end()).data());
+    reduce_cpu(AxisReduction::Sum, dtype_of<T>(), s.outer, s.size, s.inner, x.data(), y.data());
+    const std::vector<double> want = reference(AxisReduction::Sum, s, std::vector<double>(x.begin(), x.end()).data());
     for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], T(want[i])) << i;
   }
 }
@@ -92,8 +92,8 @@ TEST(ReduceCpuAccuracy, Float32SumOfAMillionStaysAccurate) {
   const int64_t n = 1000000;
   std::vector<float> x(n, 0.1f);
   float sum = 0, mean = 0;
-  reduce_cpu(ReduceOp::Sum, DType::Float32, 1, n, 1, x.data(), &sum);
-  reduce_cpu(ReduceOp::Mean, DType::Float32, 1, n, 1, x.data(), &mean);
+  reduce_cpu(AxisReduction::Sum, DType::Float32, 1, n, 1, x.data(), &sum);
+  reduce_cpu(AxisReduction::Mean, DType::Float32, 1, n, 1, x.data(), &mean);
   const double want = n * static_cast<double>(0.1f);
   EXPECT_NEAR(sum, want, 4 * want * std::numeric_limits<float>::epsilon());
   EXPECT_NEAR(mean, 0.1f, 4 * 0.1 * std::numeric_limits<float>::epsilon());
@@ -106,7 +106,7 @@ TEST(ReduceCpuAccuracy, Float32SumOfAMillionStaysAccurate) {
     want_odd += r[2 * i + 1];
   }
   float strided[2];
-  reduce_cpu(ReduceOp::Sum, DType::Float32, 1, n, 2, r.data(), strided);
+  reduce_cpu(AxisReduction::Sum, DType::Float32, 1, n, 2, r.data(), strided);
   EXPECT_NEAR(strided[0], want_even, 1e-6 * want_even);
   EXPECT_NEAR(strided[1], want_odd, 1e-6 * want_odd);
 }
@@ -116,7 +116,7 @@ TEST(ReduceCpuDeterminism, SameBitsForAnyNumberOfThreads) {
   auto run = [&](int threads, int64_t outer, int64_t size, int64_t inner) {
     std::vector<float> y(static_cast<size_t>(outer * inner));
     tbb::task_arena arena(threads);
-    arena.execute([&] { reduce_cpu(ReduceOp::Sum, DType::Float32, outer, size, inner, x.data(), y.data()); });
+    arena.execute([&] { reduce_cpu(AxisReduction::Sum, DType::Float32, outer, size, inner, x.data(), y.data()); });
     return y;
   };
   for (const AxisShape& s :
@@ -136,7 +136,7 @@ TYPED_TEST(ReduceCpu, NaNPropagates) {
   for (int64_t pos : {0, 5, 1000}) {
     std::vector<T> x(1001, T(1));
     x[pos] = nan;
-    for (ReduceOp op : kOps) {
+    for (AxisReduction op : kOps) {
       T y = 0;
       reduce_cpu(op, dtype_of<T>(), 1, 1001, 1, x.data(), &y);
       EXPECT_TRUE(std::isnan(y)) << "op " << int(op) << " NaN at " << pos;
@@ -153,7 +153,7 @@ TYPED_TEST(ReduceCpu, NaNPropagates) {
 TYPED_TEST(ReduceCpu, SumOverEmptyAxisIsZero) {
   using T = TypeParam;
   std::vector<T> y(6, T(5));
-  reduce_cpu(ReduceOp::Sum, dtype_of<T>(), 2, 0, 3, nullptr, y.data());
+  reduce_cpu(AxisReduction::Sum, dtype_of<T>(), 2, 0, 3, nullptr, y.data());
   EXPECT_EQ(y, std::vector<T>(6, T(0)));
 }
 
@@ -216,10 +216,10 @@ TYPED_TEST(ReduceCpu, ArgmaxOfLongRowAcrossBlocks) {
 TEST(ReduceCpuErrors, RejectsBadArguments) {
   float x[4] = {}, y[4] = {};
   int64_t idx[4];
-  EXPECT_THROW(reduce_cpu(ReduceOp::Max, DType::Float32, 2, 0, 2, x, y), Error);
-  EXPECT_THROW(reduce_cpu(ReduceOp::Mean, DType::Float32, 2, 0, 2, x, y), Error);
-  EXPECT_THROW(reduce_cpu(ReduceOp::Sum, DType::Int64, 1, 4, 1, x, y), Error);
-  EXPECT_THROW(reduce_cpu(ReduceOp::Sum, DType::Float32, -1, 4, 1, x, y), Error);
+  EXPECT_THROW(reduce_cpu(AxisReduction::Max, DType::Float32, 2, 0, 2, x, y), Error);
+  EXPECT_THROW(reduce_cpu(AxisReduction::Mean, DType::Float32, 2, 0, 2, x, y), Error);
+  EXPECT_THROW(reduce_cpu(AxisReduction::Sum, DType::Int64, 1, 4, 1, x, y), Error);
+  EXPECT_THROW(reduce_cpu(AxisReduction::Sum, DType::Float32, -1, 4, 1, x, y), Error);
   EXPECT_THROW(argmax_cpu(DType::Float32, 1, 0, 1, x, idx), Error);
 }
 

@@ -19,11 +19,11 @@
 namespace dpe::kernels {
 namespace {
 
-using cuda_detail::dispatch_compute_type;
-using cuda_detail::kMaxRowBlock;
-using cuda_detail::MaxCombine;
-using cuda_detail::MinCombine;
-using cuda_detail::SumCombine;
+using detail::dispatch_compute_type;
+using detail::kMaxRowBlock;
+using detail::MaxCombine;
+using detail::MinCombine;
+using detail::SumCombine;
 
 // Block shape (bx, by) for an axis of `size` with `inner` columns: powers of two, bx * by <= kMaxRowBlock.
 dim3 reduce_block(int64_t size, int64_t inner) {
@@ -117,10 +117,10 @@ __global__ void argmax_kernel(int64_t outer, int64_t size, int64_t inner, int64_
 }  // namespace
 
 // x: (outer, size, inner)  y: (outer, inner)
-void reduce_cuda(cudaStream_t stream, ReduceOp op, DType dtype, int64_t outer, int64_t size, int64_t inner,
+void reduce_cuda(cudaStream_t stream, AxisReduction op, DType dtype, int64_t outer, int64_t size, int64_t inner,
                  const void* x, void* y) {
   detail::check_axis_dims("reduce_cuda", outer, size, inner);
-  DPE_CHECK(size > 0 || op == ReduceOp::Sum, "reduce_cuda: Mean/Max/Min over an empty axis (size 0, outer ", outer,
+  DPE_CHECK(size > 0 || op == AxisReduction::Sum, "reduce_cuda: Mean/Max/Min over an empty axis (size 0, outer ", outer,
             ", inner ", inner, ")");
   if (outer == 0 || inner == 0) return;
   dispatch_compute_type(dtype, "reduce_cuda", [&](auto tag) {
@@ -132,18 +132,18 @@ void reduce_cuda(cudaStream_t stream, ReduceOp op, DType dtype, int64_t outer, i
     T* ys = static_cast<T*>(y);
     constexpr T kInf = std::numeric_limits<T>::infinity();
     switch (op) {
-      case ReduceOp::Sum:
-      case ReduceOp::Mean:
+      case AxisReduction::Sum:
+      case AxisReduction::Mean:
         reduce_kernel<<<grid, block, 0, stream>>>(outer, size, inner, tiles, xs, ys, T(0), SumCombine{},
-                                                  op == ReduceOp::Mean);
+                                                  op == AxisReduction::Mean);
         break;
-      case ReduceOp::Max:
+      case AxisReduction::Max:
         reduce_kernel<<<grid, block, 0, stream>>>(outer, size, inner, tiles, xs, ys, -kInf, MaxCombine{}, false);
         break;
-      case ReduceOp::Min:
+      case AxisReduction::Min:
         reduce_kernel<<<grid, block, 0, stream>>>(outer, size, inner, tiles, xs, ys, kInf, MinCombine{}, false);
         break;
-      default: DPE_CHECK(false, "reduce_cuda: unknown ReduceOp ", static_cast<int>(op));
+      default: DPE_CHECK(false, "reduce_cuda: unknown AxisReduction ", static_cast<int>(op));
     }
     DPE_CUDA_CHECK_LAUNCH();
   });

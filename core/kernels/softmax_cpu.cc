@@ -18,7 +18,7 @@
 namespace dpe::kernels {
 namespace {
 
-using cpu_detail::parallel_column_tiles;
+using detail::parallel_column_tiles;
 using detail::check_softmax_args;
 using detail::dispatch_float;
 

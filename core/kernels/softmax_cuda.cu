@@ -19,16 +19,16 @@
 namespace dpe::kernels {
 namespace {
 
-using cuda_detail::block_reduce;
-using cuda_detail::dispatch_compute_type;
-using cuda_detail::first_index;
-using cuda_detail::grid_for;
-using cuda_detail::grid_stride;
-using cuda_detail::kBlock;
-using cuda_detail::kMaxRowBlock;
-using cuda_detail::MaxCombine;
-using cuda_detail::row_block;
-using cuda_detail::SumCombine;
+using detail::block_reduce;
+using detail::dispatch_compute_type;
+using detail::first_index;
+using detail::grid_for;
+using detail::grid_stride;
+using detail::kBlock;
+using detail::kMaxRowBlock;
+using detail::MaxCombine;
+using detail::row_block;
+using detail::SumCombine;
 
 // Blocks for one-block-per-row kernels: one per row, capped; kernels loop over the rest.
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, int64_t(1) << 16)); }

@@ -6,7 +6,7 @@
 
 #include "core/tensor.h"
 
-namespace dpe::ops_detail {
+namespace dpe::detail {
 
 struct Axis {
   int64_t outer = 1, size = 1, inner = 1;
@@ -23,4 +23,4 @@ inline Axis axis_of(const Shape& shape, int64_t d) {
   return a;
 }
 
-}  // namespace dpe::ops_detail
+}  // namespace dpe::detail

@@ -8,8 +8,8 @@ namespace dpe {
 
 namespace {
 void check_comparable(const Tensor& a, const Tensor& b, const char* op) {
-  ops_detail::check_defined(a, op);
-  ops_detail::check_defined(b, op);
+  detail::check_defined(a, op);
+  detail::check_defined(b, op);
   DPE_CHECK(a.shape() == b.shape(), op, ": shapes differ: ", shape_str(a.shape()), " vs ", shape_str(b.shape()));
 }
 }  // namespace

@@ -9,8 +9,8 @@
 
 namespace dpe {
 
-using ops_detail::check_compute_dtype;
-using ops_detail::options_of;
+using detail::check_compute_dtype;
+using detail::options_of;
 
 namespace {
 
@@ -64,9 +64,9 @@ Tensor conv2d_backward_weight(const kernels::Conv2dShape& s, const Tensor& x, co
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
               std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
-  ops_detail::check_same_device_and_dtype(x, weight, "conv2d");
+  detail::check_same_device_and_dtype(x, weight, "conv2d");
   check_compute_dtype(x, "conv2d");
-  if (bias.defined()) ops_detail::check_same_device_and_dtype(x, bias, "conv2d");
+  if (bias.defined()) detail::check_same_device_and_dtype(x, bias, "conv2d");
   DPE_CHECK(weight.dim() == 4, "conv2d: expected weight (C_out, C_in/groups, kH, kW), got ",
             shape_str(weight.shape()));
   DPE_CHECK(groups > 0, "conv2d: groups must be positive, got ", groups);

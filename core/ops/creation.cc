@@ -19,9 +19,9 @@ Tensor full(const Shape& shape, double value, TensorOptions options) {
 
 Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
 Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), ops_detail::options_of(t)); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), ops_detail::options_of(t)); }
-Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), ops_detail::options_of(t)); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), detail::options_of(t)); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), detail::options_of(t)); }
+Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), detail::options_of(t)); }
 Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
 
 Tensor arange(int64_t n, TensorOptions options) {

@@ -11,8 +11,8 @@ namespace dpe {
 using kernels::ActivationOp;
 using kernels::BinaryOp;
 using kernels::UnaryOp;
-using ops_detail::check_compute_dtype;
-using ops_detail::options_of;
+using detail::check_compute_dtype;
+using detail::options_of;
 
 namespace {
 
@@ -31,7 +31,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 
 // out = a (op) b, no autograd.
 Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
-  ops_detail::check_same_device_and_dtype(a, b, name);
+  detail::check_same_device_and_dtype(a, b, name);
   check_compute_dtype(a, name);
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, options_of(a));

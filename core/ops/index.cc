@@ -9,13 +9,13 @@
 
 namespace dpe {
 
-using ops_detail::check_compute_dtype;
-using ops_detail::options_of;
+using detail::check_compute_dtype;
+using detail::options_of;
 
 namespace {
 
 void check_indices_tensor(const Tensor& table, const Tensor& indices, const char* op) {
-  ops_detail::check_defined(indices, op);
+  detail::check_defined(indices, op);
   DPE_CHECK(indices.dtype() == DType::Int64, op, ": indices must be int64, got ", indices.dtype());
   DPE_CHECK(indices.device() == table.device(), op, ": indices are on ", indices.device(), " but the table is on ",
             table.device(), "; move one with to()");

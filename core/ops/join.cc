@@ -14,7 +14,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   out_shape[d] = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    ops_detail::check_same_device_and_dtype(first, t, "cat");
+    detail::check_same_device_and_dtype(first, t, "cat");
     DPE_CHECK(t.dim() == first.dim(), "cat: tensor ", i, " has shape ", shape_str(t.shape()), ", tensor 0 has ",
               shape_str(first.shape()), " (different number of dimensions)");
     for (int64_t k = 0; k < t.dim(); ++k) {
@@ -23,7 +23,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     }
     out_shape[d] += t.shape()[d];
   }
-  Tensor out = Tensor::empty(out_shape, ops_detail::options_of(first));
+  Tensor out = Tensor::empty(out_shape, detail::options_of(first));
   std::vector<int64_t> sizes;
   int64_t offset = 0;
   for (const Tensor& t : tensors) {

@@ -37,7 +37,7 @@ void check_targets_on_host(const Tensor& target, int64_t classes, int64_t ignore
 Tensor nll_backward(const Tensor& grad_loss, const Tensor& target, const Shape& log_probs_shape,
                     int64_t ignore_index) {
   Tensor g = grad_loss.contiguous();
-  Tensor dx = Tensor::empty(log_probs_shape, ops_detail::options_of(g));
+  Tensor dx = Tensor::empty(log_probs_shape, detail::options_of(g));
   Axes a;
   a.outer = log_probs_shape[0];
   a.classes = log_probs_shape[1];
@@ -59,8 +59,8 @@ Tensor nll_backward(const Tensor& grad_loss, const Tensor& target, const Shape& 
 
 NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                                 const char* op) {
-  ops_detail::check_compute_dtype(log_probs, op);
-  ops_detail::check_defined(target, op);
+  detail::check_compute_dtype(log_probs, op);
+  detail::check_defined(target, op);
   DPE_CHECK(target.dtype() == DType::Int64, op, ": target must be int64 class indices, got ", target.dtype());
   DPE_CHECK(log_probs.device() == target.device(), op, ": input is on ", log_probs.device(), " but target is on ",
             target.device(), "; move one with to()");
@@ -76,8 +76,8 @@ NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, i
   Tensor tc = target.contiguous();
   if (tc.device().is_cuda()) check_targets_on_host(tc, a.classes, ignore_index, op);
   NllPerPosition out;
-  out.loss = Tensor::empty(expected, ops_detail::options_of(log_probs));
-  out.valid = Tensor::empty(expected, ops_detail::options_of(log_probs));
+  out.loss = Tensor::empty(expected, detail::options_of(log_probs));
+  out.valid = Tensor::empty(expected, detail::options_of(log_probs));
   if (out.loss.numel() > 0) {
     dispatch(
         lp.device(),

@@ -12,8 +12,8 @@
 namespace dpe {
 
 using kernels::Transpose;
-using ops_detail::check_compute_dtype;
-using ops_detail::options_of;
+using detail::check_compute_dtype;
+using detail::options_of;
 
 namespace {
 
@@ -78,7 +78,7 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  ops_detail::check_same_device_and_dtype(a, b, "matmul");
+  detail::check_same_device_and_dtype(a, b, "matmul");
   check_compute_dtype(a, "matmul");
   DPE_CHECK((a.dim() == 2 || a.dim() == 3) && (b.dim() == 2 || b.dim() == 3), "matmul: expected 2-d or 3-d operands, got ",
             shape_str(a.shape()), " and ", shape_str(b.shape()));

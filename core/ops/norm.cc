@@ -23,7 +23,7 @@ void check_param(const Tensor& x, const Tensor& p, const Shape& expected, const 
 // x: (N, C, *)  stats/affine: (C)  ->  (N, C, *)
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
-  ops_detail::check_compute_dtype(x, "batch_norm");
+  detail::check_compute_dtype(x, "batch_norm");
   DPE_CHECK(x.dim() >= 2, "batch_norm: expected input (N, C, *) with at least 2 dims, got ", shape_str(x.shape()));
   const int64_t C = x.size(1);
   for (auto [p, name] : {std::pair{&running_mean, "running_mean"}, std::pair{&running_var, "running_var"},
@@ -73,7 +73,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 // x: (*, normalized_shape)  weight, bias: normalized_shape  ->  x's shape
 Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  ops_detail::check_compute_dtype(x, "layer_norm");
+  detail::check_compute_dtype(x, "layer_norm");
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   DPE_CHECK(k >= 1, "layer_norm: normalized_shape must not be empty");
   bool trailing_match = x.dim() >= k;
@@ -96,7 +96,7 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
 
 // x: (*, D)  weight: (D)  ->  x's shape
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
-  ops_detail::check_compute_dtype(x, "rms_norm");
+  detail::check_compute_dtype(x, "rms_norm");
   DPE_CHECK(x.dim() >= 1 && x.size(-1) > 0, "rms_norm: expected input (*, D) with D > 0, got ", shape_str(x.shape()));
   check_param(x, weight, {x.size(-1)}, "rms_norm", "weight");
   Tensor y = mul(x, rsqrt(add(mean(square(x), -1, /*keepdim=*/true), eps)));

@@ -4,7 +4,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 
-namespace dpe::ops_detail {
+namespace dpe::detail {
 
 inline void check_defined(const Tensor& t, const char* op) { DPE_CHECK(t.defined(), op, ": undefined tensor"); }
 
@@ -24,4 +24,4 @@ inline void check_same_device_and_dtype(const Tensor& a, const Tensor& b, const 
 
 inline TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).with_device(t.device()); }
 
-}  // namespace dpe::ops_detail
+}  // namespace dpe::detail

@@ -9,8 +9,8 @@
 namespace dpe {
 
 using kernels::Pool2dShape;
-using ops_detail::check_compute_dtype;
-using ops_detail::options_of;
+using detail::check_compute_dtype;
+using detail::options_of;
 
 namespace {
 

@@ -10,11 +10,11 @@
 
 namespace dpe {
 
-using kernels::ReduceOp;
-using ops_detail::check_compute_dtype;
-using ops_detail::Axis;
-using ops_detail::axis_of;
-using ops_detail::options_of;
+using kernels::AxisReduction;
+using detail::check_compute_dtype;
+using detail::Axis;
+using detail::axis_of;
+using detail::options_of;
 
 namespace {
 
@@ -28,8 +28,8 @@ Shape reduced_shape(const Shape& shape, int64_t d, bool keepdim) {
   return out;
 }
 
-// Reduction of x along d (or everything when all) into a new tensor; no autograd.
-Tensor reduce_forward(ReduceOp op, const Tensor& x, std::optional<int64_t> dim, bool keepdim, const char* name) {
+// AxisReduction of x along d (or everything when all) into a new tensor; no autograd.
+Tensor reduce_forward(AxisReduction op, const Tensor& x, std::optional<int64_t> dim, bool keepdim, const char* name) {
   check_compute_dtype(x, name);
   Tensor in = x.contiguous();
   Axis axis{1, x.numel(), 1};
@@ -38,7 +38,7 @@ Tensor reduce_forward(ReduceOp op, const Tensor& x, std::optional<int64_t> dim, 
     axis = axis_of(x.shape(), *dim);
     out_shape = reduced_shape(x.shape(), *dim, keepdim);
   }
-  if (op != ReduceOp::Sum) {
+  if (op != AxisReduction::Sum) {
     DPE_CHECK(axis.size > 0, name, ": cannot reduce over an empty dimension (shape ", shape_str(x.shape()), ")");
   }
   Tensor out = Tensor::empty(out_shape, options_of(x));
@@ -66,7 +66,7 @@ Tensor expand_reduced(const Tensor& g, const Shape& input_shape, std::optional<i
 
 Tensor sum_impl(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   if (dim.has_value()) dim = normalize_dim(*dim, x.dim(), "sum");
-  Tensor out = reduce_forward(ReduceOp::Sum, x, dim, keepdim, "sum");
+  Tensor out = reduce_forward(AxisReduction::Sum, x, dim, keepdim, "sum");
   Shape input_shape = x.shape();
   autograd::record(out, {x}, "SumBackward", [input_shape, dim, keepdim](const Tensor& g) -> std::vector<Tensor> {
     return {expand_reduced(g, input_shape, dim, keepdim)};
@@ -76,7 +76,7 @@ Tensor sum_impl(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
 
 Tensor mean_impl(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   if (dim.has_value()) dim = normalize_dim(*dim, x.dim(), "mean");
-  Tensor out = reduce_forward(ReduceOp::Mean, x, dim, keepdim, "mean");
+  Tensor out = reduce_forward(AxisReduction::Mean, x, dim, keepdim, "mean");
   Shape input_shape = x.shape();
   double count = dim.has_value() && x.dim() > 0 ? static_cast<double>(x.shape()[*dim]) : static_cast<double>(x.numel());
   autograd::record(out, {x}, "MeanBackward",
@@ -120,13 +120,13 @@ Tensor scatter_selected(const Tensor& g, const Tensor& indices, const Shape& inp
   return Tensor::from_vector(grad, input_shape, TensorOptions(g.dtype()).with_device(g.device()));
 }
 
-Tensor select_all(ReduceOp op, const Tensor& x, const char* name) {
+Tensor select_all(AxisReduction op, const Tensor& x, const char* name) {
   Tensor out = reduce_forward(op, x, std::nullopt, false, name);
   Shape input_shape = x.shape();
   Tensor saved = x.detach();
   autograd::record(out, {x}, std::string(name) + "Backward", [saved, input_shape, op](const Tensor& g) -> std::vector<Tensor> {
     Tensor flat = saved.reshape({-1});
-    Tensor index = argmax_forward(op == ReduceOp::Max ? flat : neg(flat), 0, false);
+    Tensor index = argmax_forward(op == AxisReduction::Max ? flat : neg(flat), 0, false);
     return {scatter_selected(g.reshape({}), index, {flat.numel()}, 0).reshape(input_shape)};
   });
   return out;
@@ -149,12 +149,12 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor mean(const Tensor& x) { return mean_impl(x, std::nullopt, false); }
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) { return mean_impl(x, dim, keepdim); }
-Tensor max(const Tensor& x) { return select_all(ReduceOp::Max, x, "max"); }
-Tensor min(const Tensor& x) { return select_all(ReduceOp::Min, x, "min"); }
+Tensor max(const Tensor& x) { return select_all(AxisReduction::Max, x, "max"); }
+Tensor min(const Tensor& x) { return select_all(AxisReduction::Min, x, "min"); }
 
 ValuesIndices max(const Tensor& x, int64_t dim, bool keepdim) {
   dim = normalize_dim(dim, x.dim(), "max");
-  Tensor values = reduce_forward(ReduceOp::Max, x, dim, keepdim, "max");
+  Tensor values = reduce_forward(AxisReduction::Max, x, dim, keepdim, "max");
   Tensor indices = argmax_forward(x, dim, keepdim);
   Shape input_shape = x.shape();
   autograd::record(values, {x}, "MaxBackward", [indices, input_shape, dim](const Tensor& g) -> std::vector<Tensor> {

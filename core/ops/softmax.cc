@@ -9,8 +9,8 @@
 namespace dpe {
 
 using kernels::SoftmaxKind;
-using ops_detail::Axis;
-using ops_detail::axis_of;
+using detail::Axis;
+using detail::axis_of;
 
 namespace {
 
@@ -32,7 +32,7 @@ Tensor softmax_backward(SoftmaxKind kind, const Tensor& y, const Tensor& dy, int
 }
 
 Tensor softmax_impl(SoftmaxKind kind, const Tensor& x, int64_t dim, const char* name) {
-  ops_detail::check_compute_dtype(x, name);
+  detail::check_compute_dtype(x, name);
   int64_t d = normalize_dim(dim, x.dim(), name);
   Tensor in = x.contiguous();
   Tensor y = empty_like(x);

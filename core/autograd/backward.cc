@@ -1,4 +1,4 @@
-#include "core/autograd/engine.h"
+#include "core/autograd/backward.h"
 
 #include <queue>
 #include <unordered_map>

@@ -18,7 +18,8 @@ enum class ActivationOp : uint8_t { Relu, Gelu, Silu, Tanh, Sigmoid };
 // out = a (op) b, elementwise with broadcasting.
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Maximum, Minimum };
 
-// Reductions over one axis (and over everything, as outer = inner = 1).
-enum class ReduceOp : uint8_t { Sum, Mean, Max, Min };
+// Reductions over one axis (and over everything, as outer = inner = 1). Not the collectives' ReduceOp
+// (collectives/collective_types.h), which combines whole tensors across devices.
+enum class AxisReduction : uint8_t { Sum, Mean, Max, Min };
 
 }  // namespace dpe::kernels
