@@ -19,7 +19,7 @@ enum class ActivationOp : uint8_t { Relu, Gelu, Silu, Tanh, Sigmoid };
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Maximum, Minimum };
 
 // Reductions over one axis (and over everything, as outer = inner = 1). Not the collectives' ReduceOp
-// (collectives/collective_types.h), which combines whole tensors across devices.
+// (collectives/reduce_buffers.h), which combines whole tensors across devices.
 enum class AxisReduction : uint8_t { Sum, Mean, Max, Min };
 
 }  // namespace dpe::kernels
