@@ -16,6 +16,8 @@ packages=(
   zlib1g-dev             # zlib: the gzip-compressed Fashion-MNIST files (data/idx_reader.cc)
   libcli11-dev           # CLI11: the dpe tool's command line
   nlohmann-json3-dev     # nlohmann-json: safetensors checkpoint headers, the dpe tool's --json reports
+  openmpi-bin            # Open MPI: mpirun, and the cross-process collectives (collectives/mpi_world.h)
+  libopenmpi-dev
   gnuplot-nox            # dpe bench --png
   dataset-fashion-mnist  # the default real data set
   fortunes-min           # a small text corpus for the tiny-llama example (data/text_corpus.h)

@@ -15,7 +15,12 @@ targets=(
   //layers:sync_batchnorm_test
   //data/...
 )
-bazel test --config=tsan "${targets[@]}" "$@"
+# Left out: //collectives:mpi_world_test. Open MPI is Debian's uninstrumented build, so TSan cannot see the
+# ordering its requests give (MPI_Test before reading a buffer) and would report its internals.
+excluded=(
+  //collectives:mpi_world_test
+)
+bazel test --config=tsan "$@" -- "${targets[@]}" "${excluded[@]/#/-}"
 status=$?
-bazel query "tests(set(${targets[*]}))" 2>/dev/null > bazel-tsan-targets.txt
+bazel query "tests(set(${targets[*]})) except set(${excluded[*]})" 2>/dev/null > bazel-tsan-targets.txt
 python3 tools/test_summary.py bazel-out/k8-dbgtsan/testlogs "$status" bazel-tsan-targets.txt

@@ -1,0 +1,272 @@
+#include "collectives/mpi_world.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace dpe::collectives {
+
+namespace {
+
+// Non-overtaking order between two ranks on one tag keeps arrival tokens of consecutive collectives apart;
+// the payload (the sequence number) is checked all the same.
+constexpr int kArrivalTag = 1;
+// MPI counts are int: larger buffers go in pieces of this many elements.
+constexpr int64_t kMaxCount = int64_t{1} << 30;
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Float64: return MPI_DOUBLE;
+    case DType::Int32: return MPI_INT32_T;
+    case DType::Int64: return MPI_INT64_T;
+    default: break;
+  }
+  DPE_CHECK(false, "MPI all_reduce: dtype ", dtype_name(dtype), " is not supported (float32, float64, int32, int64)");
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return MPI_SUM;
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown ReduceOp ", static_cast<int>(op));
+}
+
+std::string seconds(std::chrono::milliseconds t) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g s", static_cast<double>(t.count()) / 1000.0);
+  return text;
+}
+
+// Polls test() until it reports completion or the deadline passes: spinning first (small collectives finish
+// in microseconds, and polling is what makes Open MPI progress them), then sleeping up to 1 ms between polls
+// so that a long wait leaves the cores to the other threads. Returns false past the deadline.
+template <typename Test>
+bool poll_until(std::chrono::steady_clock::time_point deadline, Test test) {
+  auto pause = std::chrono::microseconds(0);
+  for (int polls = 0;; ++polls) {
+    if (test()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (polls > 200) {
+      pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(20));
+      std::this_thread::sleep_for(pause);
+    }
+  }
+}
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace
+
+std::string mpi_error_string(int rc) {
+  char message[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(rc, message, &length) != MPI_SUCCESS) return detail::str_cat("MPI error ", rc);
+  return std::string(message, static_cast<size_t>(length));
+}
+
+void check_mpi(int rc, const char* call) {
+  if (rc != MPI_SUCCESS) throw Error(detail::str_cat(call, " failed: ", mpi_error_string(rc)));
+}
+
+void check_launch_environment(const ProcessPlace& place, const std::function<const char*(const char*)>& getenv) {
+  const std::pair<const char*, int> expected[] = {
+      {"RANK", place.rank}, {"WORLD_SIZE", place.size},
+      {"LOCAL_RANK", place.local_rank}, {"LOCAL_WORLD_SIZE", place.local_size}};
+  for (const auto& [name, value] : expected) {
+    const char* set = getenv(name);
+    if (set == nullptr) continue;
+    const std::string_view text(set);
+    int parsed = -1;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+    const bool same = error == std::errc() && end == text.data() + text.size() && parsed == value;
+    DPE_CHECK(same, "inconsistent launch: ", name, "=", set, " in the environment, but MPI says ", value,
+              " (rank ", place.rank, " of ", place.size, ", local rank ", place.local_rank, " of ",
+              place.local_size, " on ", place.host, "); unset ", name, " or launch every process the same way");
+  }
+}
+
+MpiWorld& MpiWorld::get() {
+  static MpiWorld world;
+  return world;
+}
+
+bool MpiWorld::launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
+         std::getenv("PMI_RANK") != nullptr;
+}
+
+MpiWorld::MpiWorld() {
+  int initialized = 0;
+  check_mpi(MPI_Initialized(&initialized), "MPI_Initialized");
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized) {
+    check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread");
+  } else {
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    std::atexit(finalize_at_exit);
+  }
+  // World-level calls below return their errors instead of ending the job.
+  check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  DPE_CHECK(provided == MPI_THREAD_MULTIPLE, "MPI provides ", thread_level_name(provided),
+            "; dpe needs MPI_THREAD_MULTIPLE (every device thread calls MPI): use an MPI built with thread "
+            "support (Debian's Open MPI has it)",
+            initialized ? ", and initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) before dpe" : "");
+
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &place_.rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &place_.size), "MPI_Comm_size");
+  MPI_Comm local = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, place_.rank, MPI_INFO_NULL, &local),
+            "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+  check_mpi(MPI_Comm_rank(local, &place_.local_rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(local, &place_.local_size), "MPI_Comm_size");
+  check_mpi(MPI_Comm_free(&local), "MPI_Comm_free");
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int length = 0;
+  check_mpi(MPI_Get_processor_name(host, &length), "MPI_Get_processor_name");
+  place_.host.assign(host, static_cast<size_t>(length));
+
+  check_launch_environment(place_, [](const char* name) { return std::getenv(name); });
+  const std::pair<const char*, int> exported[] = {
+      {"RANK", place_.rank}, {"WORLD_SIZE", place_.size},
+      {"LOCAL_RANK", place_.local_rank}, {"LOCAL_WORLD_SIZE", place_.local_size}};
+  for (const auto& [name, value] : exported) ::setenv(name, std::to_string(value).c_str(), 1);
+}
+
+void MpiWorld::abort(int exit_code) const {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::abort();  // MPI_Abort does not return; if it did, the process must still end
+}
+
+MpiComm::MpiComm(std::chrono::milliseconds timeout) : timeout_(timeout) {
+  DPE_CHECK(timeout.count() > 0, "MpiComm: timeout must be positive, got ", timeout.count(), " ms");
+  MpiWorld::get();
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+}
+
+MpiComm::~MpiComm() {
+  // An aborted communicator may still have requests in flight that name it; the job is ending anyway.
+  if (aborted_.empty() && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::check_not_aborted(const std::string& what) const {
+  DPE_CHECK(aborted_.empty(), "collective #", seq_ + 1, " (", what, "): the communicator was aborted by an "
+            "earlier failure: ", aborted_);
+}
+
+void MpiComm::arrive(const std::string& what) {
+  ++seq_;
+  if (size_ == 1) return;
+  // Owned by MPI until every request completes: past a timeout it is left to the ending job, since MPI may
+  // still write into it after this call has thrown.
+  struct Tokens {
+    int64_t sent;
+    std::vector<int64_t> received;
+    std::vector<MPI_Request> requests;
+  };
+  auto tokens = std::make_unique<Tokens>(Tokens{seq_, std::vector<int64_t>(static_cast<size_t>(size_), -1), {}});
+  tokens->requests.reserve(2 * static_cast<size_t>(size_));
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    tokens->requests.emplace_back();
+    check_mpi(MPI_Irecv(&tokens->received[peer], 1, MPI_INT64_T, peer, kArrivalTag, comm_, &tokens->requests.back()),
+              "MPI_Irecv");
+    tokens->requests.emplace_back();
+    check_mpi(MPI_Isend(&tokens->sent, 1, MPI_INT64_T, peer, kArrivalTag, comm_, &tokens->requests.back()),
+              "MPI_Isend");
+  }
+  int done = 0;
+  const bool arrived = poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
+    check_mpi(MPI_Testall(static_cast<int>(tokens->requests.size()), tokens->requests.data(), &done,
+                          MPI_STATUSES_IGNORE), "MPI_Testall");
+    return done != 0;
+  });
+  if (arrived) {
+    for (int peer = 0; peer < size_; ++peer) {
+      DPE_INTERNAL_ASSERT(peer == rank_ || tokens->received[peer] == seq_, "rank ", peer, " sent arrival token ",
+                          tokens->received[peer], " for collective #", seq_);
+    }
+    return;
+  }
+  std::string missing;
+  int missing_count = 0;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || tokens->received[peer] == seq_) continue;
+    missing += detail::str_cat(missing_count++ == 0 ? "" : ", ", peer);
+  }
+  (void)tokens.release();
+  aborted_ = detail::str_cat("collective #", seq_, " (", what, "): rank", missing_count > 1 ? "s " : " ", missing,
+                             " did not arrive within ", seconds(timeout_));
+  throw Error(aborted_);
+}
+
+void MpiComm::wait(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const std::string& what) {
+  int done = 0;
+  int rc = MPI_SUCCESS;
+  const bool finished = poll_until(deadline, [&] {
+    rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    return rc != MPI_SUCCESS || done != 0;
+  });
+  if (finished && rc == MPI_SUCCESS) return;
+  aborted_ = detail::str_cat("collective #", seq_, " (", what, "): ",
+                             finished ? "MPI_Test failed: " + mpi_error_string(rc) :
+                                        "every rank arrived but the transfer did not finish within " + seconds(timeout_));
+  throw Error(aborted_);
+}
+
+void MpiComm::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, const std::string& what) {
+  check_not_aborted(what);
+  DPE_CHECK(count >= 0, "MPI all_reduce (", what, "): count must be >= 0, got ", count);
+  const MPI_Datatype type = mpi_type(dtype);
+  DPE_CHECK(op != ReduceOp::Avg || dtype == DType::Float32 || dtype == DType::Float64,
+            "MPI all_reduce (", what, "): Avg needs a floating dtype, got ", dtype_name(dtype));
+  arrive(what);
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  auto* bytes = static_cast<char*>(data);
+  for (int64_t begin = 0; begin < count; begin += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, count - begin));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, bytes + begin * element_size(dtype), n, type, mpi_op(op), comm_, &request),
+              "MPI_Iallreduce");
+    wait(request, deadline, what);
+  }
+  if (op != ReduceOp::Avg) return;
+  if (dtype == DType::Float32) {
+    for (float* p = static_cast<float*>(data); p != static_cast<float*>(data) + count; ++p) *p /= static_cast<float>(size_);
+  } else {
+    for (double* p = static_cast<double*>(data); p != static_cast<double*>(data) + count; ++p) *p /= size_;
+  }
+}
+
+void MpiComm::barrier(const std::string& what) {
+  check_not_aborted(what);
+  arrive(what);
+}
+
+}  // namespace dpe::collectives

@@ -1,0 +1,104 @@
+// This process's place among the processes of an MPI launch (`mpirun -np P`, Slurm's `srun --mpi=pmix`), and
+// the one cross-process collective the scale-out backends build on (issue "Scale out": docs/SCALE_OUT.md).
+// Internal to //collectives.
+//
+// MpiWorld::get() initialises MPI once per process with MPI_THREAD_MULTIPLE (every device thread of a process
+// takes part in cross-process collectives at once, each on its own communicator) and reads the launch: rank and
+// size from MPI_COMM_WORLD, the local rank and size from the shared-memory split (the processes on this host),
+// the host name. It exports torchrun's variables RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE for user code,
+// after checking any that are already set against MPI's view (an inconsistent launch is an error naming the
+// variable and both values). MPI is finalised at process exit.
+//
+// MpiComm: a duplicate of MPI_COMM_WORLD (or of a split of it) with errors returned, not fatal
+// (MPI_ERRORS_RETURN), a sequence number per collective and the group's timeout.
+// Contract for every MpiComm collective:
+//  - every process of the communicator calls the same collectives in the same order; one thread per MpiComm at
+//    a time (a device thread owns its communicator);
+//  - a process that does not arrive within the timeout is an error on every process that waits:
+//    "collective #seq (what): rank j did not arrive within T s", naming every missing rank; the communicator
+//    is then aborted: every later call throws at once (the caller ends the job, MpiWorld::abort);
+//  - an error MPI reports (a peer that died mid-collective, a transport failure) throws with MPI's message;
+//  - a call returns when `data` holds the result.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "collectives/reduce_buffers.h"
+#include "core/dtype.h"
+
+namespace dpe::collectives {
+
+// Throws dpe::Error "<call> failed: <MPI's message>" when rc is not MPI_SUCCESS.
+void check_mpi(int rc, const char* call);
+
+struct ProcessPlace {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  std::string host;
+};
+
+// The launch check, apart from MPI so that it is tested without a launch: for each of torchrun's variables
+// that `getenv` finds set, its value must be `place`'s (same integer, no other text); throws naming the
+// variable, its value and MPI's.
+void check_launch_environment(const ProcessPlace& place, const std::function<const char*(const char*)>& getenv);
+
+class MpiWorld {
+ public:
+  // Initialises MPI on the first call (throws if the MPI library cannot give MPI_THREAD_MULTIPLE, or if the
+  // application initialised MPI itself with less); thread-safe.
+  static MpiWorld& get();
+  // Whether this process was started by an MPI launcher (Open MPI's or PMIx's variables are set), without
+  // initialising MPI.
+  static bool launched_by_mpi();
+
+  const ProcessPlace& place() const { return place_; }
+  // MPI_Abort on MPI_COMM_WORLD: the launcher ends every process of the job. For errors after which ranks
+  // can no longer meet (a collective timed out); never returns.
+  [[noreturn]] void abort(int exit_code) const;
+
+ private:
+  MpiWorld();
+  ProcessPlace place_;
+};
+
+class MpiComm {
+ public:
+  // A duplicate of MPI_COMM_WORLD (collective: every process calls it, in the same order).
+  explicit MpiComm(std::chrono::milliseconds timeout);
+  ~MpiComm();
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int64_t collectives_started() const { return seq_; }
+
+  // In place over `count` elements of `dtype` at `data` (host memory): float32, float64, int32, int64. Avg
+  // divides the sum by size() (float dtypes only). `what` names the collective in errors ("bucket 3").
+  void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, const std::string& what);
+  void barrier(const std::string& what);
+
+ private:
+  // Every rank tells every other that it reached collective seq_; returns when all have, throws naming the
+  // ranks that did not within the timeout.
+  void arrive(const std::string& what);
+  // Waits for `request` until the deadline; throws (and aborts the communicator) past it.
+  void wait(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const std::string& what);
+  void check_not_aborted(const std::string& what) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::milliseconds timeout_;
+  int64_t seq_ = 0;
+  std::string aborted_;  // why, once aborted
+};
+
+}  // namespace dpe::collectives

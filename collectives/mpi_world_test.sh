@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs mpi_world_test's tests as two processes of one mpirun launch; fails if either process fails. Rank 0
+# writes the XML report Bazel asked for (each test case counted once); the other ranks write none.
+set -euo pipefail
+if [[ "${1:-}" == --rank ]]; then  # inside mpirun: one process
+  if [[ "${OMPI_COMM_WORLD_RANK:-0}" != 0 ]]; then unset XML_OUTPUT_FILE; fi
+  unset TEST_PREMATURE_EXIT_FILE  # one file for all ranks: gtest's remove would race
+  exec "$2"
+fi
+# CI runs as root, which mpirun refuses unless told; --oversubscribe: two processes on a one-core sandbox too.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+exec mpirun -np 2 --oversubscribe --bind-to none "$0" --rank "$1"
