@@ -16,7 +16,7 @@
 //    the exception past the second meeting and rethrows it on this member);
 //  - a method never waits for another member on its own: the group has met them all before the call and
 //    meets them again after it (a backend whose calls do wait, as NCCL's do, relies on that first meeting).
-// Adding a backend (MPI next): one new file pair `collectives/<name>_backend.{h,cc}` with a class deriving
+// Adding a backend (mpi_backend.h is the latest): one new file pair `collectives/<name>_backend.{h,cc}` with a class deriving
 // from Backend (or from SharedMemoryBackend to keep its copies for the collectives it does not do natively)
 // and a `make_<name>_backend(devices)` function, plus one registration: a value in CollectiveBackend
 // (collective_types.h, with its backend_name) and one `case` in make_backend (backend_registry.cc), with the
@@ -61,6 +61,10 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual FlatForms flat_forms() const = 0;
+  // The processes the group spans (the members of each are this group's devices; backends within one
+  // process: 1) and this process's index among them. Global rank = process_index() * members + rank.
+  virtual int processes() const { return 1; }
+  virtual int process_index() const { return 0; }
 
   // Each: the collective of the same name in process_group.h, for member `rank`, on `posted`.
   virtual void all_reduce(int rank, const PostedAll& posted) = 0;

@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "collectives/mpi_backend.h"
 #include "collectives/shared_memory_backend.h"
 #include "core/error.h"
 
@@ -34,8 +35,9 @@ CollectiveBackend resolve_backend(CollectiveBackend requested, const std::vector
     backend = cpu ? CollectiveBackend::Cpu
                   : (all_distinct_gpus(devices) ? CollectiveBackend::Nccl : CollectiveBackend::PeerCopy);
   }
-  DPE_CHECK(cpu == (backend == CollectiveBackend::Cpu), "ProcessGroup: backend '", backend_name(backend),
-            "' cannot serve ", devices[0], "; expected '", cpu ? "cpu" : "nccl' or 'peer-copy", "'");
+  const bool serves_cpu = backend == CollectiveBackend::Cpu || backend == CollectiveBackend::Mpi;
+  DPE_CHECK(cpu == serves_cpu, "ProcessGroup: backend '", backend_name(backend), "' cannot serve ", devices[0],
+            "; expected '", cpu ? "cpu' or 'mpi" : "nccl' or 'peer-copy", "'");
   if (backend == CollectiveBackend::Nccl) {
     DPE_CHECK(all_distinct_gpus(devices), "ProcessGroup: backend 'nccl' needs every member on its own GPU "
               "(NCCL refuses one GPU as two ranks); these logical devices share a GPU: use 'peer-copy'");
@@ -44,11 +46,14 @@ CollectiveBackend resolve_backend(CollectiveBackend requested, const std::vector
 }
 
 // The registrations: one case per backend.
-std::unique_ptr<Backend> make_backend(CollectiveBackend kind, const std::vector<Device>& devices) {
+std::unique_ptr<Backend> make_backend(CollectiveBackend kind, const std::vector<Device>& devices,
+                                      std::chrono::milliseconds timeout) {
   switch (kind) {
     case CollectiveBackend::Cpu:
     case CollectiveBackend::PeerCopy:
       return make_shared_memory_backend(devices);
+    case CollectiveBackend::Mpi:
+      return make_mpi_backend(devices, timeout);
     case CollectiveBackend::Nccl:
 #if DPE_WITH_CUDA
       return make_nccl_backend(devices);

@@ -2,6 +2,7 @@
 // //collectives). Registering a backend: backend.h, "Adding a backend".
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -13,7 +14,10 @@ namespace dpe::collectives {
 // GPUs, PeerCopy otherwise). Throws, naming both, when the backend cannot serve the devices.
 CollectiveBackend resolve_backend(CollectiveBackend requested, const std::vector<Device>& devices);
 
-// The backend `kind` (resolved) for `devices`.
-std::unique_ptr<Backend> make_backend(CollectiveBackend kind, const std::vector<Device>& devices);
+// The backend `kind` (resolved) for `devices`; `timeout` bounds what a backend waits for on its own (other
+// processes, for the MPI backend). Collective for backends that span processes: every process constructs its
+// group at the same point of its program.
+std::unique_ptr<Backend> make_backend(CollectiveBackend kind, const std::vector<Device>& devices,
+                                      std::chrono::milliseconds timeout);
 
 }  // namespace dpe::collectives

@@ -8,6 +8,7 @@ const char* backend_name(CollectiveBackend backend) {
     case CollectiveBackend::Cpu: return "cpu";
     case CollectiveBackend::PeerCopy: return "peer-copy";
     case CollectiveBackend::Nccl: return "nccl";
+    case CollectiveBackend::Mpi: return "mpi";
   }
   return "?";
 }

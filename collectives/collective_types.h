@@ -8,7 +8,7 @@
 
 namespace dpe {
 
-enum class CollectiveBackend { Auto, Cpu, PeerCopy, Nccl };
+enum class CollectiveBackend { Auto, Cpu, PeerCopy, Nccl, Mpi };
 const char* backend_name(CollectiveBackend backend);
 
 enum class Collective {

@@ -74,10 +74,14 @@ ProcessGroup::ProcessGroup(std::vector<Device> devices, ProcessGroupOptions opti
   }
   // The backend is chosen here, once (collectives/backend_registry.h); no collective looks at it again.
   backend_ = collectives::resolve_backend(backend_, devices_);
-  backend_impl_ = collectives::make_backend(backend_, devices_);
+  backend_impl_ = collectives::make_backend(backend_, devices_, options.timeout);
 }
 
 ProcessGroup::~ProcessGroup() = default;
+
+int ProcessGroup::world_size() const { return size() * backend_impl_->processes(); }
+
+int ProcessGroup::global_rank(int rank) const { return backend_impl_->process_index() * size() + rank; }
 
 int64_t ProcessGroup::total_calls() const {
   int64_t total = 0;

@@ -15,7 +15,10 @@
 //  - Nccl: CUDA devices on distinct GPUs; one communicator per member (ncclCommInitAll), the reducing
 //    collectives and broadcast run as NCCL calls on each member's stream; gather/scatter/all_to_all/object
 //    broadcasts use peer copies.
-//  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise.
+//  - Mpi: CPU devices of every process of an MPI launch (collectives/mpi_backend.h): the group's members are
+//    this process's devices in each of P processes, P x size() in all. Construction is collective across the
+//    processes. all_reduce only, for now (the DDP gradient path); the other collectives throw.
+//  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise (never Mpi).
 //
 // Contract for every collective:
 //  - every member calls the same collectives in the same order, each with its own rank, concurrently;
@@ -67,6 +70,10 @@ class ProcessGroup {
   int size() const { return static_cast<int>(devices_.size()); }
   const std::vector<Device>& devices() const { return devices_; }
   CollectiveBackend backend() const { return backend_; }
+  // Members across every process the group spans (backend 'mpi': processes x size(); else size()), and a
+  // member's rank among them (process index x size() + rank). Every process has the same size().
+  int world_size() const;
+  int global_rank(int rank) const;
   std::chrono::milliseconds timeout() const { return rendezvous_.timeout(); }
 
   void all_reduce(int rank, const Tensor& tensor, ReduceOp op = ReduceOp::Sum);

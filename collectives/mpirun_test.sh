@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs mpi_world_test's tests as two processes of one mpirun launch; fails if either process fails. Rank 0
+# Runs a gtest binary ($1) as two processes of one mpirun launch; fails if either process fails. Rank 0
 # writes the XML report Bazel asked for (each test case counted once); the other ranks write none.
 set -euo pipefail
 if [[ "${1:-}" == --rank ]]; then  # inside mpirun: one process
@@ -9,4 +9,6 @@ if [[ "${1:-}" == --rank ]]; then  # inside mpirun: one process
 fi
 # CI runs as root, which mpirun refuses unless told; --oversubscribe: two processes on a one-core sandbox too.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Two CPU devices per process whatever the core count (the tests build groups of cpu:0 and cpu:1).
+export DPE_NUM_CPU_DEVICES=2
 exec mpirun -np 2 --oversubscribe --bind-to none "$0" --rank "$1"

@@ -1,0 +1,54 @@
+#include "collectives/mpi_backend.h"
+
+#include "core/error.h"
+
+namespace dpe::collectives {
+
+MpiBackend::MpiBackend(std::vector<Device> devices, std::chrono::milliseconds timeout)
+    : SharedMemoryBackend(std::move(devices)) {
+  const ProcessPlace& place = MpiWorld::get().place();
+  processes_ = place.size;
+  process_index_ = place.rank;
+  // The cross communicators pair member t of every process: each process needs the same count.
+  MpiComm world(timeout);
+  int64_t extremes[2] = {size(), -size()};  // max of the counts, minus their min
+  world.all_reduce(extremes, 2, DType::Int64, ReduceOp::Max, "ProcessGroup construction: members per process");
+  DPE_CHECK(extremes[0] == size() && -extremes[1] == size(), "ProcessGroup 'mpi': every process must bring the "
+            "same number of devices; process ", process_index_, " of ", processes_, " on ", place.host, " has ",
+            size(), ", and the processes have between ", -extremes[1], " and ", extremes[0]);
+  for (int t = 0; t < size(); ++t) cross_.push_back(std::make_unique<MpiComm>(timeout));
+}
+
+void MpiBackend::not_yet(const char* collective) {
+  DPE_CHECK(false, "ProcessGroup 'mpi': ", collective, " across processes is not implemented yet (all_reduce "
+            "is); use backend 'cpu' inside one process");
+}
+
+void MpiBackend::all_reduce(int rank, const PostedAll& posted) {
+  const Tensor& tensor = posted[rank]->tensor;
+  const ReduceOp op = posted[rank]->op;
+  const DType dtype = tensor.dtype();
+  const bool floating = dtype == DType::Float32 || dtype == DType::Float64;
+  // Checked before this member touches any buffer: every member sees the same arguments and throws alike.
+  DPE_CHECK(floating || dtype == DType::Int32 || dtype == DType::Int64, "ProcessGroup 'mpi': all_reduce of ",
+            dtype_name(dtype), " is not supported across processes (float32, float64, int32, int64)");
+  DPE_CHECK(floating || op != ReduceOp::Avg, "ProcessGroup 'mpi': all_reduce with avg needs a floating dtype, "
+            "got ", dtype_name(dtype));
+  std::vector<Tensor> shares = share_of_every_tensor(rank, posted);
+  if (shares.empty()) return;  // the same member has an empty share in every process: no MPI call anywhere
+  Tensor& mine = shares[rank];
+  const ReduceOp combined = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+  combine(rank, {mine}, shares, combined);
+  cross_[rank]->all_reduce(mine.data_ptr(), mine.numel(), dtype, combined,
+                           detail::str_cat("all_reduce, member ", rank));
+  if (op == ReduceOp::Avg) mine.mul_(1.0 / static_cast<double>(processes_ * size()));
+  for (int k = 0; k < size(); ++k) {
+    if (k != rank) copy(shares[k], mine);
+  }
+}
+
+std::unique_ptr<Backend> make_mpi_backend(const std::vector<Device>& devices, std::chrono::milliseconds timeout) {
+  return std::make_unique<MpiBackend>(devices, timeout);
+}
+
+}  // namespace dpe::collectives

@@ -1,0 +1,54 @@
+// The MPI backend (internal to //collectives): one group over the CPU devices of every process of an MPI
+// launch (mpirun, srun), each process contributing the same number T of members, its own devices.
+//
+// all_reduce is hierarchical (Horovod's scheme, docs/SCALE_OUT.md): member t reduces its share (share_of, as
+// the shared-memory backend) of every local member's tensor into its own tensor, all-reduces that share
+// across processes on its own communicator cross[t] (one MPI_Comm_dup per local index, all T members in MPI
+// at once under MPI_THREAD_MULTIPLE), then writes the result into the other local members' tensors. A member
+// reads and writes only its own share of the others' tensors, so no member waits for another inside the call
+// (backend.h's contract); a process that does not arrive is named after the group's timeout (MpiComm).
+// Avg divides by the world size (processes x T). Dtypes: float32, float64, int32, int64 (Avg: float only).
+// The other collectives are not yet served across processes: each throws, naming itself, on every member.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "collectives/mpi_world.h"
+#include "collectives/shared_memory_backend.h"
+
+namespace dpe::collectives {
+
+class MpiBackend : public SharedMemoryBackend {
+ public:
+  // Collective over the processes: checks that every process has devices.size() members (naming the counts
+  // when not), then makes the T cross-process communicators.
+  MpiBackend(std::vector<Device> devices, std::chrono::milliseconds timeout);
+
+  int processes() const override { return processes_; }
+  int process_index() const override { return process_index_; }
+
+  void all_reduce(int rank, const PostedAll& posted) override;
+  void broadcast(int, const PostedAll&) override { not_yet("broadcast"); }
+  void reduce(int, const PostedAll&) override { not_yet("reduce"); }
+  void all_gather(int, const PostedAll&) override { not_yet("all_gather"); }
+  void reduce_scatter(int, const PostedAll&) override { not_yet("reduce_scatter"); }
+  void all_gather_into_tensor(int, const PostedAll&) override { not_yet("all_gather_into_tensor"); }
+  void reduce_scatter_tensor(int, const PostedAll&) override { not_yet("reduce_scatter_tensor"); }
+  void gather(int, const PostedAll&) override { not_yet("gather"); }
+  void scatter(int, const PostedAll&) override { not_yet("scatter"); }
+  void all_to_all(int, const PostedAll&) override { not_yet("all_to_all"); }
+  std::vector<uint8_t> broadcast_object(int, const PostedAll&) override { not_yet("broadcast_object"); }
+
+ private:
+  [[noreturn]] static void not_yet(const char* collective);
+
+  int processes_ = 1;
+  int process_index_ = 0;
+  std::vector<std::unique_ptr<MpiComm>> cross_;  // [t]: member t of every process
+};
+
+std::unique_ptr<Backend> make_mpi_backend(const std::vector<Device>& devices, std::chrono::milliseconds timeout);
+
+}  // namespace dpe::collectives

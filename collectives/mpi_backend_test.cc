@@ -1,0 +1,119 @@
+// ProcessGroup on the MPI backend, run as every process of `mpirun -np 2` (mpirun_test.sh): each process
+// brings two CPU devices, so the group has four members in all, and every result is checked against the
+// same collective computed here over all four.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/mpi_world.h"
+#include "collectives/process_group.h"
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace dpe {
+namespace {
+
+using collectives::MpiWorld;
+
+// Runs fn(rank) on one thread per member; returns each member's error message ("" when none).
+std::vector<std::string> run_members(int n, const std::function<void(int)>& fn) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+ProcessGroup make_group(int members) {
+  std::vector<Device> devices;
+  for (int d = 0; d < members; ++d) devices.push_back(Device::cpu(d));
+  return ProcessGroup(devices, {.backend = CollectiveBackend::Mpi, .timeout = std::chrono::seconds(60)});
+}
+
+// Member g's (global rank) element i: small integers, exact in every dtype and after any sum of four.
+double value(int g, int64_t i) { return static_cast<double>((i * 7 + g * 3) % 10); }
+
+TEST(MpiBackend, MembersAreNumberedAcrossProcesses) {
+  const int processes = MpiWorld::get().place().size, index = MpiWorld::get().place().rank;
+  ProcessGroup group = make_group(2);
+  EXPECT_EQ(group.backend(), CollectiveBackend::Mpi);
+  EXPECT_EQ(group.size(), 2);
+  EXPECT_EQ(group.world_size(), 2 * processes);
+  EXPECT_EQ(group.global_rank(0), 2 * index);
+  EXPECT_EQ(group.global_rank(1), 2 * index + 1);
+}
+
+TEST(MpiBackend, AllReduceCombinesEveryMemberOfEveryProcess) {
+  ProcessGroup group = make_group(2);
+  const int world = group.world_size();
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Int64, DType::Int32}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+      const bool floating = dtype == DType::Float32 || dtype == DType::Float64;
+      if (op == ReduceOp::Avg && !floating) continue;
+      // 100003: shares of unequal, line-aligned sizes; 3: member 1's share is empty.
+      for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{100003}}) {
+        std::vector<Tensor> tensors;
+        for (int r = 0; r < group.size(); ++r) {
+          std::vector<double> v(count);
+          for (int64_t i = 0; i < count; ++i) v[i] = value(group.global_rank(r), i);
+          tensors.push_back(Tensor::from_vector(v, {count}, TensorOptions(dtype).with_device(Device::cpu(r))));
+        }
+        const auto errors = run_members(group.size(), [&](int r) { group.all_reduce(r, tensors[r], op); });
+        for (const std::string& e : errors) ASSERT_EQ(e, "");
+        for (int r = 0; r < group.size(); ++r) {
+          const std::vector<double> got = tensors[r].to(DType::Float64).to_vector<double>();
+          for (int64_t i = 0; i < count; ++i) {
+            double want = value(0, i);
+            for (int g = 1; g < world; ++g) {
+              const double x = value(g, i);
+              want = op == ReduceOp::Max ? std::max(want, x) : op == ReduceOp::Min ? std::min(want, x) : want + x;
+            }
+            if (op == ReduceOp::Avg) want /= world;
+            ASSERT_EQ(got[i], want) << dtype_name(dtype) << " " << reduce_op_name(op) << " count " << count
+                                    << " member " << r << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MpiBackend, WhatIsNotServedAcrossProcessesIsRefusedOnEveryMember) {
+  ProcessGroup group = make_group(2);
+  std::vector<Tensor> t = {zeros({4}, Device::cpu(0)), zeros({4}, Device::cpu(1))};
+  for (const std::string& e : run_members(2, [&](int r) { group.broadcast(r, t[r], 0); })) {
+    EXPECT_NE(e.find("ProcessGroup 'mpi': broadcast across processes is not implemented yet"), std::string::npos) << e;
+  }
+  std::vector<Tensor> half = {t[0].to(DType::BFloat16), t[1].to(DType::BFloat16)};
+  for (const std::string& e : run_members(2, [&](int r) { group.all_reduce(r, half[r]); })) {
+    EXPECT_NE(e.find("all_reduce of bfloat16 is not supported across processes"), std::string::npos) << e;
+  }
+  // The group is still usable.
+  for (const std::string& e : run_members(2, [&](int r) { group.all_reduce(r, t[r]); })) EXPECT_EQ(e, "");
+}
+
+TEST(MpiBackend, ProcessesWithDifferentDeviceCountsAreRefusedNamingTheCounts) {
+  const int index = MpiWorld::get().place().rank;
+  try {
+    make_group(index == 0 ? 1 : 2);
+    ADD_FAILURE() << "a group with 1 device in process 0 and 2 in process 1 was built";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ProcessGroup 'mpi': every process must bring the same number of "
+                                         "devices; process " + std::to_string(index)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the processes have between 1 and 2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dpe
