@@ -47,6 +47,15 @@ void MpiBackend::all_reduce(int rank, const PostedAll& posted) {
   }
 }
 
+void MpiBackend::broadcast(int rank, const PostedAll& posted) {
+  const int root = posted[rank]->root;  // global
+  const int root_process = root / size(), root_member = root % size();
+  const Tensor& tensor = posted[rank]->tensor;
+  if (process_index_ == root_process) copy(tensor, posted[root_member]->tensor);
+  cross_[rank]->broadcast(tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()), root_process,
+                          detail::str_cat("broadcast, member ", rank));
+}
+
 std::unique_ptr<Backend> make_mpi_backend(const std::vector<Device>& devices, std::chrono::milliseconds timeout) {
   return std::make_unique<MpiBackend>(devices, timeout);
 }

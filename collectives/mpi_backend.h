@@ -8,7 +8,9 @@
 // reads and writes only its own share of the others' tensors, so no member waits for another inside the call
 // (backend.h's contract); a process that does not arrive is named after the group's timeout (MpiComm).
 // Avg divides by the world size (processes x T). Dtypes: float32, float64, int32, int64 (Avg: float only).
-// The other collectives are not yet served across processes: each throws, naming itself, on every member.
+// broadcast from global root g = p·T + t: in process p every member copies member t's tensor, then member k of
+// every process receives process p's member k over cross[k] (T broadcasts at once, none waiting for another
+// member). The other collectives are not yet served across processes: each throws, naming itself.
 #pragma once
 
 #include <chrono>
@@ -30,7 +32,7 @@ class MpiBackend : public SharedMemoryBackend {
   int process_index() const override { return process_index_; }
 
   void all_reduce(int rank, const PostedAll& posted) override;
-  void broadcast(int, const PostedAll&) override { not_yet("broadcast"); }
+  void broadcast(int rank, const PostedAll& posted) override;
   void reduce(int, const PostedAll&) override { not_yet("reduce"); }
   void all_gather(int, const PostedAll&) override { not_yet("all_gather"); }
   void reduce_scatter(int, const PostedAll&) override { not_yet("reduce_scatter"); }

@@ -89,11 +89,40 @@ TEST(MpiBackend, AllReduceCombinesEveryMemberOfEveryProcess) {
   }
 }
 
+TEST(MpiBackend, BroadcastFromEveryGlobalRoot) {
+  ProcessGroup group = make_group(2);
+  for (DType dtype : {DType::Float32, DType::BFloat16, DType::Int64}) {
+    for (int root = 0; root < group.world_size(); ++root) {
+      const int64_t count = 100003;
+      std::vector<Tensor> tensors;
+      for (int r = 0; r < group.size(); ++r) {
+        std::vector<double> v(count);
+        for (int64_t i = 0; i < count; ++i) v[i] = value(group.global_rank(r), i);
+        tensors.push_back(Tensor::from_vector(v, {count}, TensorOptions(dtype).with_device(Device::cpu(r))));
+      }
+      for (const std::string& e : run_members(group.size(), [&](int r) { group.broadcast(r, tensors[r], root); })) {
+        ASSERT_EQ(e, "");
+      }
+      for (int r = 0; r < group.size(); ++r) {
+        const std::vector<double> got = tensors[r].to(DType::Float64).to_vector<double>();
+        for (int64_t i = 0; i < count; ++i) {
+          ASSERT_EQ(got[i], value(root, i)) << dtype_name(dtype) << " root " << root << " member " << r << " element " << i;
+        }
+      }
+    }
+  }
+  std::vector<Tensor> t = {zeros({4}, Device::cpu(0)), zeros({4}, Device::cpu(1))};
+  for (const std::string& e : run_members(2, [&](int r) { group.broadcast(r, t[r], group.world_size()); })) {
+    EXPECT_NE(e.find("root 4 is out of range for a group of 4 members"), std::string::npos) << e;
+  }
+}
+
 TEST(MpiBackend, WhatIsNotServedAcrossProcessesIsRefusedOnEveryMember) {
   ProcessGroup group = make_group(2);
   std::vector<Tensor> t = {zeros({4}, Device::cpu(0)), zeros({4}, Device::cpu(1))};
-  for (const std::string& e : run_members(2, [&](int r) { group.broadcast(r, t[r], 0); })) {
-    EXPECT_NE(e.find("ProcessGroup 'mpi': broadcast across processes is not implemented yet"), std::string::npos) << e;
+  for (const std::string& e : run_members(2, [&](int r) { group.all_gather_into_tensor(r, zeros({8}, Device::cpu(r)), t[r]); })) {
+    EXPECT_NE(e.find("ProcessGroup 'mpi': all_gather"), std::string::npos) << e;
+    EXPECT_NE(e.find("across processes is not implemented yet"), std::string::npos) << e;
   }
   std::vector<Tensor> half = {t[0].to(DType::BFloat16), t[1].to(DType::BFloat16)};
   for (const std::string& e : run_members(2, [&](int r) { group.all_reduce(r, half[r]); })) {

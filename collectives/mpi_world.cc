@@ -264,6 +264,22 @@ void MpiComm::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, co
   }
 }
 
+void MpiComm::broadcast(void* data, int64_t bytes, int root, const std::string& what) {
+  check_not_aborted(what);
+  DPE_CHECK(bytes >= 0, "MPI broadcast (", what, "): bytes must be >= 0, got ", bytes);
+  DPE_CHECK(root >= 0 && root < size_, "MPI broadcast (", what, "): root ", root, " is out of range for ", size_,
+            " processes");
+  arrive(what);
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  auto* base = static_cast<char*>(data);
+  for (int64_t begin = 0; begin < bytes; begin += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, bytes - begin));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibcast(base + begin, n, MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
+    wait(request, deadline, what);
+  }
+}
+
 void MpiComm::barrier(const std::string& what) {
   check_not_aborted(what);
   arrive(what);

@@ -107,8 +107,8 @@ std::string ProcessGroup::check_common(const Posted& mine) const {
                              posted_[0]->root, " and op ", reduce_op_name(posted_[0]->op));
     }
   }
-  if (mine.root < 0 || mine.root >= size()) {
-    return detail::str_cat("root ", mine.root, " is out of range for a group of ", size(), " members");
+  if (mine.root < 0 || mine.root >= world_size()) {
+    return detail::str_cat("root ", mine.root, " is out of range for a group of ", world_size(), " members");
   }
   return "";
 }
@@ -204,13 +204,13 @@ void ProcessGroup::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {
 
 void ProcessGroup::broadcast(int rank, const Tensor& tensor, int root) {
   Posted mine{.kind = Collective::Broadcast, .root = root, .tensor = tensor};
-  auto validate = [&] { return check_every(&Posted::tensor, "tensor", static_cast<size_t>(root)); };
+  auto validate = [&] { return check_every(&Posted::tensor, "tensor", local_member(root)); };
   run(rank, mine, validate, [&] { backend_impl_->broadcast(rank, posted_); });
 }
 
 void ProcessGroup::reduce(int rank, const Tensor& tensor, int root, ReduceOp op) {
   Posted mine{.kind = Collective::Reduce, .root = root, .op = op, .tensor = tensor};
-  auto validate = [&] { return check_every(&Posted::tensor, "tensor", static_cast<size_t>(root)); };
+  auto validate = [&] { return check_every(&Posted::tensor, "tensor", local_member(root)); };
   run(rank, mine, validate, [&] { backend_impl_->reduce(rank, posted_); });
 }
 
@@ -261,13 +261,13 @@ void ProcessGroup::reduce_scatter_tensor(int rank, const Tensor& output, const T
 
 void ProcessGroup::gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input, int root) {
   Posted mine{.kind = Collective::Gather, .root = root, .tensor = input, .list = outputs};
-  auto validate = [&] { return check_root_list(static_cast<size_t>(root), "outputs", "input", "the root's output for it"); };
+  auto validate = [&] { return check_root_list(local_member(root), "outputs", "input", "the root's output for it"); };
   run(rank, mine, validate, [&] { backend_impl_->gather(rank, posted_); });
 }
 
 void ProcessGroup::scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, int root) {
   Posted mine{.kind = Collective::Scatter, .root = root, .tensor = output, .list = inputs};
-  auto validate = [&] { return check_root_list(static_cast<size_t>(root), "inputs", "output", "the root's input for it"); };
+  auto validate = [&] { return check_root_list(local_member(root), "inputs", "output", "the root's input for it"); };
   run(rank, mine, validate, [&] { backend_impl_->scatter(rank, posted_); });
 }
 

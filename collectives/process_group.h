@@ -17,7 +17,7 @@
 //    broadcasts use peer copies.
 //  - Mpi: CPU devices of every process of an MPI launch (collectives/mpi_backend.h): the group's members are
 //    this process's devices in each of P processes, P x size() in all. Construction is collective across the
-//    processes. all_reduce only, for now (the DDP gradient path); the other collectives throw.
+//    processes. all_reduce and broadcast for now (what DDP needs); the other collectives throw.
 //  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise (never Mpi).
 //
 // Contract for every collective:
@@ -74,6 +74,7 @@ class ProcessGroup {
   // member's rank among them (process index x size() + rank). Every process has the same size().
   int world_size() const;
   int global_rank(int rank) const;
+  // Every collective's `root` is a global rank, in [0, world_size()).
   std::chrono::milliseconds timeout() const { return rendezvous_.timeout(); }
 
   void all_reduce(int rank, const Tensor& tensor, ReduceOp op = ReduceOp::Sum);
@@ -126,6 +127,9 @@ class ProcessGroup {
   // others do not wait for it, then throws.
   [[noreturn]] void fail_alone(const std::string& message);
   void check_rank(int rank, const char* what);
+  // This process's member at the root's place (the root itself when the group is one process): validation
+  // compares every member with it.
+  size_t local_member(int root) const { return static_cast<size_t>(root % size()); }
   void check_flat(int rank, const char* what, const Tensor& flat, const char* flat_name, const Tensor& piece);
 
   std::vector<Device> devices_;
