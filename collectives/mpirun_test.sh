@@ -9,6 +9,6 @@ if [[ "${1:-}" == --rank ]]; then  # inside mpirun: one process
 fi
 # CI runs as root, which mpirun refuses unless told; --oversubscribe: two processes on a one-core sandbox too.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# Two CPU devices per process whatever the core count (the tests build groups of cpu:0 and cpu:1).
-export DPE_NUM_CPU_DEVICES=2
+# CPU devices per process ($2, default 2) whatever the core count.
+export DPE_NUM_CPU_DEVICES=${2:-2}
 exec mpirun -np 2 --oversubscribe --bind-to none "$0" --rank "$1"

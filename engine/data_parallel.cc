@@ -31,6 +31,9 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<nn::Module>> replicas, Da
 // given: the master alone (replicas cloned from it), or one replica per device (DDP).
 void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
   validate_devices();
+  DPE_CHECK(options_.backend != CollectiveBackend::Mpi || options_.mode == ParallelMode::DDP,
+            "DataParallel: backend 'mpi' (replicas in several processes) serves DDP mode; DP mode across processes "
+            "(a master per process) is not implemented yet");
   DPE_CHECK(given.size() == 1 || given.size() == device_ids_.size(), "DataParallel: ", given.size(),
             " replicas for ", device_ids_.size(), " devices; expected one per device_ids entry");
   replicas_.push_back(std::move(given[0]));

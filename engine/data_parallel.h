@@ -84,6 +84,9 @@ struct DataParallelOptions {
   // Gradient bucket cap; unset: 25 MiB with a 1 MiB first bucket after the rebuild (PyTorch's defaults),
   // set: that cap for every bucket.
   std::optional<double> bucket_cap_mb;
+  // DDP mode's collectives. Mpi: the replicas of every process of an MPI launch form one group (this process's
+  // device_ids in each; parameters broadcast from global rank 0, gradients averaged over all of them;
+  // docs/SCALE_OUT.md). Every process constructs its DataParallel at the same point.
   CollectiveBackend backend = CollectiveBackend::Auto;
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // a replica that never arrives
 };

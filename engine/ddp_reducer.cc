@@ -184,7 +184,8 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   const Tensor& view = state.views[param];
   if (from_hook && grad.defined()) {
     state.used[param] = 1;
-    const double inverse_world_size = 1.0 / static_cast<double>(group_->size());  // pre-divide: the SUM is the average
+    // Pre-divide: the SUM over every replica of every process is the average.
+    const double inverse_world_size = 1.0 / static_cast<double>(group_->world_size());
     if (same_memory(grad, view)) {
       scale_into(view, inverse_world_size);
     } else {

@@ -1,0 +1,85 @@
+// DDP across processes (backend 'mpi'), run as both processes of `mpirun -np 2` (collectives/mpirun_test.sh)
+// with four CPU devices each: 2 processes x 2 devices must train like 1 process x 4 devices on the same
+// global batches (the issue "Scale out", test 1).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "core/ops.h"
+#include "engine/data_parallel.h"
+#include "layers/activation.h"
+#include "layers/containers.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "optim/adam.h"
+
+namespace dpe {
+namespace {
+
+int process_rank() { return std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")); }
+int process_count() { return std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")); }
+
+std::shared_ptr<nn::Module> make_model(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(12, 32), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(32, 5)});
+}
+
+Tensor mse(const Tensor& out, const Tensor& target) { return nn::functional::mse_loss(out, target); }
+
+std::vector<Device> cpus(int first, int count) {
+  std::vector<Device> devices;
+  for (int d = first; d < first + count; ++d) devices.push_back(Device::cpu(d));
+  return devices;
+}
+
+// Trains `ddp` on the global batches, of which this process takes rows [offset, offset + rows).
+void train(DataParallel& ddp, const std::vector<std::pair<Tensor, Tensor>>& batches, int64_t offset, int64_t rows) {
+  ddp.set_optimizer([](const std::vector<Tensor>& params) {
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-2});
+  });
+  for (const auto& [x, y] : batches) ddp.train_step(x.narrow(0, offset, rows), y.narrow(0, offset, rows), mse);
+}
+
+TEST(DdpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
+  const int p = process_rank(), processes = process_count();
+  const int64_t batch = 8 * processes;  // 4 rows per replica in both runs
+  manual_seed(7);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int step = 0; step < 5; ++step) {
+    batches.emplace_back(randn({batch, 12}), randn({batch, 5}));
+  }
+
+  // Across processes: process p's replicas start from a model of its own seed; construction broadcasts
+  // global rank 0's parameters to every replica of every process.
+  DataParallel across(make_model(100 + p), {.device_ids = cpus(0, 2), .mode = ParallelMode::DDP,
+                                            .backend = CollectiveBackend::Mpi});
+  ASSERT_EQ(across.process_group()->world_size(), 2 * processes);
+  train(across, batches, batch / processes * p, batch / processes);
+
+  DataParallel one(make_model(100), {.device_ids = cpus(0, 2 * processes), .mode = ParallelMode::DDP});
+  train(one, batches, 0, batch);
+
+  const std::vector<Tensor> want = one.module().parameters();
+  for (size_t r = 0; r < 2; ++r) {
+    const std::vector<Tensor> got = across.replica(r).parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      const std::vector<double> a = got[k].to_vector<double>(), b = want[k].to_vector<double>();
+      double diff = 0;
+      for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
+      EXPECT_LE(diff, 1e-6) << "process " << p << " replica " << r << " parameter " << k;
+    }
+  }
+}
+
+TEST(DdpAcrossProcesses, DpModeIsRefusedBeforeAnyCollective) {
+  EXPECT_THROW(DataParallel(make_model(1), {.device_ids = cpus(0, 2), .backend = CollectiveBackend::Mpi}), Error);
+}
+
+}  // namespace
+}  // namespace dpe
