@@ -1,5 +1,6 @@
 #include "collectives/mpi_world.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -180,25 +181,30 @@ void MpiComm::check_not_aborted(const std::string& what) const {
             "earlier failure: ", aborted_);
 }
 
-void MpiComm::arrive(const std::string& what) {
+void MpiComm::arrive(const std::string& what, const std::vector<int64_t>& signature, const char* signature_names) {
   ++seq_;
   if (size_ == 1) return;
-  // Owned by MPI until every request completes: past a timeout it is left to the ending job, since MPI may
-  // still write into it after this call has thrown.
+  // A token is the sequence number and the signature. Owned by MPI until every request completes: past a
+  // timeout it is left to the ending job, since MPI may still write into it after this call has thrown.
+  const int width = 1 + static_cast<int>(signature.size());
   struct Tokens {
-    int64_t sent;
-    std::vector<int64_t> received;
+    std::vector<int64_t> sent;
+    std::vector<int64_t> received;  // width per rank
     std::vector<MPI_Request> requests;
   };
-  auto tokens = std::make_unique<Tokens>(Tokens{seq_, std::vector<int64_t>(static_cast<size_t>(size_), -1), {}});
+  auto tokens = std::make_unique<Tokens>();
+  tokens->sent.push_back(seq_);
+  tokens->sent.insert(tokens->sent.end(), signature.begin(), signature.end());
+  tokens->received.assign(static_cast<size_t>(size_ * width), -1);
+  std::copy(tokens->sent.begin(), tokens->sent.end(), tokens->received.begin() + rank_ * width);
   tokens->requests.reserve(2 * static_cast<size_t>(size_));
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     tokens->requests.emplace_back();
-    check_mpi(MPI_Irecv(&tokens->received[peer], 1, MPI_INT64_T, peer, kArrivalTag, comm_, &tokens->requests.back()),
-              "MPI_Irecv");
+    check_mpi(MPI_Irecv(&tokens->received[peer * width], width, MPI_INT64_T, peer, kArrivalTag, comm_,
+                        &tokens->requests.back()), "MPI_Irecv");
     tokens->requests.emplace_back();
-    check_mpi(MPI_Isend(&tokens->sent, 1, MPI_INT64_T, peer, kArrivalTag, comm_, &tokens->requests.back()),
+    check_mpi(MPI_Isend(tokens->sent.data(), width, MPI_INT64_T, peer, kArrivalTag, comm_, &tokens->requests.back()),
               "MPI_Isend");
   }
   int done = 0;
@@ -207,23 +213,34 @@ void MpiComm::arrive(const std::string& what) {
                           MPI_STATUSES_IGNORE), "MPI_Testall");
     return done != 0;
   });
-  if (arrived) {
+  const auto token_of = [&](int peer) { return tokens->received.begin() + peer * width; };
+  if (!arrived) {
+    std::string missing;
+    int missing_count = 0;
     for (int peer = 0; peer < size_; ++peer) {
-      DPE_INTERNAL_ASSERT(peer == rank_ || tokens->received[peer] == seq_, "rank ", peer, " sent arrival token ",
-                          tokens->received[peer], " for collective #", seq_);
+      if (*token_of(peer) == seq_) continue;
+      missing += detail::str_cat(missing_count++ == 0 ? "" : ", ", peer);
     }
-    return;
+    (void)tokens.release();
+    aborted_ = detail::str_cat("collective #", seq_, " (", what, "): rank", missing_count > 1 ? "s " : " ", missing,
+                               " did not arrive within ", seconds(timeout_));
+    throw Error(aborted_);
   }
-  std::string missing;
-  int missing_count = 0;
+  bool agree = true;
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_ || tokens->received[peer] == seq_) continue;
-    missing += detail::str_cat(missing_count++ == 0 ? "" : ", ", peer);
+    DPE_INTERNAL_ASSERT(*token_of(peer) == seq_, "rank ", peer, " sent arrival token ", *token_of(peer),
+                        " for collective #", seq_);
+    agree = agree && std::equal(token_of(peer), token_of(peer) + width, token_of(0));
   }
-  (void)tokens.release();
-  aborted_ = detail::str_cat("collective #", seq_, " (", what, "): rank", missing_count > 1 ? "s " : " ", missing,
-                             " did not arrive within ", seconds(timeout_));
-  throw Error(aborted_);
+  if (agree) return;
+  std::string values;
+  for (int peer = 0; peer < size_; ++peer) {
+    values += detail::str_cat(peer == 0 ? "" : ", ", "rank ", peer, " {");
+    for (int i = 1; i < width; ++i) values += detail::str_cat(i == 1 ? "" : ", ", *(token_of(peer) + i));
+    values += "}";
+  }
+  throw Error(detail::str_cat("collective #", seq_, " (", what, "): the processes passed different arguments ({",
+                              signature_names, "}): ", values));
 }
 
 void MpiComm::wait(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const std::string& what) {
@@ -246,7 +263,7 @@ void MpiComm::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, co
   const MPI_Datatype type = mpi_type(dtype);
   DPE_CHECK(op != ReduceOp::Avg || dtype == DType::Float32 || dtype == DType::Float64,
             "MPI all_reduce (", what, "): Avg needs a floating dtype, got ", dtype_name(dtype));
-  arrive(what);
+  arrive(what, {count, static_cast<int64_t>(dtype), static_cast<int64_t>(op)}, "elements, dtype, op");
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   auto* bytes = static_cast<char*>(data);
   for (int64_t begin = 0; begin < count; begin += kMaxCount) {
@@ -269,7 +286,7 @@ void MpiComm::broadcast(void* data, int64_t bytes, int root, const std::string& 
   DPE_CHECK(bytes >= 0, "MPI broadcast (", what, "): bytes must be >= 0, got ", bytes);
   DPE_CHECK(root >= 0 && root < size_, "MPI broadcast (", what, "): root ", root, " is out of range for ", size_,
             " processes");
-  arrive(what);
+  arrive(what, {bytes, root}, "bytes, root");
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   auto* base = static_cast<char*>(data);
   for (int64_t begin = 0; begin < bytes; begin += kMaxCount) {
@@ -282,7 +299,7 @@ void MpiComm::broadcast(void* data, int64_t bytes, int root, const std::string& 
 
 void MpiComm::barrier(const std::string& what) {
   check_not_aborted(what);
-  arrive(what);
+  arrive(what, {}, "");
 }
 
 }  // namespace dpe::collectives

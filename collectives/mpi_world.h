@@ -14,6 +14,8 @@
 // Contract for every MpiComm collective:
 //  - every process of the communicator calls the same collectives in the same order; one thread per MpiComm at
 //    a time (a device thread owns its communicator);
+//  - every process passes the same size (and dtype, root): a difference throws on every process, naming each
+//    process's value, before any byte moves, and leaves the communicator usable;
 //  - a process that does not arrive within the timeout is an error on every process that waits:
 //    "collective #seq (what): rank j did not arrive within T s", naming every missing rank; the communicator
 //    is then aborted: every later call throws at once (the caller ends the job, MpiWorld::abort);
@@ -27,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "collectives/reduce_buffers.h"
 #include "core/dtype.h"
@@ -88,9 +91,10 @@ class MpiComm {
   void barrier(const std::string& what);
 
  private:
-  // Every rank tells every other that it reached collective seq_; returns when all have, throws naming the
-  // ranks that did not within the timeout.
-  void arrive(const std::string& what);
+  // Every rank tells every other that it reached collective seq_ and with which arguments (`signature`: what
+  // must agree, e.g. {element count, dtype}); returns when all have, throws naming the ranks that did not
+  // within the timeout, or every rank's signature when they differ.
+  void arrive(const std::string& what, const std::vector<int64_t>& signature, const char* signature_names);
   // Waits for `request` until the deadline; throws (and aborts the communicator) past it.
   void wait(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const std::string& what);
   void check_not_aborted(const std::string& what) const;

@@ -105,6 +105,28 @@ TEST(MpiComm, ArgumentsAreCheckedBeforeAnyProcessIsWaitedFor) {
   EXPECT_THROW(MpiComm(0ms), Error);
 }
 
+TEST(MpiComm, DifferentSizesAreRefusedOnEveryProcessNamingEach) {
+  MpiComm comm(30s);
+  std::vector<float> x(1000, 1.0f);
+  const int64_t mine = comm.rank() == 1 ? 999 : 1000;
+  try {
+    comm.all_reduce(x.data(), mine, DType::Float32, ReduceOp::Sum, "bucket 2");
+    ADD_FAILURE() << "different sizes were reduced";
+  } catch (const Error& e) {
+    std::string want = "collective #1 (bucket 2): the processes passed different arguments ({elements, dtype, op}): "
+                       "rank 0 {1000, 0, 0}, rank 1 {999, 0, 0}";
+    EXPECT_EQ(std::string(e.what()).substr(0, want.size()), want);
+  }
+  std::vector<char> bytes(8, static_cast<char>(comm.rank()));
+  EXPECT_THROW(comm.broadcast(bytes.data(), 8, comm.rank(), "different roots"), Error);
+  // Nothing moved, and the communicator goes on.
+  EXPECT_EQ(x[0], 1.0f);
+  comm.all_reduce(x.data(), 1000, DType::Float32, ReduceOp::Sum, "bucket 3");
+  EXPECT_EQ(x[999], static_cast<float>(comm.size()));
+  comm.broadcast(bytes.data(), 8, 1, "from rank 1");
+  EXPECT_EQ(bytes[7], 1);
+}
+
 // Rank 0 waits in a barrier that rank 1 never enters: rank 0 gets an error naming rank 1, the communicator is
 // aborted, and both processes go on with other communicators.
 TEST(MpiComm, ARankThatDoesNotArriveIsNamedAfterTheTimeout) {

@@ -203,6 +203,8 @@ class DataParallel {
   void init(std::vector<std::shared_ptr<nn::Module>> given_replicas);
   void init_ddp();
   void verify_replica_structure() const;
+  // Backend 'mpi': every process's model must be process 0's (names, dtypes, shapes, frozen flags).
+  void verify_structure_across_processes();
   // The mode's gradient reducer over the parameters that require grad (trainable_).
   void build_reducer();
   // Picks up requires_grad changes made after construction (Note [Frozen parameters]).

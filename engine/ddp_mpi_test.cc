@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "collectives/process_group.h"
@@ -23,10 +24,13 @@ namespace {
 int process_rank() { return std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")); }
 int process_count() { return std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")); }
 
-std::shared_ptr<nn::Module> make_model(uint64_t seed) {
+std::shared_ptr<nn::Module> make_model(uint64_t seed, int64_t hidden = 32, bool extra_layer = false) {
   manual_seed(seed);
-  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(12, 32), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(32, 5)});
+  std::vector<std::shared_ptr<nn::Module>> layers = {std::make_shared<nn::Linear>(12, hidden),
+                                                     std::make_shared<nn::ReLU>(),
+                                                     std::make_shared<nn::Linear>(hidden, 5)};
+  if (extra_layer) layers.push_back(std::make_shared<nn::Linear>(5, 5));
+  return std::make_shared<nn::Sequential>(layers);
 }
 
 Tensor mse(const Tensor& out, const Tensor& target) { return nn::functional::mse_loss(out, target); }
@@ -73,6 +77,30 @@ TEST(DdpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
       double diff = 0;
       for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
       EXPECT_LE(diff, 1e-6) << "process " << p << " replica " << r << " parameter " << k;
+    }
+  }
+}
+
+// Different models on two processes: the same named error on both, before any parameter moves.
+TEST(DdpAcrossProcesses, DifferentModelsAreRefusedNamingTheFirstDifference) {
+  const int p = process_rank();
+  const struct {
+    int64_t hidden;
+    bool extra_layer;
+    const char* want;
+  } cases[] = {
+      {33, false, "process 1's model differs from process 0's at state entry 0: '0.weight' float32 [32, 12] in "
+                  "process 0, '0.weight' float32 [33, 12] in process 1; every process must build the same model"},
+      {32, true, "process 1's model differs from process 0's at state entry 4: nothing (4 entries) in process 0, "
+                 "'3.weight' float32 [5, 5] in process 1"},
+  };
+  for (const auto& c : cases) {
+    try {
+      DataParallel ddp(p == 1 ? make_model(1, c.hidden, c.extra_layer) : make_model(1),
+                       {.device_ids = cpus(0, 2), .mode = ParallelMode::DDP, .backend = CollectiveBackend::Mpi});
+      ADD_FAILURE() << "different models were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
     }
   }
 }
