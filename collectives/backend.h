@@ -79,6 +79,9 @@ class Backend {
   virtual void scatter(int rank, const PostedAll& posted) = 0;
   virtual void all_to_all(int rank, const PostedAll& posted) = 0;
   virtual std::vector<uint8_t> broadcast_object(int rank, const PostedAll& posted) = 0;
+  // The group's two meetings already make a barrier among this process's members; a backend that spans
+  // processes meets the other processes here.
+  virtual void barrier(int rank) {}
 };
 
 }  // namespace dpe::collectives

@@ -56,6 +56,8 @@ void MpiBackend::broadcast(int rank, const PostedAll& posted) {
                           detail::str_cat("broadcast, member ", rank));
 }
 
+void MpiBackend::barrier(int rank) { cross_[rank]->barrier(detail::str_cat("barrier, member ", rank)); }
+
 std::unique_ptr<Backend> make_mpi_backend(const std::vector<Device>& devices, std::chrono::milliseconds timeout) {
   return std::make_unique<MpiBackend>(devices, timeout);
 }

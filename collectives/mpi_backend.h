@@ -10,7 +10,8 @@
 // Avg divides by the world size (processes x T). Dtypes: float32, float64, int32, int64 (Avg: float only).
 // broadcast from global root g = p·T + t: in process p every member copies member t's tensor, then member k of
 // every process receives process p's member k over cross[k] (T broadcasts at once, none waiting for another
-// member). The other collectives are not yet served across processes: each throws, naming itself.
+// member). barrier: member t of every process meets over cross[t], and the group's meetings join the members
+// of each process. The other collectives are not yet served across processes: each throws, naming itself.
 #pragma once
 
 #include <chrono>
@@ -42,6 +43,7 @@ class MpiBackend : public SharedMemoryBackend {
   void scatter(int, const PostedAll&) override { not_yet("scatter"); }
   void all_to_all(int, const PostedAll&) override { not_yet("all_to_all"); }
   std::vector<uint8_t> broadcast_object(int, const PostedAll&) override { not_yet("broadcast_object"); }
+  void barrier(int rank) override;
 
  private:
   [[noreturn]] static void not_yet(const char* collective);

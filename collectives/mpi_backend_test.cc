@@ -3,6 +3,7 @@
 // same collective computed here over all four.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
@@ -115,6 +116,18 @@ TEST(MpiBackend, BroadcastFromEveryGlobalRoot) {
   for (const std::string& e : run_members(2, [&](int r) { group.broadcast(r, t[r], group.world_size()); })) {
     EXPECT_NE(e.find("root 4 is out of range for a group of 4 members"), std::string::npos) << e;
   }
+}
+
+// Process 1 arrives 1 s late: process 0's members must wait for it (0.5 s of slack for scheduling).
+TEST(MpiBackend, BarrierWaitsForEveryProcess) {
+  ProcessGroup group = make_group(2);
+  const int index = MpiWorld::get().place().rank;
+  for (const std::string& e : run_members(2, [&](int r) { group.barrier(r); })) ASSERT_EQ(e, "");
+  if (index == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+  const auto start = std::chrono::steady_clock::now();
+  for (const std::string& e : run_members(2, [&](int r) { group.barrier(r); })) ASSERT_EQ(e, "");
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (index == 0) EXPECT_GE(waited, 0.5);
 }
 
 TEST(MpiBackend, WhatIsNotServedAcrossProcessesIsRefusedOnEveryMember) {

@@ -296,7 +296,7 @@ void ProcessGroup::all_to_all(int rank, const std::vector<Tensor>& outputs, cons
 
 void ProcessGroup::barrier(int rank) {
   Posted mine{.kind = Collective::Barrier};
-  run(rank, mine, [] { return std::string(); }, [] {});
+  run(rank, mine, [] { return std::string(); }, [&] { backend_impl_->barrier(rank); });
 }
 
 std::vector<uint8_t> ProcessGroup::broadcast_object(int rank, const std::vector<uint8_t>& bytes, int root) {
