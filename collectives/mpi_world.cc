@@ -58,20 +58,23 @@ std::string seconds(std::chrono::milliseconds t) {
   return text;
 }
 
-// Polls test() until it reports completion or the deadline passes: spinning first (small collectives finish
-// in microseconds, and polling is what makes Open MPI progress them), then sleeping up to 1 ms between polls
-// so that a long wait leaves the cores to the other threads. Returns false past the deadline.
+// Polls test() until it reports completion or the deadline passes. Polling is what makes Open MPI progress a
+// non-blocking collective (a 64 MB all-reduce is many pipelined steps), so for the first 50 ms it polls
+// back to back, yielding the core between polls; a wait that long is a late process, not a transfer, and
+// then it polls every millisecond, leaving the cores to the device threads. Returns false past the deadline.
 template <typename Test>
 bool poll_until(std::chrono::steady_clock::time_point deadline, Test test) {
-  auto pause = std::chrono::microseconds(0);
-  for (int polls = 0;; ++polls) {
-    if (test()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    if (polls > 200) {
-      pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(20));
-      std::this_thread::sleep_for(pause);
+  const auto patient_after = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  while (!test()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    if (now < patient_after) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
+  return true;
 }
 
 void finalize_at_exit() {

@@ -1,8 +1,10 @@
-// dpe collectives: nccl-tests-style table of the process group's collectives (research §4.1 conventions):
+// dpe collectives: nccl-tests-style table of the process group's collectives (docs/COLLECTIVES.md):
 // per size, time per call (averaged over iterations and members), algbw = S / t and busbw = algbw x the
 // collective's factor, GB = 1e9, and a correctness count. With --stream it also measures the host's memory
 // bandwidth (STREAM triad) and shows the CPU all-reduce against its limit: an in-place all-reduce of S bytes
 // moves 4 S bytes through memory on 2 members (each reads both buffers' slices and writes both).
+// With --dist mpi the group spans every process of an MPI launch: rows cover all its members (times are the
+// mean over them, #wrong their sum), and process 0 prints.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,6 +29,8 @@ namespace {
 struct CollectivesArgs {
   std::optional<std::string> device_ids;
   std::string backend = "auto";
+  std::string dist = "none";  // "mpi": one group over the devices of every process of an MPI launch
+  bool ops_given = false;     // --dist mpi defaults to the collectives it serves
   std::vector<std::string> ops = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"};
   int64_t min_bytes = 1024, max_bytes = 64 << 20;
   int factor = 4, iters = 20, warmup = 5;
@@ -76,6 +80,7 @@ struct Buffers {
   std::vector<Tensor> pieces_in, pieces_out;  // all_to_all: n pieces of S / n bytes each
 };
 
+// `rank`: the member's global rank (its inputs hold rank + 1).
 Buffers make_buffers(const std::string& op, int64_t count, int n, int rank, const Device& d) {
   Buffers b;
   double v = rank + 1;
@@ -147,25 +152,44 @@ double stream_triad_gbs(int threads) {
 }
 
 CollectiveBackend parse_backend(const std::string& s) {
+  if (s == "mpi") return CollectiveBackend::Mpi;
   if (s == "cpu") return CollectiveBackend::Cpu;
   if (s == "peer-copy") return CollectiveBackend::PeerCopy;
   if (s == "nccl") return CollectiveBackend::Nccl;
   return CollectiveBackend::Auto;
 }
 
-void run_collectives(const CollectivesArgs& args) {
+void run_collectives(CollectivesArgs args) {
   std::vector<Device> devices =
       args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(2);
   check_device_ids("--device-ids", devices);
-  check_sizes(args, static_cast<int>(devices.size()));
+  const bool across_processes = args.dist == "mpi";
+  if (across_processes) {
+    if (!args.ops_given) args.ops = {"all_reduce", "broadcast"};
+    DPE_CHECK(args.backend == "auto", "--backend ", args.backend, " cannot be combined with --dist mpi; expected "
+              "--backend auto (the mpi backend carries every collective across processes)");
+    for (const std::string& op : args.ops) {
+      DPE_CHECK(op == "all_reduce" || op == "broadcast", "--ops ", op, " is not available with --dist mpi yet; "
+                "expected all_reduce, broadcast");
+    }
+  } else {
+    check_sizes(args, static_cast<int>(devices.size()));
+  }
   if (!args.json.empty()) check_output_path("--json", args.json);
-  ProcessGroup group(devices, {.backend = parse_backend(args.backend)});
+  ProcessGroup group(devices, {.backend = across_processes ? CollectiveBackend::Mpi : parse_backend(args.backend)});
+  // Every figure is over the whole group (every member of every process); process 0 prints.
+  const int n = group.world_size(), local = group.size();
+  if (across_processes) check_sizes(args, n);
+  const bool prints = group.global_rank(0) == 0;
   DeviceWorkerPool pool(devices);
-  const int n = group.size();
-  std::printf("# dpe collectives: %d members (%s), backend %s, float32, %d iterations after %d warm-up, GB = 1e9\n", n,
-              device_list_str(devices).c_str(), backend_name(group.backend()), args.iters, args.warmup);
-  std::printf("# %-15s %10s %12s %11s %11s %11s %7s\n", "collective", "size", "count", "time(us)", "algbw(GB/s)",
-              "busbw(GB/s)", "#wrong");
+  if (prints) {
+    const std::string where = n > local ? " in each of " + std::to_string(n / local) + " processes" : "";
+    std::printf("# dpe collectives: %d members (%s%s), backend %s, float32, %d iterations after %d warm-up, GB = 1e9\n",
+                n, device_list_str(devices).c_str(), where.c_str(), backend_name(group.backend()), args.iters,
+                args.warmup);
+    std::printf("# %-15s %10s %12s %11s %11s %11s %7s\n", "collective", "size", "count", "time(us)", "algbw(GB/s)",
+                "busbw(GB/s)", "#wrong");
+  }
   std::string json = "{\"members\": " + std::to_string(n) + ", \"backend\": \"" + backend_name(group.backend()) +
                      "\", \"results\": [";
   double largest_allreduce_algbw = 0;
@@ -175,29 +199,35 @@ void run_collectives(const CollectivesArgs& args) {
     for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= args.factor) {
       const int64_t count = element_count(op, bytes, n);
       if (count == 0) continue;
-      std::vector<double> seconds(n);
-      std::vector<int64_t> wrong(n);
+      // Per local member, each already summed over the whole group (all-reduced below).
+      std::vector<double> seconds(local);
+      std::vector<int64_t> wrong(local);
       // A member that throws aborts the group at once, so the others stop waiting in their collective (they
       // would otherwise wait out the group's timeout, minutes) and the command fails with the first cause.
       std::mutex failure_mutex;
       std::string first_failure;
       auto member = [&](size_t r) {
-        int rank = static_cast<int>(r);
-        if (rank == args.fail_rank) throw Error("failure injected by --inject-failure-rank for the tests");
-        Buffers b = make_buffers(op, count, n, rank, devices[r]);
+        const int rank = static_cast<int>(r), global = group.global_rank(rank);
+        if (global == args.fail_rank) throw Error("failure injected by --inject-failure-rank for the tests");
+        Buffers b = make_buffers(op, count, n, global, devices[r]);
         for (int i = 0; i < args.warmup; ++i) run_op(group, op, rank, b);
         group.barrier(rank);
         auto start = std::chrono::steady_clock::now();
         for (int i = 0; i < args.iters; ++i) run_op(group, op, rank, b);
         synchronize(devices[r]);
-        seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / args.iters;
-        Buffers fresh = make_buffers(op, count, n, rank, devices[r]);
+        const double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / args.iters;
+        Buffers fresh = make_buffers(op, count, n, global, devices[r]);
         run_op(group, op, rank, fresh);
         synchronize(devices[r]);
-        wrong[r] = count_wrong(op, n, rank, fresh);
+        Tensor totals = Tensor::from_vector(std::vector<double>{mine, static_cast<double>(count_wrong(op, n, global, fresh))},
+                                            {2}, TensorOptions(DType::Float64).with_device(devices[r]));
+        group.all_reduce(rank, totals);
+        const std::vector<double> summed = totals.to_vector<double>();
+        seconds[r] = summed[0];
+        wrong[r] = static_cast<int64_t>(summed[1]);
       };
       try {
-        pool.run(n, [&](size_t r) {
+        pool.run(local, [&](size_t r) {
           try {
             member(r);
           } catch (const std::exception& e) {
@@ -218,12 +248,9 @@ void run_collectives(const CollectivesArgs& args) {
         DPE_CHECK(first_failure.empty(), first_failure);
         throw;
       }
-      double t = 0;
-      int64_t total_wrong = 0;
-      for (int r = 0; r < n; ++r) {
-        t += seconds[r] / n;
-        total_wrong += wrong[r];
-      }
+      const double t = seconds[0] / n;  // the mean over every member
+      const int64_t total_wrong = wrong[0];
+      if (!prints) continue;
       double size = static_cast<double>(count) * 4;
       double algbw = size / t / 1e9, busbw = algbw * bus_factor(op, n);
       std::printf("  %-15s %10s %12lld %11.1f %11.2f %11.2f %7lld\n", op.c_str(), bytes_str(size).c_str(),
@@ -244,6 +271,7 @@ void run_collectives(const CollectivesArgs& args) {
     }
   }
   json += "]";
+  if (!prints) return;
   if (args.stream) {
     double gbs = stream_triad_gbs(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     double limit = gbs / 4.0;
@@ -276,8 +304,12 @@ void add_collectives_command(CLI::App& app) {
   cmd->add_option("--device-ids", args->device_ids, "members, e.g. cpu:0,cpu:1 (default: every CUDA device, else cpu:0,cpu:1)");
   cmd->add_option("--backend", args->backend, "collectives backend")
       ->check(CLI::IsMember({"auto", "cpu", "peer-copy", "nccl"}));
-  add_name_list_option(*cmd, "--ops", args->ops, "collectives to run",
-                       {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"});
+  cmd->add_option("--dist", args->dist, "mpi: one group over the devices of every process of an MPI launch "
+                  "(mpirun -np P dpe collectives --dist mpi; all_reduce and broadcast; process 0 prints)")
+      ->check(CLI::IsMember({"none", "mpi"}));
+  CLI::Option* ops = add_name_list_option(*cmd, "--ops", args->ops,
+                                          "collectives to run (--dist mpi: all_reduce,broadcast)",
+                                          {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"});
   add_int_option(*cmd, "-b,--min-bytes", args->min_bytes,
                  "smallest size in bytes (K, M, G suffixes: powers of 1024); a row holds size / 4 float32 elements",
                  1, int64_t{1} << 32, true);
@@ -290,7 +322,10 @@ void add_collectives_command(CLI::App& app) {
   // Tests only, hidden from --help: member RANK throws before its first collective, so that a test can show
   // the others are released at once (ProcessGroup::abort) instead of waiting out the group's timeout.
   add_int_option(*cmd, "--inject-failure-rank", args->fail_rank, "", 0, 1023)->group("");
-  cmd->callback([args] { run_collectives(*args); });
+  cmd->callback([args, ops] {
+    args->ops_given = ops->count() > 0;
+    run_collectives(*args);
+  });
 }
 
 }  // namespace dpe::tool

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `mpirun -np 2 dpe collectives --dist mpi`: one table (process 0 prints) over the 4 members of 2 processes,
+# every row correct (#wrong sums over all members); options --dist mpi cannot serve are errors before MPI starts.
+set -uo pipefail
+bin="$1"
+export DPE_NUM_CPU_DEVICES=2
+# CI runs as root, which mpirun refuses unless told.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail=0
+out=$(timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$bin" collectives --dist mpi --device-ids cpu:0,cpu:1 \
+  -b 4K -e 64K -f 4 -n 2 -w 1 --json "$TEST_TMPDIR/c.json" 2>&1)
+status=$?
+echo "$out"
+headers=$(grep -c '^# dpe collectives: 4 members (cpu:0 cpu:1 in each of 2 processes), backend mpi' <<<"$out")
+rows=$(grep -cE '^  (all_reduce|broadcast) ' <<<"$out")
+# 2 collectives x 3 sizes (4K, 16K, 64K), printed once
+if [[ $status -ne 0 || $headers -ne 1 || $rows -ne 6 ]]; then
+  echo "FAILED: status $status, $headers headers (want 1), $rows rows (want 6)"; fail=1
+fi
+if awk '/^  [a-z_]+ /{ if ($NF != 0) bad=1 } END { exit !bad }' <<<"$out"; then echo "FAILED: a row has wrong elements"; fail=1; fi
+grep -q '"op": "broadcast"' "$TEST_TMPDIR/c.json" || { echo "FAILED: no JSON"; fail=1; }
+# expect STATUS PATTERN ARGS...: `dpe collectives ARGS` (one process) exits with STATUS, output containing PATTERN.
+expect() {
+  local want_status="$1" pattern="$2"; shift 2
+  out=$(timeout 30 "$bin" collectives "$@" 2>&1)
+  local status=$?
+  if [[ $status -ne $want_status ]] || ! grep -qF -- "$pattern" <<<"$out"; then
+    echo "FAILED: dpe collectives $* -> status $status (want $want_status), want '$pattern', output:"
+    echo "$out" | tail -5
+    fail=1
+  fi
+}
+expect 2 "--ops all_gather is not available with --dist mpi yet; expected all_reduce, broadcast" --dist mpi --ops all_reduce,all_gather
+expect 2 "--backend cpu cannot be combined with --dist mpi" --dist mpi --backend cpu
+expect 105 "--dist: gloo not in" --dist gloo
+exit $fail
