@@ -1,0 +1,174 @@
+"""`bazel run //:install -- PREFIX`: libdpe.so, dpe's public headers and dpe.pc, for builds without Bazel.
+
+Nothing here lists files: the library is linked from the deps' own archives, the headers are the `hdrs` of the
+deps and of every dpe target they depend on, the compiler and linker flags are what those targets propagate
+(defines, linkopts of Debian's libraries and of CUDA). A header that moves or a library that is added shows up
+in the install by itself.
+"""
+
+load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
+load("@local_cuda//:defs.bzl", "CUDA_ROOT")
+load("//tools/build:defs.bzl", "cuda_enabled", "dpe_cc_binary")
+
+# "" in dpe's own build, "dpe" where another workspace uses dpe as @dpe.
+_DPE_REPOSITORY = Label("//:BUILD").workspace_name
+
+_DpeHeadersInfo = provider(fields = {"headers": "depset of the hdrs of dpe's targets"})
+
+def _headers_aspect_impl(target, ctx):
+    own = []
+    if target.label.workspace_name == _DPE_REPOSITORY and hasattr(ctx.rule.files, "hdrs"):
+        own = ctx.rule.files.hdrs
+    deps = getattr(ctx.rule.attr, "deps", [])
+    return [_DpeHeadersInfo(headers = depset(own, transitive = [
+        d[_DpeHeadersInfo].headers
+        for d in deps
+        if _DpeHeadersInfo in d
+    ]))]
+
+_headers_aspect = aspect(implementation = _headers_aspect_impl, attr_aspects = ["deps"])
+
+def _repository_path(f):
+    """The file's path inside dpe's repository (core/tensor.h), from either workspace."""
+    if f.short_path.startswith("../"):  # ../dpe/core/tensor.h
+        return f.short_path.split("/", 2)[2]
+    return f.short_path
+
+def _rlocation(ctx, f):
+    if f.short_path.startswith("../"):
+        return f.short_path[len("../"):]
+    return ctx.workspace_name + "/" + f.short_path
+
+def _c_string(s):
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+def _unique(items):
+    seen = {}
+    for item in items:
+        seen.setdefault(item, True)
+    return seen.keys()
+
+def _install_files_impl(ctx):
+    cc_toolchain = find_cpp_toolchain(ctx)
+    features = cc_common.configure_features(
+        ctx = ctx,
+        cc_toolchain = cc_toolchain,
+        requested_features = ctx.features,
+        unsupported_features = ctx.disabled_features,
+    )
+    cc_info = cc_common.merge_cc_infos(cc_infos = [d[CcInfo] for d in ctx.attr.deps])
+
+    # A shared library keeps only the archive members something in it refers to, and nothing in libdpe.so
+    # refers to the API an application calls: every dpe object goes in whole (alwayslink).
+    libraries = []
+    link_flags = []
+    for linker_input in cc_info.linking_context.linker_inputs.to_list():
+        link_flags.extend(linker_input.user_link_flags)
+        for lib in linker_input.libraries:
+            archive = lib.pic_static_library or lib.static_library
+            if not archive:
+                fail("%s: %s has no static library to put in libdpe.so" % (ctx.label, linker_input.owner))
+            libraries.append(cc_common.create_library_to_link(
+                actions = ctx.actions,
+                feature_configuration = features,
+                cc_toolchain = cc_toolchain,
+                pic_static_library = archive,
+                alwayslink = True,
+            ))
+    link_flags = _unique(link_flags)
+    linked = cc_common.link(
+        actions = ctx.actions,
+        name = ctx.attr.library_name,
+        feature_configuration = features,
+        cc_toolchain = cc_toolchain,
+        linking_contexts = [cc_common.create_linking_context(linker_inputs = depset([
+            cc_common.create_linker_input(
+                owner = ctx.label,
+                libraries = depset(libraries),
+                user_link_flags = depset(link_flags),
+            ),
+        ]))],
+        output_type = "dynamic_library",
+    )
+    so = linked.library_to_link.resolved_symlink_dynamic_library or linked.library_to_link.dynamic_library
+
+    headers = depset(transitive = [d[_DpeHeadersInfo].headers for d in ctx.attr.deps]).to_list()
+    files = [(so, "lib/" + so.basename)] + [(h, "include/dpe/" + _repository_path(h)) for h in headers]
+
+    # Everything of dpe.pc but its first line (prefix=...), which the installer writes.
+    cflags = ["-std=c++20", "-I${includedir}"]
+    cflags += ["-D" + d for d in cc_info.compilation_context.defines.to_list()]
+    cflags += ctx.attr.cflags
+    pc_body = "\n".join([
+        "libdir=${prefix}/lib",
+        "includedir=${prefix}/include/dpe",
+        "",
+        "Name: dpe",
+        "Description: " + ctx.attr.description,
+        "Version: " + ctx.attr.version,
+        "Cflags: " + " ".join(_unique(cflags)),
+        "Libs: " + " ".join(["-L${libdir}", "-Wl,-rpath,${libdir}", "-l" + ctx.attr.library_name] + link_flags),
+        "",
+    ])
+
+    # install.cc includes it by this name.
+    manifest = ctx.actions.declare_file("dpe_install_manifest.h")
+    ctx.actions.write(manifest, "\n".join([
+        "// Generated by " + str(ctx.label) + " (tools/install/defs.bzl): what the installer copies.",
+        "#pragma once",
+        "namespace dpe_install {",
+        "struct InstalledFile {",
+        "  const char* rlocation;  // in the installer's runfiles",
+        "  const char* destination;  // relative to PREFIX",
+        "  bool is_library;  // the shared library (mode 0755), else a header",
+        "};",
+        "inline constexpr InstalledFile kFiles[] = {",
+    ] + [
+        "    {%s, %s, %s}," % (_c_string(_rlocation(ctx, f)), _c_string(dest), "true" if f == so else "false")
+        for f, dest in files
+    ] + [
+        "};",
+        "inline constexpr const char* kPkgConfigFile = " + _c_string("lib/pkgconfig/" + ctx.attr.library_name + ".pc") + ";",
+        "inline constexpr const char* kPkgConfigBody = " + _c_string(pc_body) + ";",
+        "}  // namespace dpe_install",
+        "",
+    ]))
+
+    installed = [so] + headers
+    return [
+        DefaultInfo(files = depset(installed), runfiles = ctx.runfiles(files = installed)),
+        OutputGroupInfo(manifest = depset([manifest])),
+    ]
+
+_install_files = rule(
+    implementation = _install_files_impl,
+    attrs = {
+        "deps": attr.label_list(providers = [CcInfo], aspects = [_headers_aspect]),
+        "library_name": attr.string(mandatory = True),
+        "version": attr.string(mandatory = True),
+        "description": attr.string(mandatory = True),
+        "cflags": attr.string_list(),
+        "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
+    },
+    toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
+    fragments = ["cpp"],
+)
+
+def dpe_install(name, deps, library_name, version, description):
+    """`name`: a binary that installs lib<library_name>.so, the headers and <library_name>.pc under PREFIX."""
+    _install_files(
+        name = name + "_files",
+        deps = deps,
+        library_name = library_name,
+        version = version,
+        description = description,
+        # CUDA's headers are included by dpe's (core/cuda/); its libraries come with @local_cuda's linkopts.
+        cflags = cuda_enabled(["-I" + CUDA_ROOT + "/include"]),
+    )
+    native.filegroup(name = name + "_manifest", srcs = [":" + name + "_files"], output_group = "manifest")
+    dpe_cc_binary(
+        name = name,
+        srcs = ["//tools/install:install.cc", ":" + name + "_manifest"],
+        data = [":" + name + "_files"],
+        deps = ["@bazel_tools//tools/cpp/runfiles"],
+    )
