@@ -8,6 +8,7 @@ packages=(
   bazel-platforms        # @platforms, as a local repository
   g++
   python3                # tools/test_summary.py
+  pkgconf                # pkg-config: tools/embedding_test.sh compiles against an install of dpe
   libgtest-dev
   libbenchmark-dev
   libtbb-dev             # oneTBB: intra-op parallelism
