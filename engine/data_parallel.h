@@ -169,7 +169,8 @@ class DataParallel {
   // loss of the gathered output on output_device, gradients reduced into the master. DDP: each replica's
   // loss on its own shard, gradients averaged over replicas (with uneven shards that is the mean of the
   // replicas' means, where DP gives the full-batch mean). Gradients accumulate (call zero_grad between
-  // steps). Returns the batch loss (DDP: the shards' losses weighted by shard size).
+  // steps). Returns the batch loss (DDP: the shards' losses weighted by shard size; across processes,
+  // backend 'mpi': over every process's batch, outside no_sync, so that every process returns the same).
   double forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss);
   void set_optimizer(const OptimizerFactory& make);
   void optimizer_step();  // DP: the master's optimizer; DDP: every replica's, in parallel on the workers

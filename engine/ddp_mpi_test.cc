@@ -41,12 +41,16 @@ std::vector<Device> cpus(int first, int count) {
   return devices;
 }
 
-// Trains `ddp` on the global batches, of which this process takes rows [offset, offset + rows).
-void train(DataParallel& ddp, const std::vector<std::pair<Tensor, Tensor>>& batches, int64_t offset, int64_t rows) {
+// Trains `ddp` on the global batches, of which this process takes rows [offset, offset + rows); returns the
+// losses train_step reported.
+std::vector<double> train(DataParallel& ddp, const std::vector<std::pair<Tensor, Tensor>>& batches, int64_t offset,
+                          int64_t rows) {
   ddp.set_optimizer([](const std::vector<Tensor>& params) {
     return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-2});
   });
-  for (const auto& [x, y] : batches) ddp.train_step(x.narrow(0, offset, rows), y.narrow(0, offset, rows), mse);
+  std::vector<double> losses;
+  for (const auto& [x, y] : batches) losses.push_back(ddp.train_step(x.narrow(0, offset, rows), y.narrow(0, offset, rows), mse));
+  return losses;
 }
 
 TEST(DdpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
@@ -63,10 +67,14 @@ TEST(DdpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
   DataParallel across(make_model(100 + p), {.device_ids = cpus(0, 2), .mode = ParallelMode::DDP,
                                             .backend = CollectiveBackend::Mpi});
   ASSERT_EQ(across.process_group()->world_size(), 2 * processes);
-  train(across, batches, batch / processes * p, batch / processes);
+  const std::vector<double> across_losses = train(across, batches, batch / processes * p, batch / processes);
 
   DataParallel one(make_model(100), {.device_ids = cpus(0, 2 * processes), .mode = ParallelMode::DDP});
-  train(one, batches, 0, batch);
+  const std::vector<double> one_losses = train(one, batches, 0, batch);
+  // The loss of the whole global batch, on every process.
+  for (size_t step = 0; step < one_losses.size(); ++step) {
+    EXPECT_NEAR(across_losses[step], one_losses[step], 1e-6 * std::abs(one_losses[step])) << "step " << step;
+  }
 
   const std::vector<Tensor> want = one.module().parameters();
   for (size_t r = 0; r < 2; ++r) {
