@@ -1,6 +1,7 @@
 #include "engine/worker_pool.h"
 
 #include <omp.h>
+#include <sched.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -19,6 +20,15 @@
 namespace dpe {
 
 namespace {
+
+// The cores this process may run on: its affinity mask (taskset, a cgroup cpuset, mpirun's --bind-to), so
+// that two processes bound to a core each do not both size their pools for the whole machine.
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
 
 // Runs `fn` and returns the exception it threw, if any, as a message.
 std::exception_ptr capture(const std::function<void()>& fn) {
@@ -129,7 +139,7 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices) : impl_(std::mak
   impl_->devices = std::move(devices);
   int cpu_devices = static_cast<int>(
       std::count_if(impl_->devices.begin(), impl_->devices.end(), [](const Device& d) { return d.is_cpu(); }));
-  int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int cores = usable_cores();
   impl_->cpu_threads = std::max(1, cpu_devices > 0 ? cores / cpu_devices : 1);
   for (const Device& d : impl_->devices) {
     auto worker = std::make_unique<Impl::Worker>();

@@ -9,9 +9,10 @@
 // failure can be: that is where a caller wakes partners blocked on worker i (ProcessGroup::abort).
 // No thread is created after construction (threads_created() stays constant).
 //
-// CPU workers get their share of the cores (hardware threads / number of CPU devices in the pool, at least
-// 1) for intra-op parallelism: each runs its tasks inside its own oneTBB task_arena of that size and sets its
-// OpenMP thread count (oneDNN's runtime) to it, so devices do not oversubscribe the machine.
+// CPU workers get their share of the cores (the cores this process may run on, by its affinity mask, / the
+// number of CPU devices in the pool, at least 1) for intra-op parallelism: each runs its tasks inside its
+// own oneTBB task_arena of that size and sets its OpenMP thread count (oneDNN's runtime) to it, so devices do
+// not oversubscribe the machine.
 // The caller's grad mode is carried into the worker for the duration of the task.
 //
 // Thread-safety: run() may be called from one thread at a time, never from a worker of the same pool.

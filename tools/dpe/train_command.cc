@@ -34,6 +34,7 @@ struct TrainArgs {
   int64_t batch_size = 128, epochs = 10, limit = -1, save_every = 0;
   bool drop_last = false;
   int cpu_devices = 2;
+  std::string dist = "none";
 };
 
 // Everything that can be refused without loading data or building the engine, in the order a user would
@@ -48,8 +49,9 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
     args.engine.output_device = Device::parse(*args.output_device);
     check_device_ids("--output-device", {*args.engine.output_device});
   }
+  args.engine.across_processes = args.dist == "mpi";
   check_engine_options(args.engine);
-  if (args.engine.mode == "ddp") {
+  if (args.engine.mode == "ddp" && !args.engine.across_processes) {  // across processes: in run_train
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(args.engine.devices.size()));
   }
   if (!args.json.empty()) check_output_path("--json", args.json);
@@ -74,10 +76,12 @@ double as_printed(const char* format, double v) {
 }
 
 // The --json report, written with nlohmann-json: strings escaped, keys in this order.
-void write_json(const TrainArgs& args, const DataParallel& dp, double accuracy, const nlohmann::ordered_json& epochs) {
+void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes, double accuracy,
+                const nlohmann::ordered_json& epochs) {
   nlohmann::ordered_json report = {{"model", args.engine.model},
                                    {"mode", args.engine.mode},
                                    {"devices", device_list_str(dp.device_ids())},
+                                   {"processes", processes},
                                    {"batch_size", args.batch_size},
                                    {"final_test_accuracy", as_printed("%g", accuracy)},
                                    {"epochs", epochs}};
@@ -100,12 +104,26 @@ void run_train(TrainArgs args) {
   std::unique_ptr<DataParallel> dp = make_engine(args.engine, args.optimizer, &first_epoch);
   DPE_INTERNAL_ASSERT(first_epoch == resumed.epoch, "the checkpoint's epoch changed between two reads");
   LossFn loss_fn = models::model_loss(args.engine.model);
+  // --dist mpi: every process iterates the same global batches (same seed) and trains on its slice of each,
+  // which gives every replica the shard it would have in one process with all the devices (DistributedSampler's
+  // partition, batch by batch). Process 0 prints, evaluates, and writes checkpoints and --json.
+  const int64_t local = static_cast<int64_t>(dp->device_ids().size());
+  const ProcessGroup* group = dp->process_group();
+  const int64_t world = group != nullptr ? group->world_size() : local;
+  const int64_t process_count = world / local, process = group != nullptr ? group->global_rank(0) / local : 0;
+  const bool prints = process == 0;
+  if (args.engine.across_processes) {
+    DPE_CHECK(args.batch_size % world == 0, "--batch-size ", args.batch_size, " with --dist mpi: the global batch "
+              "must be a multiple of the ", world, " DDP replicas (", process_count, " processes x ", local,
+              " devices); try ", std::max(world, args.batch_size / world * world), " or ",
+              (args.batch_size / world + 1) * world);
+  }
   // Batches for GPUs are gathered into pinned memory, so that the scatter's copies are asynchronous DMA.
   const bool to_cuda = std::ranges::any_of(dp->device_ids(), [](const Device& d) { return d.is_cuda(); });
   // DDP needs a sample on every replica: without --drop-last the short last batch of an epoch is padded to a
   // multiple of the device count (samples from the start of the epoch's order, as DistributedSampler pads),
   // which splits into equal shards (data/data_loader.h).
-  const int64_t replicas = args.engine.mode == "ddp" ? static_cast<int64_t>(dp->device_ids().size()) : 1;
+  const int64_t replicas = args.engine.mode == "ddp" ? world : 1;
   data::DataLoader loader(data.train_inputs, data.train_targets,
                           {.batch_size = args.batch_size, .seed = args.engine.seed, .drop_last = args.drop_last,
                            .pad_last_to_multiple = args.drop_last ? 0 : replicas, .prefetch = 2,
@@ -118,19 +136,24 @@ void run_train(TrainArgs args) {
     last_batch = ", last batch of " + std::to_string(remainder) + " padded to " +
                  std::to_string(loader.last_batch_size()) + " for " + std::to_string(replicas) + " DDP devices";
   }
-  std::printf("dpe train: %s, mode %s on %s, global batch %lld, %lld training samples%s, %lld test samples%s\n",
-              args.engine.model.c_str(), args.engine.mode.c_str(), device_list_str(dp->device_ids()).c_str(),
-              static_cast<long long>(args.batch_size), static_cast<long long>(samples_per_epoch), last_batch.c_str(),
-              static_cast<long long>(data.test_inputs.size(0)),
-              first_epoch > 0 ? (" (resumed after epoch " + std::to_string(first_epoch) + ")").c_str() : "");
+  const std::string where = device_list_str(dp->device_ids()) +
+                            (process_count > 1 ? " in each of " + std::to_string(process_count) + " processes" : "");
+  if (prints) {
+    std::printf("dpe train: %s, mode %s on %s, global batch %lld, %lld training samples%s, %lld test samples%s\n",
+                args.engine.model.c_str(), args.engine.mode.c_str(), where.c_str(),
+                static_cast<long long>(args.batch_size), static_cast<long long>(samples_per_epoch), last_batch.c_str(),
+                static_cast<long long>(data.test_inputs.size(0)),
+                first_epoch > 0 ? (" (resumed after epoch " + std::to_string(first_epoch) + ")").c_str() : "");
+  }
   std::fflush(stdout);  // before the progress lines on stderr
   if (first_epoch >= args.epochs) {
     // A finished run (or --epochs lower than the checkpoint's): report the loaded model, train nothing.
+    if (!prints) return;
     double accuracy = test_accuracy(*dp, args.engine.model, data.test_inputs, data.test_targets);
     std::printf("nothing left to train: %s is after epoch %lld and --epochs is %lld; the loaded model was evaluated\n",
                 args.engine.resume.c_str(), static_cast<long long>(first_epoch), static_cast<long long>(args.epochs));
     std::printf("final test accuracy %.4f\n", accuracy);
-    if (!args.json.empty()) write_json(args, *dp, accuracy, nlohmann::ordered_json::array());
+    if (!args.json.empty()) write_json(args, *dp, process_count, accuracy, nlohmann::ordered_json::array());
     return;
   }
   // One scheduler per optimizer (DDP: per replica, so every replica keeps the same learning rate), stepped
@@ -149,24 +172,29 @@ void run_train(TrainArgs args) {
   double accuracy = 0;
   for (int64_t epoch = first_epoch; epoch < args.epochs; ++epoch) {
     loader.begin_epoch(epoch);
-    Progress progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.epochs), loader.num_batches());
+    std::optional<Progress> progress;
+    if (prints) progress.emplace("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.epochs), loader.num_batches());
     auto start = std::chrono::steady_clock::now();
     double loss_sum = 0;
     int64_t samples = 0, steps = 0;
     while (std::optional<data::Batch> batch = loader.next()) {
-      double loss = dp->train_step(batch->inputs, batch->targets, loss_fn);
+      const int64_t rows = batch->inputs.size(0) / process_count;  // this process's slice
+      double loss = dp->train_step(batch->inputs.narrow(0, process * rows, rows),
+                                   batch->targets.narrow(0, process * rows, rows), loss_fn);
       for (auto& scheduler : schedulers) scheduler->step();
       loss_sum += loss * static_cast<double>(batch->inputs.size(0));
       samples += batch->inputs.size(0);
-      progress.update(++steps, loss_sum / static_cast<double>(samples), samples);
+      ++steps;
+      if (progress) progress->update(steps, loss_sum / static_cast<double>(samples), samples);
     }
+    if (!prints) continue;  // evaluation, checkpoints and the report are process 0's
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     accuracy = test_accuracy(*dp, args.engine.model, data.test_inputs, data.test_targets);
     double rate = static_cast<double>(samples) / seconds;
     char summary[160];
     std::snprintf(summary, sizeof summary, "loss %.4f  test accuracy %.4f  %.0f samples/s  %.1f s",
                   loss_sum / static_cast<double>(samples), accuracy, rate, seconds);
-    progress.finish(summary);
+    progress->finish(summary);
     epochs_json.push_back({{"epoch", epoch + 1},
                            {"train_loss", as_printed("%.6f", loss_sum / static_cast<double>(samples))},
                            {"test_accuracy", as_printed("%.6f", accuracy)},
@@ -179,8 +207,9 @@ void run_train(TrainArgs args) {
       std::fprintf(stderr, "saved %s (epoch %lld)\n", args.checkpoint.c_str(), static_cast<long long>(epoch + 1));
     }
   }
+  if (!prints) return;
   std::printf("final test accuracy %.4f\n", accuracy);
-  if (!args.json.empty()) write_json(args, *dp, accuracy, epochs_json);
+  if (!args.json.empty()) write_json(args, *dp, process_count, accuracy, epochs_json);
 }
 
 }  // namespace
@@ -212,6 +241,10 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
+  cmd->add_option("--dist", args->dist, "mpi: DDP over the devices of every process of an MPI launch (mpirun -np P "
+                  "dpe train --dist mpi ...); --batch-size is the global batch over all of them; process 0 prints, "
+                  "evaluates and writes --checkpoint and --json (docs/SCALE_OUT.md)")
+      ->check(CLI::IsMember({"none", "mpi"}));
   add_seed_option(*cmd, "--seed", args->engine.seed, "initial weights and data order");
   add_int_option(*cmd, "--limit", args->limit, "use only the first N training samples", 1, int64_t{1} << 40)
       ->default_str("all");
