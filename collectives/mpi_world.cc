@@ -221,11 +221,14 @@ void MpiComm::arrive(const std::string& what, const std::vector<int64_t>& signat
   });
   const auto token_of = [&](int peer) { return tokens->received.begin() + peer * width; };
   if (!arrived) {
+    // MPI_Testall left every request as it was; a peer whose token has not been received is missing.
     std::string missing;
     int missing_count = 0;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (*token_of(peer) == seq_) continue;
-      missing += detail::str_cat(missing_count++ == 0 ? "" : ", ", peer);
+    for (int peer = 0, k = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      int received = 0;
+      check_mpi(MPI_Test(&tokens->requests[2 * k++], &received, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!received) missing += detail::str_cat(missing_count++ == 0 ? "" : ", ", peer);
     }
     (void)tokens.release();
     aborted_ = detail::str_cat("collective #", seq_, " (", what, "): rank", missing_count > 1 ? "s " : " ", missing,
