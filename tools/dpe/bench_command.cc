@@ -25,11 +25,11 @@
 #include <sstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
 
 #include "core/allocator.h"
 #include "models/models.h"
 #include "tools/dpe/cli_util.h"
+#include "tools/dpe/json_report.h"
 #include "tools/dpe/commands.h"
 #include "tools/dpe/subprocess.h"
 #include "tools/dpe/training.h"
@@ -75,14 +75,6 @@ std::string gnuplot_label(const std::string& text) {
   std::string out;
   for (char c : text) out += std::isalnum(static_cast<unsigned char>(c)) || std::strchr(" ._-+", c) ? c : '?';
   return out;
-}
-
-// `v` as a default-formatted stream shows it (6 significant digits), as a double: nlohmann then writes the
-// shortest text that reads back as that double, the digits the --json report always had.
-double as_printed(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return std::strtod(buf, nullptr);
 }
 
 struct Row {
@@ -273,7 +265,7 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
   if (!args.json.empty()) {
     // Written with nlohmann-json: strings (the PyTorch script's configs and notes among them) escaped. Numbers
     // keep the 6 significant digits the report always had (as_printed).
-    using Json = nlohmann::ordered_json;
+    using Json = JsonReport;
     Json report = {
         {"model", args.model}, {"batch_size", args.batch_size}, {"steps", args.steps}, {"rows", Json::array()}};
     for (const Row& r : rows) {
@@ -281,27 +273,23 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
       Json row = {{"framework", r.framework},
                   {"config", r.config},
                   {"devices", r.devices},
-                  {"samples_per_s", as_printed(r.samples_per_s)},
-                  {"scaling", as_printed(r.scaling)},
-                  {"step_ms", as_printed(r.step_ms)},
-                  {"phases_ms", {{"scatter", as_printed(p.scatter_ms)},
-                                 {"broadcast", as_printed(p.broadcast_ms)},
-                                 {"forward", as_printed(p.forward_ms)},
-                                 {"gather", as_printed(p.gather_ms)},
-                                 {"loss", as_printed(p.loss_ms)},
-                                 {"backward", as_printed(p.backward_ms)},
-                                 {"reduce", as_printed(p.reduce_ms)},
-                                 {"optimizer", as_printed(p.optimizer_ms)}}},
+                  {"samples_per_s", as_printed("%g", r.samples_per_s)},
+                  {"scaling", as_printed("%g", r.scaling)},
+                  {"step_ms", as_printed("%g", r.step_ms)},
+                  {"phases_ms", {{"scatter", as_printed("%g", p.scatter_ms)},
+                                 {"broadcast", as_printed("%g", p.broadcast_ms)},
+                                 {"forward", as_printed("%g", p.forward_ms)},
+                                 {"gather", as_printed("%g", p.gather_ms)},
+                                 {"loss", as_printed("%g", p.loss_ms)},
+                                 {"backward", as_printed("%g", p.backward_ms)},
+                                 {"reduce", as_printed("%g", p.reduce_ms)},
+                                 {"optimizer", as_printed("%g", p.optimizer_ms)}}},
                   {"peak_bytes", Json::object()}};
       for (const auto& [device, bytes] : r.peak) row["peak_bytes"][device.str()] = bytes;
       if (!r.note.empty()) row["note"] = r.note;
       report["rows"].push_back(std::move(row));
     }
-    std::ofstream out(args.json);
-    DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
-    out << report.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace) << "\n";
-    out.close();
-    DPE_CHECK(out.good(), "--json ", args.json, ": write failed");
+    write_json_report("--json", args.json, report);
   }
   if (!args.png.empty()) {
     // gnuplot gets its script on stdin (the bars inline, as a datablock) and writes the PNG to its stdout;

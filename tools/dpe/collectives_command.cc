@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,6 +20,7 @@
 #include "collectives/process_group.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/json_report.h"
 
 namespace dpe::tool {
 
@@ -190,11 +190,10 @@ void run_collectives(CollectivesArgs args) {
     std::printf("# %-15s %10s %12s %11s %11s %11s %7s\n", "collective", "size", "count", "time(us)", "algbw(GB/s)",
                 "busbw(GB/s)", "#wrong");
   }
-  std::string json = "{\"members\": " + std::to_string(n) + ", \"backend\": \"" + backend_name(group.backend()) +
-                     "\", \"results\": [";
+  JsonReport report = {{"members", n}, {"processes", n / local}, {"backend", backend_name(group.backend())},
+                       {"results", JsonReport::array()}};
   double largest_allreduce_algbw = 0;
   int64_t largest_allreduce_bytes = 0;
-  bool first = true;
   for (const std::string& op : args.ops) {
     for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= args.factor) {
       const int64_t count = element_count(op, bytes, n);
@@ -260,17 +259,15 @@ void run_collectives(CollectivesArgs args) {
         largest_allreduce_bytes = count * 4;
         largest_allreduce_algbw = algbw;
       }
-      char row[256];
-      std::snprintf(row, sizeof row,
-                    "%s{\"op\": \"%s\", \"bytes\": %.0f, \"count\": %lld, \"time_us\": %.3f, \"algbw_gbs\": %.4f, "
-                    "\"busbw_gbs\": %.4f, \"wrong\": %lld}",
-                    first ? "" : ", ", op.c_str(), size, static_cast<long long>(count), t * 1e6, algbw, busbw,
-                    static_cast<long long>(total_wrong));
-      json += row;
-      first = false;
+      report["results"].push_back({{"op", op},
+                                   {"bytes", count * 4},
+                                   {"count", count},
+                                   {"time_us", as_printed("%.3f", t * 1e6)},
+                                   {"algbw_gbs", as_printed("%.4f", algbw)},
+                                   {"busbw_gbs", as_printed("%.4f", busbw)},
+                                   {"wrong", total_wrong}});
     }
   }
-  json += "]";
   if (!prints) return;
   if (args.stream) {
     double gbs = stream_triad_gbs(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
@@ -282,18 +279,9 @@ void run_collectives(CollectivesArgs args) {
                   bytes_str(static_cast<double>(largest_allreduce_bytes)).c_str(), largest_allreduce_algbw,
                   100.0 * largest_allreduce_algbw / limit, limit);
     }
-    char extra[128];
-    std::snprintf(extra, sizeof extra, ", \"stream_triad_gbs\": %.4f", gbs);
-    json += extra;
+    report["stream_triad_gbs"] = as_printed("%.4f", gbs);
   }
-  json += "}\n";
-  if (!args.json.empty()) {
-    std::ofstream out(args.json);
-    DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
-    out << json;
-    out.close();
-    DPE_CHECK(out.good(), "--json ", args.json, ": write failed");
-  }
+  if (!args.json.empty()) write_json_report("--json", args.json, report);
 }
 
 }  // namespace

@@ -18,7 +18,9 @@ if [[ $status -ne 0 || $headers -ne 1 || $rows -ne 6 ]]; then
   echo "FAILED: status $status, $headers headers (want 1), $rows rows (want 6)"; fail=1
 fi
 if awk '/^  [a-z_]+ /{ if ($NF != 0) bad=1 } END { exit !bad }' <<<"$out"; then echo "FAILED: a row has wrong elements"; fail=1; fi
-grep -q '"op": "broadcast"' "$TEST_TMPDIR/c.json" || { echo "FAILED: no JSON"; fail=1; }
+python3 -c "import json, sys; r = json.load(open(sys.argv[1])); sys.exit(not (r['members'] == 4 and r['processes'] == 2
+  and [x['op'] for x in r['results']] == ['all_reduce'] * 3 + ['broadcast'] * 3))" "$TEST_TMPDIR/c.json" ||
+  { echo "FAILED: the JSON report"; fail=1; }
 # expect STATUS PATTERN ARGS...: `dpe collectives ARGS` (one process) exits with STATUS, output containing PATTERN.
 expect() {
   local want_status="$1" pattern="$2"; shift 2

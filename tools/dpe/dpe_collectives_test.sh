@@ -12,7 +12,9 @@ rows=$(grep -cE '^  (all_reduce|broadcast|reduce|all_gather|reduce_scatter|all_t
 # 6 collectives x 3 sizes (4K, 16K, 64K)
 if [[ $status -ne 0 || $rows -ne 18 ]]; then echo "FAILED: status $status, $rows rows (want 18)"; fail=1; fi
 if awk '/^  [a-z_]+ /{ if ($NF != 0) bad=1 } END { exit !bad }' <<<"$out"; then echo "FAILED: a row has wrong elements"; fail=1; fi
-grep -q '"op": "all_to_all"' "$TEST_TMPDIR/c.json" || { echo "FAILED: no JSON"; fail=1; }
+python3 -c "import json, sys; r = json.load(open(sys.argv[1])); sys.exit(not (r['members'] == 3 and len(r['results']) == 18
+  and r['results'][-1]['op'] == 'all_to_all' and all(x['wrong'] == 0 for x in r['results'])))" "$TEST_TMPDIR/c.json" ||
+  { echo "FAILED: the JSON report"; fail=1; }
 # expect STATUS PATTERN ARGS...: `dpe collectives ARGS` exits with STATUS within 30 s, output containing PATTERN.
 expect() {
   local want_status="$1" pattern="$2"; shift 2

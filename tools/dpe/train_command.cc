@@ -4,11 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <optional>
-
-#include <nlohmann/json.hpp>
 
 #include "data/data_loader.h"
 #include "io/checkpoint.h"
@@ -16,6 +13,7 @@
 #include "optim/lr_scheduler.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/json_report.h"
 #include "tools/dpe/progress.h"
 #include "tools/dpe/training.h"
 
@@ -67,29 +65,17 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   }
 }
 
-// `v` as printf's `format` shows it (e.g. "%.6f"), as a double: the report keeps the digits it always had,
-// and nlohmann writes the shortest text that reads back as that double.
-double as_printed(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return std::strtod(buf, nullptr);
-}
-
 // The --json report, written with nlohmann-json: strings escaped, keys in this order.
 void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes, double accuracy,
-                const nlohmann::ordered_json& epochs) {
-  nlohmann::ordered_json report = {{"model", args.engine.model},
+                const JsonReport& epochs) {
+  JsonReport report = {{"model", args.engine.model},
                                    {"mode", args.engine.mode},
                                    {"devices", device_list_str(dp.device_ids())},
                                    {"processes", processes},
                                    {"batch_size", args.batch_size},
                                    {"final_test_accuracy", as_printed("%g", accuracy)},
                                    {"epochs", epochs}};
-  std::ofstream out(args.json);
-  DPE_CHECK(out.good(), "--json ", args.json, ": cannot open for writing");
-  out << report.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
-  out.close();
-  DPE_CHECK(out.good(), "--json ", args.json, ": write failed");
+  write_json_report("--json", args.json, report);
 }
 
 void run_train(TrainArgs args) {
@@ -153,7 +139,7 @@ void run_train(TrainArgs args) {
     std::printf("nothing left to train: %s is after epoch %lld and --epochs is %lld; the loaded model was evaluated\n",
                 args.engine.resume.c_str(), static_cast<long long>(first_epoch), static_cast<long long>(args.epochs));
     std::printf("final test accuracy %.4f\n", accuracy);
-    if (!args.json.empty()) write_json(args, *dp, process_count, accuracy, nlohmann::ordered_json::array());
+    if (!args.json.empty()) write_json(args, *dp, process_count, accuracy, JsonReport::array());
     return;
   }
   // One scheduler per optimizer (DDP: per replica, so every replica keeps the same learning rate), stepped
@@ -168,7 +154,7 @@ void run_train(TrainArgs args) {
       if (first_epoch > 0) schedulers.back()->set_last_epoch(first_epoch * loader.num_batches());
     }
   }
-  nlohmann::ordered_json epochs_json = nlohmann::ordered_json::array();
+  JsonReport epochs_json = JsonReport::array();
   double accuracy = 0;
   for (int64_t epoch = first_epoch; epoch < args.epochs; ++epoch) {
     loader.begin_epoch(epoch);
