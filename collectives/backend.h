@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "collectives/collective_types.h"
@@ -82,6 +83,9 @@ class Backend {
   // The group's two meetings already make a barrier among this process's members; a backend that spans
   // processes meets the other processes here.
   virtual void barrier(int rank) {}
+  // ProcessGroup::abort, after this process's members were woken: a backend that spans processes tells the
+  // others (any thread may call it, while members are inside a method).
+  virtual void abort(const std::string& reason) {}
 };
 
 }  // namespace dpe::collectives

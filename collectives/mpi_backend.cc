@@ -16,7 +16,8 @@ MpiBackend::MpiBackend(std::vector<Device> devices, std::chrono::milliseconds ti
   DPE_CHECK(extremes[0] == size() && -extremes[1] == size(), "ProcessGroup 'mpi': every process must bring the "
             "same number of devices; process ", process_index_, " of ", processes_, " on ", place.host, " has ",
             size(), ", and the processes have between ", -extremes[1], " and ", extremes[0]);
-  for (int t = 0; t < size(); ++t) cross_.push_back(std::make_unique<MpiComm>(timeout));
+  failures_ = std::make_unique<MpiAbortChannel>();
+  for (int t = 0; t < size(); ++t) cross_.push_back(std::make_unique<MpiComm>(timeout, failures_.get()));
 }
 
 void MpiBackend::not_yet(const char* collective) {

@@ -6,7 +6,8 @@
 // across processes on its own communicator cross[t] (one MPI_Comm_dup per local index, all T members in MPI
 // at once under MPI_THREAD_MULTIPLE), then writes the result into the other local members' tensors. A member
 // reads and writes only its own share of the others' tensors, so no member waits for another inside the call
-// (backend.h's contract); a process that does not arrive is named after the group's timeout (MpiComm).
+// (backend.h's contract); a process that does not arrive is named after the group's timeout (MpiComm), and a
+// process whose member failed (ProcessGroup::abort) tells the others at once (MpiAbortChannel).
 // Avg divides by the world size (processes x T). Dtypes: float32, float64, int32, int64 (Avg: float only).
 // broadcast from global root g = p·T + t: in process p every member copies member t's tensor, then member k of
 // every process receives process p's member k over cross[k] (T broadcasts at once, none waiting for another
@@ -44,12 +45,14 @@ class MpiBackend : public SharedMemoryBackend {
   void all_to_all(int, const PostedAll&) override { not_yet("all_to_all"); }
   std::vector<uint8_t> broadcast_object(int, const PostedAll&) override { not_yet("broadcast_object"); }
   void barrier(int rank) override;
+  void abort(const std::string& reason) override { failures_->announce(reason); }
 
  private:
   [[noreturn]] static void not_yet(const char* collective);
 
   int processes_ = 1;
   int process_index_ = 0;
+  std::unique_ptr<MpiAbortChannel> failures_;    // what the cross communicators' waits listen to
   std::vector<std::unique_ptr<MpiComm>> cross_;  // [t]: member t of every process
 };
 

@@ -130,6 +130,40 @@ TEST(MpiBackend, BarrierWaitsForEveryProcess) {
   if (index == 0) EXPECT_GE(waited, 0.5);
 }
 
+// A member of process 1 fails and aborts its group, as DataParallel does: the members of process 0, waiting
+// in the all-reduce for it, learn its reason at once (not "did not arrive" after the 60 s timeout), and the
+// group is over in both processes.
+TEST(MpiBackend, AFailureInOneProcessEndsTheOthersWaitsWithItsReason) {
+  ProcessGroup group = make_group(2);
+  const int index = MpiWorld::get().place().rank;
+  std::vector<Tensor> t = {zeros({1000}, Device::cpu(0)), zeros({1000}, Device::cpu(1))};
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_members(2, [&](int r) {
+    if (index == 1 && r == 0) {
+      group.abort("replica 0 on cpu:0 failed: injected failure");
+      throw Error("injected failure");
+    }
+    group.all_reduce(r, t[r]);
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (index == 0) {
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(errors[r].find("(all_reduce, member " + std::to_string(r) + "): rank 1 failed: replica 0 on cpu:0 "
+                               "failed: injected failure"), std::string::npos) << errors[r];
+    }
+    EXPECT_LT(seconds, 30.0) << "the failure was not heard before the timeout";
+  } else {
+    EXPECT_EQ(errors[0], "injected failure");
+    EXPECT_NE(errors[1], "");
+  }
+  // Every later collective of the group fails in both processes, without waiting.
+  if (index == 0) {
+    for (const std::string& e : run_members(2, [&](int r) { group.all_reduce(r, t[r]); })) {
+      EXPECT_NE(e.find("aborted by an earlier failure"), std::string::npos) << e;
+    }
+  }
+}
+
 TEST(MpiBackend, WhatIsNotServedAcrossProcessesIsRefusedOnEveryMember) {
   ProcessGroup group = make_group(2);
   std::vector<Tensor> t = {zeros({4}, Device::cpu(0)), zeros({4}, Device::cpu(1))};

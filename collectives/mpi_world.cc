@@ -18,6 +18,7 @@ namespace {
 // Non-overtaking order between two ranks on one tag keeps arrival tokens of consecutive collectives apart;
 // the payload (the sequence number) is checked all the same.
 constexpr int kArrivalTag = 1;
+constexpr int kFailureTag = 2;
 // Large buffers go in pieces of 1 MiB, one collective after the other: Open MPI's non-blocking all-reduce
 // between 2 processes on this machine reaches 4.7 GB/s at 1-4 MiB but 1.0 GB/s on one 64 MiB buffer, and
 // 2.9 GB/s on the same 64 MiB in 1 MiB pieces (256 KiB: 2.7, 4 MiB: 2.3; docs/BENCHMARKS.md). It also keeps
@@ -168,7 +169,51 @@ void MpiWorld::abort(int exit_code) const {
   std::abort();  // MPI_Abort does not return; if it did, the process must still end
 }
 
-MpiComm::MpiComm(std::chrono::milliseconds timeout) : timeout_(timeout) {
+MpiAbortChannel::MpiAbortChannel() {
+  MpiWorld::get();
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+}
+
+MpiAbortChannel::~MpiAbortChannel() {
+  // After a failure, messages may still be in flight on it; the job is ending anyway.
+  if (!announced_ && !heard_any_) MPI_Comm_free(&comm_);
+}
+
+void MpiAbortChannel::announce(const std::string& reason) {
+  if (heard_any_ || announced_.exchange(true)) return;
+  // Kept alive past this call: the sends complete when MPI moves them, and the process may end first.
+  auto* text = new std::string(reason);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_CHAR, peer, kFailureTag, comm_, &request) ==
+        MPI_SUCCESS) {
+      MPI_Request_free(&request);
+    }
+  }
+}
+
+std::string MpiAbortChannel::heard() {
+  if (heard_any_) return heard_;
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || heard_any_) return heard_any_ ? heard_ : "";
+  int flag = 0;
+  MPI_Status status;
+  if (MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, comm_, &flag, &status) != MPI_SUCCESS || !flag) return "";
+  int length = 0;
+  MPI_Get_count(&status, MPI_CHAR, &length);
+  std::string text(static_cast<size_t>(std::max(length, 0)), '\0');
+  check_mpi(MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, kFailureTag, comm_, MPI_STATUS_IGNORE),
+            "MPI_Recv");
+  heard_ = detail::str_cat("rank ", status.MPI_SOURCE, " failed: ", text);
+  heard_any_ = true;
+  return heard_;
+}
+
+MpiComm::MpiComm(std::chrono::milliseconds timeout, MpiAbortChannel* failures) : timeout_(timeout), failures_(failures) {
   DPE_CHECK(timeout.count() > 0, "MpiComm: timeout must be positive, got ", timeout.count(), " ms");
   MpiWorld::get();
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
@@ -180,6 +225,14 @@ MpiComm::MpiComm(std::chrono::milliseconds timeout) : timeout_(timeout) {
 MpiComm::~MpiComm() {
   // An aborted communicator may still have requests in flight that name it; the job is ending anyway.
   if (aborted_.empty() && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::check_failures(const std::string& what) {
+  if (failures_ == nullptr) return;
+  const std::string heard = failures_->heard();
+  if (heard.empty()) return;
+  aborted_ = detail::str_cat("collective #", seq_, " (", what, "): ", heard);
+  throw Error(aborted_);
 }
 
 void MpiComm::check_not_aborted(const std::string& what) const {
@@ -214,11 +267,15 @@ void MpiComm::arrive(const std::string& what, const std::vector<int64_t>& signat
               "MPI_Isend");
   }
   int done = 0;
+  bool failed_elsewhere = false;
   const bool arrived = poll_until(std::chrono::steady_clock::now() + timeout_, [&] {
     check_mpi(MPI_Testall(static_cast<int>(tokens->requests.size()), tokens->requests.data(), &done,
                           MPI_STATUSES_IGNORE), "MPI_Testall");
-    return done != 0;
+    failed_elsewhere = done == 0 && failures_ != nullptr && !failures_->heard().empty();
+    return done != 0 || failed_elsewhere;
   });
+  if (failed_elsewhere) (void)tokens.release();  // MPI may still write into them
+  if (failed_elsewhere) check_failures(what);
   const auto token_of = [&](int peer) { return tokens->received.begin() + peer * width; };
   if (!arrived) {
     // MPI_Testall left every request as it was; a peer whose token has not been received is missing.
@@ -255,10 +312,13 @@ void MpiComm::arrive(const std::string& what, const std::vector<int64_t>& signat
 void MpiComm::wait(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const std::string& what) {
   int done = 0;
   int rc = MPI_SUCCESS;
+  bool failed_elsewhere = false;
   const bool finished = poll_until(deadline, [&] {
     rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    return rc != MPI_SUCCESS || done != 0;
+    failed_elsewhere = rc == MPI_SUCCESS && done == 0 && failures_ != nullptr && !failures_->heard().empty();
+    return rc != MPI_SUCCESS || done != 0 || failed_elsewhere;
   });
+  if (failed_elsewhere) check_failures(what);
   if (finished && rc == MPI_SUCCESS) return;
   aborted_ = detail::str_cat("collective #", seq_, " (", what, "): ",
                              finished ? "MPI_Test failed: " + mpi_error_string(rc) :

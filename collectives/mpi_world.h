@@ -20,14 +20,18 @@
 //    "collective #seq (what): rank j did not arrive within T s", naming every missing rank; the communicator
 //    is then aborted: every later call throws at once (the caller ends the job, MpiWorld::abort);
 //  - an error MPI reports (a peer that died mid-collective, a transport failure) throws with MPI's message;
+//  - a failure another process announced on the communicator's MpiAbortChannel ends a wait at once:
+//    "collective #seq (what): rank j failed: <its reason>", and aborts the communicator;
 //  - a call returns when `data` holds the result.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -71,10 +75,37 @@ class MpiWorld {
   ProcessPlace place_;
 };
 
+// How the processes of one group tell each other that one of them failed (a replica threw), so that the
+// others stop waiting for it at once, with its reason, instead of at the timeout. One per group that spans
+// processes; its communicators' waits listen to it. Construction is collective (a duplicate of
+// MPI_COMM_WORLD). Thread-safe.
+class MpiAbortChannel {
+ public:
+  MpiAbortChannel();
+  ~MpiAbortChannel();
+  MpiAbortChannel(const MpiAbortChannel&) = delete;
+  MpiAbortChannel& operator=(const MpiAbortChannel&) = delete;
+
+  // Sends `reason` to every other process, once, unless this process already heard of another's failure
+  // (which is then the cause, and the others have heard of it too).
+  void announce(const std::string& reason);
+  // "rank j failed: <reason>" once another process has announced (polled without blocking); "" before.
+  std::string heard();
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::mutex mutex_;                  // one thread probes and receives at a time
+  std::atomic<bool> heard_any_{false};
+  std::atomic<bool> announced_{false};
+  std::string heard_;                 // written once under mutex_, before heard_any_ is set
+};
+
 class MpiComm {
  public:
-  // A duplicate of MPI_COMM_WORLD (collective: every process calls it, in the same order).
-  explicit MpiComm(std::chrono::milliseconds timeout);
+  // A duplicate of MPI_COMM_WORLD (collective: every process calls it, in the same order). Its waits listen
+  // to `failures` when given: another process's announced failure ends them with its reason.
+  explicit MpiComm(std::chrono::milliseconds timeout, MpiAbortChannel* failures = nullptr);
   ~MpiComm();
   MpiComm(const MpiComm&) = delete;
   MpiComm& operator=(const MpiComm&) = delete;
@@ -99,10 +130,14 @@ class MpiComm {
   void wait(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const std::string& what);
   void check_not_aborted(const std::string& what) const;
 
+  // Throws (and aborts this communicator) when `failures` heard of another process's failure.
+  void check_failures(const std::string& what);
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_;
+  MpiAbortChannel* failures_;
   int64_t seq_ = 0;
   std::string aborted_;  // why, once aborted
 };

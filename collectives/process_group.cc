@@ -79,6 +79,13 @@ ProcessGroup::ProcessGroup(std::vector<Device> devices, ProcessGroupOptions opti
 
 ProcessGroup::~ProcessGroup() = default;
 
+void ProcessGroup::abort(const std::string& reason) {
+  // The other processes first: the members woken here fail in turn and abort too, and the first reason
+  // announced must be this one, the cause.
+  backend_impl_->abort(reason);
+  rendezvous_.abort(reason);
+}
+
 int ProcessGroup::world_size() const { return size() * backend_impl_->processes(); }
 
 int ProcessGroup::global_rank(int rank) const { return backend_impl_->process_index() * size() + rank; }

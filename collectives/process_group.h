@@ -103,7 +103,9 @@ class ProcessGroup {
   // Wakes every member waiting in a collective with an error carrying `reason` (a replica failed and its
   // partners must not wait for it); every collective throws until reset(), which the owner calls once no
   // member is inside one.
-  void abort(const std::string& reason) { rendezvous_.abort(reason); }
+  // Backend 'mpi': the other processes are told too, and their members' waits end with this reason (every
+  // later collective of the group then throws, in every process: reset() cannot bring processes back).
+  void abort(const std::string& reason);
   void reset() { rendezvous_.reset(); }
 
   // Collectives completed since construction or reset_counters(), counted once per group (not per member).

@@ -3,6 +3,8 @@
 // global batches (the issue "Scale out", test 1).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -111,6 +113,47 @@ TEST(DdpAcrossProcesses, DifferentModelsAreRefusedNamingTheFirstDifference) {
       EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
     }
   }
+}
+
+// Throws in forward on cpu:0 while `armed` is set (set in one process only).
+std::atomic<bool> armed{false};
+class Tripwire : public nn::Cloneable<Tripwire> {
+ public:
+  Tripwire() : Cloneable("Tripwire") { reset(); }
+  void reset() override { fc = register_module("fc", std::make_shared<nn::Linear>(12, 5)); }
+  Tensor forward(const Tensor& x) override {
+    if (armed && x.device() == Device::cpu(0)) throw Error("injected failure");
+    return fc->forward(x);
+  }
+  std::shared_ptr<nn::Linear> fc;
+};
+
+// Replica 0 of process 1 throws in its third step: process 1 reports it as itself, process 0 as process 1's
+// failure (not as a partner that did not arrive, which it would say only after the 60 s timeout).
+TEST(DdpAcrossProcesses, AReplicaFailureInOneProcessIsTaggedOnEveryProcess) {
+  const int p = process_rank();
+  DataParallel ddp(std::make_shared<Tripwire>(), {.device_ids = cpus(0, 2), .mode = ParallelMode::DDP,
+                                                  .backend = CollectiveBackend::Mpi,
+                                                  .timeout = std::chrono::seconds(60)});
+  ddp.set_optimizer([](const std::vector<Tensor>& params) {
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{});
+  });
+  Tensor x = randn({8, 12}), y = randn({8, 5});
+  for (int step = 0; step < 2; ++step) ddp.train_step(x, y, mse);
+  armed = p == 1;
+  try {
+    ddp.train_step(x, y, mse);
+    ADD_FAILURE() << "the step succeeded";
+  } catch (const ReplicaError& e) {
+    const std::string what = e.what();
+    if (p == 1) {
+      EXPECT_EQ(e.replica(), 0);
+      EXPECT_EQ(what, "replica 0 on cpu:0: injected failure");
+    } else {
+      EXPECT_NE(what.find("rank 1 failed: replica 0 on cpu:0 failed: injected failure"), std::string::npos) << what;
+    }
+  }
+  armed = false;
 }
 
 TEST(DdpAcrossProcesses, DpModeIsRefusedBeforeAnyCollective) {
