@@ -127,7 +127,9 @@ TEST(MpiBackend, BarrierWaitsForEveryProcess) {
   const auto start = std::chrono::steady_clock::now();
   for (const std::string& e : run_members(2, [&](int r) { group.barrier(r); })) ASSERT_EQ(e, "");
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (index == 0) EXPECT_GE(waited, 0.5);
+  if (index == 0) {
+    EXPECT_GE(waited, 0.5);
+  }
 }
 
 // A member of process 1 fails and aborts its group, as DataParallel does: the members of process 0, waiting
