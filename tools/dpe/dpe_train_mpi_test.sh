@@ -2,7 +2,8 @@
 # `mpirun -np 2 dpe train --dist mpi` on a slice of Fashion-MNIST: 2 processes x 1 CPU device train like 1
 # process x 2 devices (the same loss and accuracy every epoch, the same checkpoint byte for byte), process 0
 # alone prints and writes; a checkpoint written by process 0 and resumed by both continues exactly like the
-# uninterrupted run; what --dist mpi cannot do is refused with the value named.
+# uninterrupted run; kill -9 of one rank ends the job at once, naming it; what --dist mpi cannot do is refused
+# with the value named.
 set -uo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -51,6 +52,34 @@ grep -q "resumed after epoch 1" <<<"$out" || { echo "FAILED: not resumed: $out";
 cmp -s "$tmp/a.ck" "$tmp/c.ck" || { echo "FAILED: the resumed checkpoint differs from the uninterrupted one"; fail=1; }
 run "1 process, 2 epochs" "$bin" train "${exact[@]}" --device-ids cpu:0,cpu:1 --epochs 2 --checkpoint "$tmp/one.ck"
 cmp -s "$tmp/a.ck" "$tmp/one.ck" || { echo "FAILED: 2 processes' checkpoint differs from 1 process's"; fail=1; }
+
+# kill -9 of rank 1 mid-training: the job ends at once (no rank waits for it), non-zero, naming rank 1.
+"${mpi[@]}" "${common[@]}" --batch-size 64 --device-ids cpu:0 --epochs 100000 > "$tmp/kill.log" 2>&1 &
+launcher=$!
+victim=""
+for _ in $(seq 600); do  # up to 60 s for training to start
+  if grep -q '^dpe train:' "$tmp/kill.log"; then
+    for pid in $(pgrep -f -- "train --dist mpi"); do
+      if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$pid; fi
+    done
+    [[ -n "$victim" ]] && break
+  fi
+  sleep 0.1
+done
+if [[ -z "$victim" ]]; then
+  echo "FAILED: rank 1 never started training"; cat "$tmp/kill.log"; fail=1; kill "$launcher" 2>/dev/null
+else
+  kill -9 "$victim"
+  start=$SECONDS
+  wait "$launcher"
+  status=$?
+  if [[ $status -eq 0 || $status -eq 124 ]] || ! grep -q 'process rank 1 .* exited on signal 9' "$tmp/kill.log"; then
+    echo "FAILED: after kill -9 of rank 1: status $status (124 = still running after 120 s), output:"
+    tail -8 "$tmp/kill.log"; fail=1
+  else
+    echo "kill -9 of rank 1: the job ended in $((SECONDS - start)) s with status $status"
+  fi
+fi
 
 # expect STATUS PATTERN COMMAND...: exits with STATUS, output containing PATTERN
 expect() {
