@@ -57,6 +57,20 @@ void MpiBackend::broadcast(int rank, const PostedAll& posted) {
                           detail::str_cat("broadcast, member ", rank));
 }
 
+void MpiBackend::all_gather_into_tensor(int rank, const PostedAll& posted) {
+  const Tensor& input = posted[rank]->tensor;
+  const int64_t n = input.numel();
+  if (n == 0) return;  // the same in every process (MpiComm checks the sizes agree)
+  Tensor received = Tensor::empty({processes_ * n}, TensorOptions(input.dtype()).with_device(devices_[rank]));
+  cross_[rank]->all_gather(input.data_ptr(), received.data_ptr(), static_cast<int64_t>(input.nbytes()),
+                           detail::str_cat("all_gather, member ", rank));
+  for (int p = 0; p < processes_; ++p) {
+    const int64_t slot = static_cast<int64_t>(p) * size() + rank;  // member `rank` of process p
+    const Tensor piece = flat_slice(received, p * n, (p + 1) * n);
+    for (const Posted* member : posted) copy(flat_slice(member->flat, slot * n, (slot + 1) * n), piece);
+  }
+}
+
 void MpiBackend::barrier(int rank) { cross_[rank]->barrier(detail::str_cat("barrier, member ", rank)); }
 
 std::unique_ptr<Backend> make_mpi_backend(const std::vector<Device>& devices, std::chrono::milliseconds timeout) {

@@ -12,7 +12,9 @@
 // broadcast from global root g = p·T + t: in process p every member copies member t's tensor, then member k of
 // every process receives process p's member k over cross[k] (T broadcasts at once, none waiting for another
 // member). barrier: member t of every process meets over cross[t], and the group's meetings join the members
-// of each process. The other collectives are not yet served across processes: each throws, naming itself.
+// of each process. all_gather_into_tensor: member t gathers member t's input of every process over cross[t]
+// and writes each into its slot (global rank) of every local member's output. The other collectives are not
+// yet served across processes: each throws, naming itself.
 #pragma once
 
 #include <chrono>
@@ -30,6 +32,8 @@ class MpiBackend : public SharedMemoryBackend {
   // when not), then makes the T cross-process communicators.
   MpiBackend(std::vector<Device> devices, std::chrono::milliseconds timeout);
 
+  // all_gather_into_tensor natively (its output spans every process); reduce_scatter_tensor is not served.
+  FlatForms flat_forms() const override { return FlatForms::Native; }
   int processes() const override { return processes_; }
   int process_index() const override { return process_index_; }
 
@@ -38,7 +42,7 @@ class MpiBackend : public SharedMemoryBackend {
   void reduce(int, const PostedAll&) override { not_yet("reduce"); }
   void all_gather(int, const PostedAll&) override { not_yet("all_gather"); }
   void reduce_scatter(int, const PostedAll&) override { not_yet("reduce_scatter"); }
-  void all_gather_into_tensor(int, const PostedAll&) override { not_yet("all_gather_into_tensor"); }
+  void all_gather_into_tensor(int rank, const PostedAll& posted) override;
   void reduce_scatter_tensor(int, const PostedAll&) override { not_yet("reduce_scatter_tensor"); }
   void gather(int, const PostedAll&) override { not_yet("gather"); }
   void scatter(int, const PostedAll&) override { not_yet("scatter"); }

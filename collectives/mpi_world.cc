@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -349,6 +350,18 @@ void MpiComm::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, co
   } else {
     for (double* p = static_cast<double*>(data); p != static_cast<double*>(data) + count; ++p) *p /= size_;
   }
+}
+
+void MpiComm::all_gather(const void* send, void* recv, int64_t bytes, const std::string& what) {
+  check_not_aborted(what);
+  DPE_CHECK(bytes >= 0 && bytes <= std::numeric_limits<int>::max(), "MPI all_gather (", what, "): ", bytes,
+            " bytes per process; expected at most 2^31 - 1");
+  arrive(what, {bytes}, "bytes");
+  if (bytes == 0) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, comm_,
+                           &request), "MPI_Iallgather");
+  wait(request, std::chrono::steady_clock::now() + timeout_, what);
 }
 
 void MpiComm::broadcast(void* data, int64_t bytes, int root, const std::string& what) {

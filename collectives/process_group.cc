@@ -173,9 +173,9 @@ void ProcessGroup::check_flat(int rank, const char* what, const Tensor& flat, co
                               const Tensor& piece) {
   check_rank(rank, what);
   if (!flat.defined() || !piece.defined()) fail_alone(detail::str_cat(what, ": undefined tensor"));
-  if (flat.numel() != piece.numel() * size() || !flat.is_contiguous()) {
+  if (flat.numel() != piece.numel() * world_size() || !flat.is_contiguous()) {
     fail_alone(detail::str_cat(what, ": ", member(devices_, rank), " passed an ", flat_name, " of ", flat.numel(),
-                               " elements; expected ", size(), " x ", piece.numel(), ", contiguous"));
+                               " elements; expected ", world_size(), " x ", piece.numel(), ", contiguous"));
   }
 }
 
@@ -233,7 +233,7 @@ void ProcessGroup::all_gather(int rank, const std::vector<Tensor>& outputs, cons
 void ProcessGroup::all_gather_into_tensor(int rank, const Tensor& output, const Tensor& input) {
   check_flat(rank, "all_gather_into_tensor", output, "output", input);
   std::vector<Tensor> outputs;
-  for (int k = 0; k < size(); ++k) outputs.push_back(flat_slice(output, k * input.numel(), (k + 1) * input.numel()));
+  for (int k = 0; k < world_size(); ++k) outputs.push_back(flat_slice(output, k * input.numel(), (k + 1) * input.numel()));
   // A backend without a flat form gets the list form over the output's slices (validated as lists).
   if (backend_impl_->flat_forms() == collectives::FlatForms::AsLists) return all_gather(rank, outputs, input);
   Posted mine{.kind = Collective::AllGather, .tensor = input, .flat = output, .list = outputs};
@@ -256,7 +256,7 @@ void ProcessGroup::reduce_scatter(int rank, const Tensor& output, const std::vec
 void ProcessGroup::reduce_scatter_tensor(int rank, const Tensor& output, const Tensor& input, ReduceOp op) {
   check_flat(rank, "reduce_scatter_tensor", input, "input", output);
   std::vector<Tensor> inputs;
-  for (int k = 0; k < size(); ++k) inputs.push_back(flat_slice(input, k * output.numel(), (k + 1) * output.numel()));
+  for (int k = 0; k < world_size(); ++k) inputs.push_back(flat_slice(input, k * output.numel(), (k + 1) * output.numel()));
   if (backend_impl_->flat_forms() == collectives::FlatForms::AsLists) return reduce_scatter(rank, output, inputs, op);
   Posted mine{.kind = Collective::ReduceScatter, .op = op, .tensor = output, .flat = input, .list = inputs};
   auto validate = [&]() -> std::string {

@@ -17,7 +17,8 @@
 //    broadcasts use peer copies.
 //  - Mpi: CPU devices of every process of an MPI launch (collectives/mpi_backend.h): the group's members are
 //    this process's devices in each of P processes, P x size() in all. Construction is collective across the
-//    processes. all_reduce and broadcast for now (what DDP needs); the other collectives throw.
+//    processes. all_reduce, broadcast, barrier and all_gather_into_tensor for now (what DDP and
+//    SyncBatchNorm need); the other collectives throw.
 //  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise (never Mpi).
 //
 // Contract for every collective:
@@ -83,11 +84,11 @@ class ProcessGroup {
   void reduce(int rank, const Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum);
   // outputs[k] = member k's input (size() outputs; every input the same size and dtype).
   void all_gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input);
-  // output: size() * input.numel() elements; slice k = member k's input.
+  // output: world_size() * input.numel() elements; slice k = the input of the member of global rank k.
   void all_gather_into_tensor(int rank, const Tensor& output, const Tensor& input);
   // output = op over members k of inputs_k[rank].
   void reduce_scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::Sum);
-  // input: size() * output.numel() elements; output = op over members of their input's slice `rank`.
+  // input: world_size() * output.numel() elements; output = op over members of their input's slice `rank`.
   void reduce_scatter_tensor(int rank, const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::Sum);
   // Root's outputs[k] = member k's input; `outputs` is read on the root only (others pass {}).
   void gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input, int root);

@@ -15,6 +15,8 @@
 #include "core/ops.h"
 #include "engine/data_parallel.h"
 #include "layers/activation.h"
+#include "layers/batchnorm.h"
+#include "layers/sync_batchnorm.h"
 #include "layers/containers.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
@@ -88,6 +90,40 @@ TEST(DdpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
       for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
       EXPECT_LE(diff, 1e-6) << "process " << p << " replica " << r << " parameter " << k;
     }
+  }
+}
+
+// SyncBatchNorm across processes: its statistics are gathered from every replica of every process. (No bias
+// before the BatchNorm: its gradient is zero up to rounding, and AdamW would turn the rounding into steps.)
+TEST(DdpAcrossProcesses, SyncBatchNormTrainsLikeOneProcess) {
+  const int p = process_rank(), processes = process_count();
+  const int64_t batch = 8 * processes;
+  auto make = [](uint64_t seed) {
+    manual_seed(seed);
+    return nn::convert_sync_batchnorm(std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(12, 16, /*bias=*/false), std::make_shared<nn::BatchNorm1d>(16),
+        std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(16, 5)}));
+  };
+  manual_seed(8);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int step = 0; step < 5; ++step) batches.emplace_back(randn({batch, 12}), randn({batch, 5}));
+  DataParallel across(make(200 + p), {.device_ids = cpus(0, 2), .mode = ParallelMode::DDP,
+                                      .backend = CollectiveBackend::Mpi});
+  const std::vector<double> across_losses = train(across, batches, batch / processes * p, batch / processes);
+  DataParallel one(make(200), {.device_ids = cpus(0, 2 * processes), .mode = ParallelMode::DDP});
+  const std::vector<double> one_losses = train(one, batches, 0, batch);
+  for (size_t step = 0; step < one_losses.size(); ++step) {
+    EXPECT_NEAR(across_losses[step], one_losses[step], 1e-6 * std::abs(one_losses[step])) << "step " << step;
+  }
+  const nn::StateDict want = one.module().state_dict(), got = across.module().state_dict();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    if (!is_floating_point(got[k].second.dtype())) continue;  // num_batches_tracked
+    const std::vector<double> a = got[k].second.to_vector<double>(), b = want[k].second.to_vector<double>();
+    double diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
+    EXPECT_LE(diff, 1e-5) << "process " << p << " " << got[k].first;
   }
 }
 

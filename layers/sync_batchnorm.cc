@@ -44,7 +44,7 @@ void SyncBatchNorm::set_process_group(std::shared_ptr<ProcessGroup> group, int r
 
 // x: (N, C, *)  ->  x's shape
 Tensor SyncBatchNorm::forward(const Tensor& x) {
-  if (!is_training() || group_ == nullptr || group_->size() == 1) return BatchNormBase::forward(x);
+  if (!is_training() || group_ == nullptr || group_->world_size() == 1) return BatchNormBase::forward(x);
   return forward_sync(x);
 }
 
@@ -52,7 +52,7 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
 Tensor SyncBatchNorm::forward_sync(const Tensor& x) {
   const BatchNormOptions& o = options();
   const int64_t C = o.num_features;
-  const int W = group_->size();
+  const int W = group_->world_size();  // every member of every process the group spans
   // Errors only this member can see: abort the group, so that the other members are not left waiting in
   // the all_gather for a member that will never come, then throw.
   try {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 dpe train --dist mpi` on a slice of Fashion-MNIST: 2 processes x 1 CPU device train like 1
-# process x 2 devices (the same loss and accuracy every epoch, the same checkpoint byte for byte), process 0
+# process x 2 devices (the same loss and accuracy every epoch, the same checkpoint byte for byte, SyncBatchNorm
+# included), process 0
 # alone prints and writes; a checkpoint written by process 0 and resumed by both continues exactly like the
 # uninterrupted run; kill -9 of one rank ends the job at once, naming it; what --dist mpi cannot do is refused
 # with the value named.
@@ -53,6 +54,13 @@ cmp -s "$tmp/a.ck" "$tmp/c.ck" || { echo "FAILED: the resumed checkpoint differs
 run "1 process, 2 epochs" "$bin" train "${exact[@]}" --device-ids cpu:0,cpu:1 --epochs 2 --checkpoint "$tmp/one.ck"
 cmp -s "$tmp/a.ck" "$tmp/one.ck" || { echo "FAILED: 2 processes' checkpoint differs from 1 process's"; fail=1; }
 
+# SyncBatchNorm across processes: the CNN's statistics over every replica of both processes, byte for byte
+# those of one process with both devices.
+bn=(--model cnn --sync-bn --mode ddp --limit 256 --seed 3 --batch-size 64 --schedule constant --save-every 1 --epochs 1)
+run "sync-bn, 2 processes" "${mpi[@]}" "${bn[@]}" --device-ids cpu:0 --checkpoint "$tmp/bn2.ck"
+run "sync-bn, 1 process" "$bin" train "${bn[@]}" --device-ids cpu:0,cpu:1 --checkpoint "$tmp/bn1.ck"
+cmp -s "$tmp/bn2.ck" "$tmp/bn1.ck" || { echo "FAILED: SyncBatchNorm across 2 processes differs from 1 process"; fail=1; }
+
 # kill -9 of rank 1 mid-training: the job ends at once (no rank waits for it), non-zero, naming rank 1.
 "${mpi[@]}" "${common[@]}" --batch-size 64 --device-ids cpu:0 --epochs 100000 > "$tmp/kill.log" 2>&1 &
 launcher=$!
@@ -94,7 +102,6 @@ expect() {
 }
 expect 2 "--dist mpi needs --mode ddp (--mode dp across processes is not implemented yet)" \
   timeout 30 "$bin" train --dist mpi --mode dp
-expect 2 "--sync-bn with --dist mpi is not implemented yet" timeout 30 "$bin" train --dist mpi --mode ddp --sync-bn
 expect 2 "--batch-size 30 with --dist mpi: the global batch must be a multiple of the 4 DDP replicas (2 processes x 2 devices); try 28 or 32" \
   "${mpi[@]}" "${common[@]}" --device-ids cpu:0,cpu:1 --batch-size 30
 exit $fail

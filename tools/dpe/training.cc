@@ -92,8 +92,6 @@ void check_engine_options(const EngineOptions& options) {
             "replicas; DP computes BatchNorm statistics per replica, like PyTorch)");
   DPE_CHECK(!options.across_processes || options.mode == "ddp", "--dist mpi needs --mode ddp (--mode ",
             options.mode, " across processes is not implemented yet)");
-  DPE_CHECK(!options.across_processes || !options.sync_bn, "--sync-bn with --dist mpi is not implemented yet "
-            "(SyncBatchNorm needs an all-gather across processes)");
   DPE_CHECK(!options.output_device || options.mode == "dp", "--output-device ", *options.output_device,
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
 }
