@@ -68,7 +68,7 @@ optim::Optimizer& DataParallel::optimizer(size_t replica) {
 void DataParallel::optimizer_step() {
   DPE_CHECK(!optimizers_.empty(), "DataParallel::optimizer_step: no optimizer; call set_optimizer first");
   auto start = Clock::now();
-  if (optimizers_.size() == 1) {
+  if (options_.mode == ParallelMode::DP) {
     optimizers_[0]->step();
   } else {
     run_replicas([&](size_t r) { optimizers_[r]->step(); });
