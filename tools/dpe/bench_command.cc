@@ -46,6 +46,7 @@ struct BenchArgs {
   int64_t batch_size = 256, steps = 30, warmup = 5;
   int cpu_devices = 2;
   bool compare_pytorch = false;
+  std::string dist = "none";  // "mpi": DDP over the devices of every process of an MPI launch
 };
 
 // The PyTorch side runs Debian's interpreter (python3-torch is a Debian package), never a shell.
@@ -84,6 +85,7 @@ struct Row {
   StepReport phases;  // per-step averages of the timed steps (ms), bytes per step
   std::vector<std::pair<Device, int64_t>> peak;  // peak allocated bytes per device during the timed steps
   std::string note;
+  bool reports = true;  // --dist mpi: only process 0's rows are shown and written
 };
 
 // Runs fn on a thread limited to `threads` intra-op threads (oneTBB arena and OpenMP, as the engine's
@@ -123,14 +125,32 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
   Row row;
   row.config = mode;
   std::string engine_mode = mode == "single-all" ? "single" : mode;
-  std::unique_ptr<DataParallel> dp =
-      make_engine({.model = args.model, .mode = engine_mode, .devices = devices, .seed = 1}, {.lr = 0.01});
+  const bool across_processes = args.dist == "mpi";
+  std::unique_ptr<DataParallel> dp = make_engine(
+      {.model = args.model, .mode = engine_mode, .devices = devices, .across_processes = across_processes, .seed = 1},
+      {.lr = 0.01});
   row.devices = static_cast<int>(dp->device_ids().size());
+  // --dist mpi: every process takes its slice of each global batch (as dpe train does); the row is the
+  // whole group's: its replicas over every process, the global batch's samples/s.
+  int64_t processes = 1, process = 0;
+  if (across_processes) {
+    const ProcessGroup& group = *dp->process_group();
+    processes = group.world_size() / group.size();
+    process = group.global_rank(0) / group.size();
+    row.devices = group.world_size();
+    row.config = "ddp-mpi";
+    row.reports = process == 0;
+    DPE_CHECK(args.batch_size % group.world_size() == 0, "--batch-size ", args.batch_size, " with --dist mpi: the "
+              "global batch must be a multiple of the ", group.world_size(), " DDP replicas (", processes,
+              " processes x ", group.size(), " devices)");
+  }
   LossFn loss = models::model_loss(args.model);
   const int64_t n = data.train_inputs.size(0);
   auto batch_at = [&](int64_t step) {
-    int64_t start = step * args.batch_size % std::max<int64_t>(1, n - args.batch_size + 1);
-    return std::pair{data.train_inputs.narrow(0, start, args.batch_size), data.train_targets.narrow(0, start, args.batch_size)};
+    const int64_t start = step * args.batch_size % std::max<int64_t>(1, n - args.batch_size + 1);
+    const int64_t rows = args.batch_size / processes;
+    return std::pair{data.train_inputs.narrow(0, start + process * rows, rows),
+                     data.train_targets.narrow(0, start + process * rows, rows)};
   };
   auto run = [&] {
     for (int64_t s = 0; s < args.warmup; ++s) {
@@ -164,14 +184,8 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
   return row;
 }
 
-double json_number(const std::string& line, const std::string& key) {
-  size_t at = line.find("\"" + key + "\":");
-  return at == std::string::npos ? 0.0 : std::strtod(line.c_str() + at + key.size() + 3, nullptr);
-}
-
 std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
-  std::string configs;
-  for (const std::string& c : args.pytorch_configs) configs += (configs.empty() ? "" : ",") + c;
+  const std::string configs = join_commas(args.pytorch_configs);
   // An argument vector: the script path and every value reach python3 verbatim, whatever they contain.
   const std::vector<std::string> argv = {kPython, pytorch_script_path(args), "--model", args.model,
                                          "--batch", std::to_string(args.batch_size), "--steps",
@@ -183,15 +197,17 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
   ProcessResult result = run_process(argv);
   std::vector<Row> rows;
   for (const std::string& line : split_lines(result.output)) {
-    if (line.find("\"framework\": \"pytorch\"") == std::string::npos) continue;
+    // One JSON object per configuration; anything else on stdout is not a result.
+    const JsonReport r = JsonReport::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!r.is_object() || r.value("framework", "") != "pytorch") continue;
+    auto number = [&](const char* key) { return r.contains(key) && r[key].is_number() ? r[key].get<double>() : 0.0; };
     Row row;
     row.framework = "pytorch";
-    size_t at = line.find("\"config\": \"");
-    row.config = at == std::string::npos ? "?" : line.substr(at + 11, line.find('"', at + 11) - at - 11);
-    row.devices = static_cast<int>(std::max(1.0, json_number(line, "processes")));
-    row.samples_per_s = json_number(line, "samples_per_s");
-    row.step_ms = json_number(line, "step_ms");
-    if (line.find("\"skipped\"") != std::string::npos) row.note = "skipped";
+    row.config = r.value("config", "?");
+    row.devices = static_cast<int>(std::max(1.0, number("processes")));
+    row.samples_per_s = number("samples_per_s");
+    row.step_ms = number("step_ms");
+    if (r.contains("skipped")) row.note = "skipped";
     rows.push_back(row);
   }
   DPE_CHECK(result.ok() && !rows.empty(), "--compare-pytorch: ", shown, " failed (", describe_status(result),
@@ -331,7 +347,10 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
       args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices);
   check_device_ids("--device-ids", devices);
   models::check_model_name(args.model);
-  if (std::find(args.modes.begin(), args.modes.end(), "ddp") != args.modes.end()) {
+  if (args.dist == "mpi") {
+    DPE_CHECK(args.modes == std::vector<std::string>{"ddp"}, "--modes ", join_commas(args.modes), " with --dist mpi: "
+              "only ddp runs across processes; expected --modes ddp");
+  } else if (std::find(args.modes.begin(), args.modes.end(), "ddp") != args.modes.end()) {
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(devices.size()));
   }
   if (args.compare_pytorch) {
@@ -365,9 +384,12 @@ void run_bench(const BenchArgs& args) {
             data.train_inputs.size(0));
   std::vector<Row> rows;
   for (const std::string& mode : args.modes) {
-    std::fprintf(stderr, "bench: %s %s on %s...\n", args.model.c_str(), mode.c_str(), device_list_str(devices).c_str());
+    if (args.dist != "mpi") {
+      std::fprintf(stderr, "bench: %s %s on %s...\n", args.model.c_str(), mode.c_str(), device_list_str(devices).c_str());
+    }
     rows.push_back(bench_mode(args, mode, devices, data));
   }
+  if (!rows.front().reports) return;  // --dist mpi: process 0 shows, writes and compares
   double single = 0;
   for (const Row& r : rows) {
     if (r.config == "single") single = r.samples_per_s;
@@ -388,8 +410,13 @@ void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Single-device, DP and DDP mode on the same model, data and batch");
   cmd->add_option("--model", args->model, "model")->check(CLI::IsMember(models::kModelNames));
-  add_name_list_option(*cmd, "--modes", args->modes, "modes to run; single-all: one device on every core",
-                       {"single", "single-all", "dp", "ddp"});
+  CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
+                                            "modes to run; single-all: one device on every core (--dist mpi: ddp)",
+                                            {"single", "single-all", "dp", "ddp"});
+  cmd->add_option("--dist", args->dist, "mpi: DDP over the devices of every process of an MPI launch (mpirun -np P "
+                  "dpe bench --dist mpi); one row, ddp-mpi, for the whole group; process 0 prints, writes and runs "
+                  "--compare-pytorch")
+      ->check(CLI::IsMember({"none", "mpi"}));
   CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
   add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1,
@@ -412,7 +439,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--json", args->json, "write the rows as JSON (checked at start-up)");
   cmd->add_option("--csv", args->csv, "write the rows as CSV (checked at start-up)");
   cmd->add_option("--png", args->png, "draw samples/s per configuration (gnuplot; checked at start-up)");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->callback([args, modes] {
+    if (args->dist == "mpi" && modes->count() == 0) args->modes = {"ddp"};
+    run_bench(*args);
+  });
 }
 
 }  // namespace dpe::tool

@@ -32,11 +32,6 @@ std::vector<std::string> split_items(const std::string& label, const std::string
   }
 }
 
-std::string join_commas(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& item : items) out += (out.empty() ? "" : ",") + item;
-  return out;
-}
 
 std::vector<Device> parse_list(const std::string& label, const std::string& list) {
   DPE_CHECK(!list.empty(), label, " '': expected at least one device, e.g. cpu:0,cpu:1");
@@ -77,6 +72,12 @@ int64_t suffix_multiplier(std::string suffix) {
 }
 
 }  // namespace
+
+std::string join_commas(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ",") + item;
+  return out;
+}
 
 std::vector<Device> parse_device_list(const std::string& list) { return parse_list("device list", list); }
 

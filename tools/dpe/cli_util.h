@@ -58,6 +58,9 @@ CLI::Option* add_seed_option(CLI::App& cmd, const std::string& names, uint64_t& 
 CLI::Option* add_real_option(CLI::App& cmd, const std::string& names, double& target, const std::string& description,
                              double lo, bool lo_open);
 
+// "a,b,c": a name list as the options take it.
+std::string join_commas(const std::vector<std::string>& items);
+
 // A comma-separated list of names (--modes, --ops, --pytorch-configs). CLI11's own delimiter drops empty
 // items without a word, so these are split like the device lists: every item non-empty and, when `allowed` is
 // not empty, one of it; else "--modes 'single,,dp': item 2 is empty" (exit status 2).

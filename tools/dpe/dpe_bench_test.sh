@@ -54,8 +54,9 @@ ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fa
 out=$(cd "$tmp" && "$bin" bench "${quick[@]}" --png "|touch pwned5" 2>&1)
 ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
 # The PyTorch script path and configurations reach python3 as arguments, never through a shell: a stand-in
-# script at a path with a quote and $(...) prints two rows, the second with a quote in its configuration that
-# dpe cuts at the quote ('a\'): the --json report escapes it (hand-written JSON wrote "a\", no valid JSON).
+# script at a path with a quote and $(...) prints two rows, the second with a quote in its configuration: dpe
+# reads the rows with nlohmann-json, so the configuration arrives whole ('a"b'), and the --json report escapes
+# it (hand-written JSON once wrote "a\", no valid JSON).
 script="$tmp/it's \$(touch pwned6).py"
 cat > "$script" <<'PY'
 import json, sys
@@ -66,7 +67,7 @@ PY
 if [[ -x /usr/bin/python3 ]]; then
   expect 0 "pytorch  single-3t" "${quick[@]}" --compare-pytorch --pytorch-script "$script" --pytorch-configs single-3t,ddp-gloo \
     --json "$tmp/p.json"
-  python3 -c 'import json, sys; c = [r["config"] for r in json.load(open(sys.argv[1]))["rows"]]; assert "a\\" in c, c' \
+  python3 -c 'import json, sys; c = [r["config"] for r in json.load(open(sys.argv[1]))["rows"]]; assert "a\"b" in c, c' \
     "$tmp/p.json" || { echo "FAILED: the --json report of a configuration with a quote"; fail=1; }
   ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
 fi
