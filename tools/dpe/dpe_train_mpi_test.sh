@@ -3,7 +3,8 @@
 # process x 2 devices (the same loss and accuracy every epoch, the same checkpoint byte for byte, SyncBatchNorm
 # included), process 0
 # alone prints and writes; a checkpoint written by process 0 and resumed by both continues exactly like the
-# uninterrupted run; kill -9 of one rank ends the job at once, naming it; what --dist mpi cannot do is refused
+# uninterrupted run; dpe bench --dist mpi shows one row for the group; kill -9 of one rank ends the job at once,
+# naming it; what --dist mpi cannot do is refused
 # with the value named.
 set -uo pipefail
 bin="$1"
@@ -61,6 +62,16 @@ run "sync-bn, 2 processes" "${mpi[@]}" "${bn[@]}" --device-ids cpu:0 --checkpoin
 run "sync-bn, 1 process" "$bin" train "${bn[@]}" --device-ids cpu:0,cpu:1 --checkpoint "$tmp/bn1.ck"
 cmp -s "$tmp/bn2.ck" "$tmp/bn1.ck" || { echo "FAILED: SyncBatchNorm across 2 processes differs from 1 process"; fail=1; }
 
+# dpe bench --dist mpi: one ddp-mpi row for both processes' replicas, printed and written by process 0 alone.
+bench=(timeout 120 mpirun -np 2 "${bind[@]}" "$bin" bench --dist mpi --device-ids cpu:0 --model mlp --batch-size 64
+       --steps 2 --warmup 1)
+run "bench" "${bench[@]}" --json "$tmp/bench.json"
+rows=$(grep -c '^dpe *ddp-mpi *2 ' <<<"$out")
+[[ $rows -eq 1 ]] || { echo "FAILED: $rows ddp-mpi rows (want 1): $out"; fail=1; }
+python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['rows']; sys.exit(not (len(r) == 1 and
+  r[0]['config'] == 'ddp-mpi' and r[0]['devices'] == 2 and r[0]['samples_per_s'] > 0))" "$tmp/bench.json" ||
+  { echo "FAILED: the bench --json report"; fail=1; }
+
 # kill -9 of rank 1 mid-training: the job ends at once (no rank waits for it), non-zero, naming rank 1.
 "${mpi[@]}" "${common[@]}" --batch-size 64 --device-ids cpu:0 --epochs 100000 > "$tmp/kill.log" 2>&1 &
 launcher=$!
@@ -100,6 +111,8 @@ expect() {
     fail=1
   fi
 }
+expect 2 "--modes single,ddp with --dist mpi: only ddp runs across processes; expected --modes ddp" \
+  timeout 30 "$bin" bench --dist mpi --modes single,ddp
 expect 2 "--dist mpi needs --mode ddp (--mode dp across processes is not implemented yet)" \
   timeout 30 "$bin" train --dist mpi --mode dp
 expect 2 "--batch-size 30 with --dist mpi: the global batch must be a multiple of the 4 DDP replicas (2 processes x 2 devices); try 28 or 32" \
