@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 dpe train --dist mpi` on a slice of Fashion-MNIST: 2 processes x 1 CPU device train like 1
 # process x 2 devices (the same loss and accuracy every epoch, the same checkpoint byte for byte, SyncBatchNorm
-# included), process 0
-# alone prints and writes; a checkpoint written by process 0 and resumed by both continues exactly like the
-# uninterrupted run; dpe bench --dist mpi shows one row for the group; kill -9 of one rank ends the job at once,
-# naming it; what --dist mpi cannot do is refused
-# with the value named.
+# included), and process 0 alone prints and writes; a checkpoint written by process 0 and resumed by both
+# continues exactly like the uninterrupted run; dpe bench --dist mpi shows one row for the group; kill -9 of one
+# rank ends the job at once, naming it; what --dist mpi cannot do is refused with the value named.
 set -uo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
