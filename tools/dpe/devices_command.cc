@@ -2,11 +2,15 @@
 // DataParallel does (same error messages), showing the chunk sizes a batch gets.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 
+#include "core/ops.h"
 #include "engine/data_parallel.h"
+#include "engine/worker_pool.h"
 #include "scatter_gather/chunking.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
@@ -64,7 +68,40 @@ struct DevicesArgs {
   std::optional<std::string> device_ids, output_device;
   int64_t batch = 8;
   std::string split = "chunk";
+  std::string dist = "none";
 };
+
+// --dist mpi: every replica of every process of the launch, with its process's place. Each member gathers a
+// line about itself from every member (one all-gather of fixed-size text), and process 0 prints them in global
+// rank order. The place is MPI's, as the mpi backend exports it under torchrun's names.
+void list_across_processes(const std::vector<Device>& devices) {
+  ProcessGroup group(devices, {.backend = CollectiveBackend::Mpi});
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  auto env = [](const char* name) { const char* v = std::getenv(name); return std::string(v ? v : "?"); };
+  constexpr int64_t kLength = 160;  // characters per line
+  const int world = group.world_size(), local = group.size();
+  std::vector<Tensor> lines(static_cast<size_t>(local));
+  DeviceWorkerPool pool(devices);
+  pool.run(static_cast<size_t>(local), [&](size_t r) {
+    const std::string text = dpe::detail::str_cat(devices[r], " of process ", env("RANK"), " (local rank ", env("LOCAL_RANK"),
+                                             " of ", env("LOCAL_WORLD_SIZE"), ") on ", host);
+    std::vector<int64_t> chars(kLength, 0);
+    std::copy_n(text.begin(), std::min<size_t>(text.size(), kLength - 1), chars.begin());
+    const TensorOptions on_device = TensorOptions(DType::Int64).with_device(devices[r]);
+    lines[r] = zeros({world * kLength}, on_device);
+    group.all_gather_into_tensor(static_cast<int>(r), lines[r], Tensor::from_vector(chars, {kLength}, on_device));
+  });
+  if (group.global_rank(0) != 0) return;
+  const std::vector<int64_t> all = lines[0].to_vector<int64_t>();
+  std::printf("\nacross %d processes (--dist mpi): %d replicas, global rank = process x %d + local device index\n",
+              world / local, world, local);
+  for (int g = 0; g < world; ++g) {
+    std::string text;
+    for (int64_t i = g * kLength; i < (g + 1) * kLength && all[i] != 0; ++i) text.push_back(static_cast<char>(all[i]));
+    std::printf("  replica %d: %s\n", g, text.c_str());
+  }
+}
 
 void check_configuration(const DevicesArgs& args) {
   DataParallelOptions options;
@@ -96,7 +133,16 @@ void add_devices_command(CLI::App& app) {
       ->needs(ids);
   add_int_option(*cmd, "--batch", args->batch, "batch size whose chunk sizes to show", 0, int64_t{1} << 31)->needs(ids);
   cmd->add_option("--split", args->split, "split rule")->check(CLI::IsMember({"chunk", "balanced"}))->needs(ids);
+  cmd->add_option("--dist", args->dist, "mpi: also list every replica of every process of an MPI launch with its "
+                  "process, local rank and host (mpirun -np P dpe devices --dist mpi --device-ids ...; process 0 prints)")
+      ->check(CLI::IsMember({"none", "mpi"}))
+      ->needs(ids);
   cmd->callback([args] {
+    if (args->dist == "mpi") {
+      const std::vector<Device> devices = parse_device_option("--device-ids", *args->device_ids);
+      check_device_ids("--device-ids", devices);
+      return list_across_processes(devices);
+    }
     list_devices();
     if (args->device_ids) {
       try {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 dpe collectives --dist mpi`: one table (process 0 prints) over the 4 members of 2 processes,
 # every row correct (#wrong sums over all members); options --dist mpi cannot serve are errors before MPI starts.
+# `mpirun -np 2 dpe devices --dist mpi`: the 4 replicas in global rank order, each with its process and place.
 set -uo pipefail
 bin="$1"
 export DPE_NUM_CPU_DEVICES=2
@@ -21,6 +22,13 @@ if awk '/^  [a-z_]+ /{ if ($NF != 0) bad=1 } END { exit !bad }' <<<"$out"; then 
 python3 -c "import json, sys; r = json.load(open(sys.argv[1])); sys.exit(not (r['members'] == 4 and r['processes'] == 2
   and [x['op'] for x in r['results']] == ['all_reduce'] * 3 + ['broadcast'] * 3))" "$TEST_TMPDIR/c.json" ||
   { echo "FAILED: the JSON report"; fail=1; }
+out=$(timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$bin" devices --dist mpi --device-ids cpu:0,cpu:1 2>&1)
+echo "$out" | tail -5
+for line in "replica 0: cpu:0 of process 0 (local rank 0 of 2) on " "replica 1: cpu:1 of process 0 (local rank 0 of 2) on " \
+            "replica 2: cpu:0 of process 1 (local rank 1 of 2) on " "replica 3: cpu:1 of process 1 (local rank 1 of 2) on "; do
+  [[ $(grep -cF -- "$line" <<<"$out") -eq 1 ]] || { echo "FAILED: dpe devices --dist mpi: want '$line' once"; fail=1; }
+done
+
 # expect STATUS PATTERN ARGS...: `dpe collectives ARGS` (one process) exits with STATUS, output containing PATTERN.
 expect() {
   local want_status="$1" pattern="$2"; shift 2

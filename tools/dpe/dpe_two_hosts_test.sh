@@ -51,12 +51,18 @@ chmod +x "$tmp/agent.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DPE_NUM_CPU_DEVICES=2
 exact=(--model mlp --mode ddp --limit 1000 --seed 3 --lr 0.05 --batch-size 60 --schedule constant --save-every 1
        --epochs 2)
-# The launch, quoted for the agent's shell (fixed strings and this test's own paths only).
-launch="hostname dpe-host1; exec mpirun --host $net.1,$net.2 -np 2 --mca plm_rsh_agent $tmp/agent.sh \
-  --mca btl self,tcp --mca btl_tcp_if_include $net.0/24 --mca oob_tcp_if_include $net.0/24 -x DPE_NUM_CPU_DEVICES \
-  $bin train --dist mpi ${exact[*]} --device-ids cpu:0 --checkpoint $tmp/hosts.ck"
+# The launch on host 1, a shell command line (fixed strings and this test's own paths only).
+dpe_on_hosts="hostname dpe-host1; exec mpirun --host $net.1,$net.2 -np 2 --mca plm_rsh_agent $tmp/agent.sh \
+  --mca btl self,tcp --mca btl_tcp_if_include $net.0/24 --mca oob_tcp_if_include $net.0/24 -x DPE_NUM_CPU_DEVICES $bin"
+launch="$dpe_on_hosts train --dist mpi ${exact[*]} --device-ids cpu:0 --checkpoint $tmp/hosts.ck"
 out=$(timeout 180 ip netns exec "$h1" unshare --uts /bin/sh -c "$launch" 2>&1) || { echo "$out" | tail -20; fail "the two-host run"; }
 echo "$out" | grep -E '^(dpe train|final)'
+# Each host's process is local rank 0 of 1, under its own host name.
+devices="$dpe_on_hosts devices --dist mpi --device-ids cpu:0"
+out=$(timeout 120 ip netns exec "$h1" unshare --uts /bin/sh -c "$devices" 2>&1) || { echo "$out" | tail -20; fail "dpe devices"; }
+echo "$out" | grep replica
+grep -q "replica 0: cpu:0 of process 0 (local rank 0 of 1) on dpe-host1" <<<"$out" &&
+  grep -q "replica 1: cpu:0 of process 1 (local rank 0 of 1) on dpe-host2" <<<"$out" || fail "dpe devices --dist mpi: $out"
 out=$("$bin" train "${exact[@]}" --device-ids cpu:0,cpu:1 --checkpoint "$tmp/one.ck" 2>&1) || { echo "$out"; fail "the one-process run"; }
 cmp -s "$tmp/hosts.ck" "$tmp/one.ck" || fail "2 hosts x 1 device wrote another checkpoint than 1 process x 2 devices"
 echo "2 hosts x 1 device = 1 process x 2 devices, checkpoint byte for byte"
