@@ -170,13 +170,23 @@ void MpiWorld::abort(int exit_code) const {
   std::abort();  // MPI_Abort does not return; if it did, the process must still end
 }
 
-MpiAbortChannel::MpiAbortChannel() {
+namespace {
+
+// A communicator of dpe's own over every process (collective: every process calls it, in the same order), whose
+// errors are returned, not fatal; sets *rank and *size.
+MPI_Comm duplicate_world(int* rank, int* size) {
   MpiWorld::get();
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
-  check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  MPI_Comm comm = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check_mpi(MPI_Comm_rank(comm, rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm, size), "MPI_Comm_size");
+  return comm;
 }
+
+}  // namespace
+
+MpiAbortChannel::MpiAbortChannel() { comm_ = duplicate_world(&rank_, &size_); }
 
 MpiAbortChannel::~MpiAbortChannel() {
   // After a failure, messages may still be in flight on it; the job is ending anyway.
@@ -216,11 +226,7 @@ std::string MpiAbortChannel::heard() {
 
 MpiComm::MpiComm(std::chrono::milliseconds timeout, MpiAbortChannel* failures) : timeout_(timeout), failures_(failures) {
   DPE_CHECK(timeout.count() > 0, "MpiComm: timeout must be positive, got ", timeout.count(), " ms");
-  MpiWorld::get();
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
-  check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  comm_ = duplicate_world(&rank_, &size_);
 }
 
 MpiComm::~MpiComm() {
