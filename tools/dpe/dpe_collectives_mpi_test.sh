@@ -2,6 +2,7 @@
 # `mpirun -np 2 dpe collectives --dist mpi`: one table (process 0 prints) over the 4 members of 2 processes,
 # every row correct (#wrong sums over all members); options --dist mpi cannot serve are errors before MPI starts.
 # `mpirun -np 2 dpe devices --dist mpi`: the 4 replicas in global rank order, each with its process and place.
+# A failure in one process: every process reports it, tagged with the rank, at once.
 set -uo pipefail
 bin="$1"
 export DPE_NUM_CPU_DEVICES=2
@@ -22,6 +23,20 @@ if awk '/^  [a-z_]+ /{ if ($NF != 0) bad=1 } END { exit !bad }' <<<"$out"; then 
 python3 -c "import json, sys; r = json.load(open(sys.argv[1])); sys.exit(not (r['members'] == 4 and r['processes'] == 2
   and [x['op'] for x in r['results']] == ['all_reduce'] * 3 + ['broadcast'] * 3))" "$TEST_TMPDIR/c.json" ||
   { echo "FAILED: the JSON report"; fail=1; }
+# A member of process 1 fails: both processes report, process 0 naming rank 1 and its reason; no wait for the
+# timeout (5 minutes), no hang.
+for attempt in 1 2 3; do
+  out=$(timeout 60 mpirun -np 2 --oversubscribe --bind-to none "$bin" collectives --dist mpi --device-ids cpu:0 \
+    -b 4K -e 16K --inject-failure-rank 1 2>&1)
+  status=$?
+  injected="all_reduce member 0 on cpu:0: failure injected by --inject-failure-rank"
+  heard="rank 1 failed: $injected"
+  if [[ $status -eq 0 || $status -eq 124 || $(grep -cF -- "$injected" <<<"$out") -ne 2 ]] || ! grep -qF -- "$heard" <<<"$out"; then
+    echo "FAILED (attempt $attempt): status $status (124 = timed out); want both processes' reports:"; echo "$out" | grep '^dpe'
+    fail=1
+  fi
+done
+
 out=$(timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$bin" devices --dist mpi --device-ids cpu:0,cpu:1 2>&1)
 echo "$out" | tail -5
 for line in "replica 0: cpu:0 of process 0 (local rank 0 of 2) on " "replica 1: cpu:1 of process 0 (local rank 0 of 2) on " \

@@ -100,6 +100,10 @@ int main(int argc, char** argv) {
   }
   if (status != 0) {
     std::fflush(nullptr);
+    // In an MPI launch, the launcher ends the whole job as soon as one process exits with an error. The other
+    // processes learn of this one's failure at once (docs/SCALE_OUT.md) and report it themselves: a second of
+    // grace lets them, before the launcher kills them.
+    if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr) sleep(1);
     std::_Exit(status);
   }
   return 0;
