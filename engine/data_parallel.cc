@@ -1,5 +1,6 @@
 // DataParallel's construction (devices, replicas, the mode's reducer) and what both modes share. The DP
-// step is in dp_mode.cc, the DDP mode's construction and step in ddp_mode.cc, the step API in train_step.cc.
+// step is in dp_mode.cc, the DDP mode's construction and step in ddp_mode.cc, the step API in train_step.cc,
+// what both modes do across processes in across_processes.cc.
 #include "engine/data_parallel.h"
 
 #include <set>
@@ -31,9 +32,6 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<nn::Module>> replicas, Da
 // given: the master alone (replicas cloned from it), or one replica per device (DDP).
 void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
   validate_devices();
-  DPE_CHECK(options_.backend != CollectiveBackend::Mpi || options_.mode == ParallelMode::DDP,
-            "DataParallel: backend 'mpi' (replicas in several processes) serves DDP mode; DP mode across processes "
-            "(a master per process) is not implemented yet");
   DPE_CHECK(given.size() == 1 || given.size() == device_ids_.size(), "DataParallel: ", given.size(),
             " replicas for ", device_ids_.size(), " devices; expected one per device_ids entry");
   replicas_.push_back(std::move(given[0]));
@@ -66,6 +64,7 @@ void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
   }
   pool_ = std::make_unique<DeviceWorkerPool>(device_ids_);
   if (options_.mode == ParallelMode::DDP) init_ddp();
+  if (options_.mode == ParallelMode::DP && options_.backend == CollectiveBackend::Mpi) init_dp_across_processes();
   build_reducer();
 }
 

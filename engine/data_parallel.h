@@ -84,9 +84,11 @@ struct DataParallelOptions {
   // Gradient bucket cap; unset: 25 MiB with a 1 MiB first bucket after the rebuild (PyTorch's defaults),
   // set: that cap for every bucket.
   std::optional<double> bucket_cap_mb;
-  // DDP mode's collectives. Mpi: the replicas of every process of an MPI launch form one group (this process's
-  // device_ids in each; parameters broadcast from global rank 0, gradients averaged over all of them;
-  // docs/SCALE_OUT.md). Every process constructs its DataParallel at the same point.
+  // DDP mode's collectives. Mpi: across the processes of an MPI launch (docs/SCALE_OUT.md), in DDP mode the
+  // replicas of every process form one group (this process's device_ids in each; parameters broadcast from
+  // global rank 0, gradients averaged over all of them); in DP mode each process's master joins a group of
+  // masters whose gradients are averaged after each synchronised backward of the step API. Every process
+  // constructs its DataParallel at the same point.
   CollectiveBackend backend = CollectiveBackend::Auto;
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // a replica that never arrives
 };
@@ -184,7 +186,9 @@ class DataParallel {
   nn::Module& replica(size_t i) { return *replicas_.at(i); }
   optim::Optimizer& optimizer(size_t replica = 0);
   size_t num_optimizers() const { return optimizers_.size(); }  // DP: 1, DDP: one per replica
-  ProcessGroup* process_group() { return group_.get(); }  // DDP mode only (else null)
+  // DDP mode: the replicas' group; DP mode across processes (backend 'mpi'): the masters' (one member per
+  // process); else null.
+  ProcessGroup* process_group() { return group_ ? group_.get() : masters_.get(); }
   const DdpReducer* ddp_reducer() const { return ddp_reducer_.get(); }  // DDP mode; tests (engine/ddp_reducer.h)
   std::shared_ptr<nn::Module> module_ptr() { return replicas_[0]; }
   std::vector<Tensor> parameters() const { return replicas_[0]->parameters(); }
@@ -204,8 +208,17 @@ class DataParallel {
   void init(std::vector<std::shared_ptr<nn::Module>> given_replicas);
   void init_ddp();
   void verify_replica_structure() const;
-  // Backend 'mpi': every process's model must be process 0's (names, dtypes, shapes, frozen flags).
-  void verify_structure_across_processes();
+  // Backend 'mpi' (across_processes.cc). Every process's model must be process 0's (names, dtypes, shapes,
+  // frozen flags); `group` is the DDP replicas' or the DP masters'.
+  void verify_structure_across_processes(ProcessGroup& group);
+  // fn(r) for each member r of `group` on this process: the replicas' workers, or the caller for the masters.
+  void run_members(ProcessGroup& group, const std::function<void(size_t)>& fn);
+  // DP mode: the masters' group, checked, and process 0's master state everywhere.
+  void init_dp_across_processes();
+  void broadcast_master_buffers();  // before a synchronised forward
+  // After a synchronised backward: the masters' gradients averaged over the processes; returns the loss of
+  // every process's batch (this one's: `loss` over `batch` samples).
+  double average_masters(double loss, int64_t batch);
   // The mode's gradient reducer over the parameters that require grad (trainable_).
   void build_reducer();
   // Picks up requires_grad changes made after construction (Note [Frozen parameters]).
@@ -248,6 +261,7 @@ class DataParallel {
   std::unique_ptr<DeviceWorkerPool> pool_;
   std::unique_ptr<GradientReducer> reducer_;    // DP mode
   std::shared_ptr<ProcessGroup> group_;         // DDP mode
+  std::shared_ptr<ProcessGroup> masters_;       // DP mode across processes: this process's master, one per process
   std::unique_ptr<DdpReducer> ddp_reducer_;     // DDP mode
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
   bool require_backward_grad_sync_ = true;

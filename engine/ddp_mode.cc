@@ -2,9 +2,6 @@
 // and the DDP step. The DP step is in dp_mode.cc, what both modes construct in data_parallel.cc, the step API
 // they share in train_step.cc.
 #include <algorithm>
-#include <limits>
-#include <string>
-#include <vector>
 
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
@@ -49,97 +46,12 @@ void DataParallel::verify_replica_structure() const {
   }
 }
 
-namespace {
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// A string as an int64 tensor of one character per element, `length` long (cut or padded with zeros).
-Tensor text_tensor(const std::string& text, int64_t length, Device device) {
-  std::vector<int64_t> chars(static_cast<size_t>(length), 0);
-  for (size_t i = 0; i < text.size() && i < chars.size(); ++i) chars[i] = static_cast<unsigned char>(text[i]);
-  return Tensor::from_vector(chars, {length}, TensorOptions(DType::Int64).with_device(device));
-}
-
-std::string text_of(const Tensor& t) {
-  std::string text;
-  for (int64_t c : t.to_vector<int64_t>()) {
-    if (c == 0) break;
-    text.push_back(static_cast<char>(c));
-  }
-  return text;
-}
-
-}  // namespace
-
-// PyTorch's _verify_param_shape_across_processes, naming what differs: process 0's entry count and per-entry
-// fingerprints are broadcast, every process finds its first differing entry, an all-reduce (min) agrees on the
-// first (entry, rank) of all, and both processes' descriptions of that entry are broadcast so that every
-// process throws the same message, before the parameter broadcast moves any mismatched bytes. Every member of
-// every process runs the same collectives on its own copies.
-void DataParallel::verify_structure_across_processes() {
-  std::vector<std::string> entries;
-  for (size_t k = 0; k < state_names_.size(); ++k) {
-    const Tensor& t = replica_state_[0][k];
-    entries.push_back(detail::str_cat("'", state_names_[k], "' ", t.dtype(), " ", shape_str(t.shape()),
-                                      t.requires_grad() ? "" : " (no grad)"));
-  }
-  const int64_t count = static_cast<int64_t>(entries.size());
-  const int64_t world = group_->world_size();
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  constexpr int64_t kTextLength = 256;
-  std::vector<int64_t> first(device_ids_.size(), kNone);
-  std::vector<std::string> theirs(device_ids_.size()), ours(device_ids_.size());
-  run_replicas([&](size_t r) {
-    const int rank = static_cast<int>(r);
-    const auto on_device = TensorOptions(DType::Int64).with_device(device_ids_[r]);
-    Tensor count0 = Tensor::from_vector(std::vector<int64_t>{count}, {1}, on_device);
-    group_->broadcast(rank, count0, 0);
-    const int64_t n0 = count0.to_vector<int64_t>()[0];
-    std::vector<int64_t> mine(static_cast<size_t>(n0), 0);
-    for (int64_t k = 0; k < std::min(n0, count); ++k) mine[k] = static_cast<int64_t>(fnv1a(entries[k]));
-    Tensor hashes0 = Tensor::from_vector(mine, {n0}, on_device);
-    group_->broadcast(rank, hashes0, 0);
-    const std::vector<int64_t> reference = hashes0.to_vector<int64_t>();
-    int64_t differs = std::min(n0, count) < std::max(n0, count) ? std::min(n0, count) : kNone;
-    for (int64_t k = 0; k < std::min(n0, count); ++k) {
-      if (reference[k] != mine[k]) {
-        differs = k;
-        break;
-      }
-    }
-    Tensor key = Tensor::from_vector(std::vector<int64_t>{differs == kNone ? kNone : differs * world + group_->global_rank(rank)},
-                                     {1}, on_device);
-    group_->all_reduce(rank, key, ReduceOp::Min);
-    first[r] = key.to_vector<int64_t>()[0];
-    if (first[r] == kNone) return;
-    const int64_t entry = first[r] / world;
-    const int root = static_cast<int>(first[r] % world);
-    const std::string described = entry < count ? entries[entry] : detail::str_cat("nothing (", count, " entries)");
-    Tensor text0 = text_tensor(described, kTextLength, device_ids_[r]);
-    Tensor text_root = text_tensor(described, kTextLength, device_ids_[r]);
-    group_->broadcast(rank, text0, 0);
-    group_->broadcast(rank, text_root, root);
-    ours[r] = text_of(text0);
-    theirs[r] = text_of(text_root);
-  });
-  if (first[0] == kNone) return;
-  const int64_t entry = first[0] / world;
-  const int process = static_cast<int>(first[0] % world) / group_->size();
-  DPE_CHECK(false, "DDP across processes: process ", process, "'s model differs from process 0's at state entry ",
-            entry, ": ", ours[0], " in process 0, ", theirs[0], " in process ", process,
-            "; every process must build the same model");
-}
-
 void DataParallel::init_ddp() {
   DPE_CHECK(!options_.bucket_cap_mb.has_value() || *options_.bucket_cap_mb > 0, "DDP: bucket_cap_mb must be positive, got ",
             options_.bucket_cap_mb.value_or(0));
   verify_replica_structure();
   group_ = std::make_shared<ProcessGroup>(device_ids_, ProcessGroupOptions{options_.backend, options_.timeout});
-  if (group_->world_size() > group_->size()) verify_structure_across_processes();
+  if (group_->world_size() > group_->size()) verify_structure_across_processes(*group_);
   // PyTorch's _sync_module_states: replica 0's parameters and buffers, broadcast to every replica.
   run_replicas([&](size_t r) {
     NoGradGuard no_grad;

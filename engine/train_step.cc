@@ -34,6 +34,8 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     report_ = StepReport{.mode = ParallelMode::DDP};
     loss_value = forward_backward_ddp(input, target, loss_fn);
   } else {
+    const bool across_processes = masters_ != nullptr && require_backward_grad_sync_;
+    if (across_processes) broadcast_master_buffers();
     Tensor output = forward(input);  // resets report_ and fills the scatter/broadcast/forward/gather phases
     auto start = Clock::now();
     Tensor loss = checked_loss(loss_fn, output, target.to(output_device_, /*non_blocking=*/true));
@@ -42,6 +44,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     loss.backward();  // through DataParallelGatherNode, which fills reduce_ms, when several devices ran
     report_.backward_ms = ms_since(start);
     loss_value = loss.item();
+    if (across_processes) loss_value = average_masters(loss_value, input.size(options_.dim));
   }
   report_.loss = loss_value;
   refresh_memory_report();

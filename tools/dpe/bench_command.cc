@@ -137,12 +137,13 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
     const ProcessGroup& group = *dp->process_group();
     processes = group.world_size() / group.size();
     process = group.global_rank(0) / group.size();
-    row.devices = group.world_size();
-    row.config = "ddp-mpi";
+    row.devices = static_cast<int>(processes) * row.devices;
+    row.config = mode + "-mpi";
     row.reports = process == 0;
+    // DDP: a shard per replica of every process; DP: a slice per process (the group is the masters').
     DPE_CHECK(args.batch_size % group.world_size() == 0, "--batch-size ", args.batch_size, " with --dist mpi: the "
-              "global batch must be a multiple of the ", group.world_size(), " DDP replicas (", processes,
-              " processes x ", group.size(), " devices)");
+              "global batch must be a multiple of the ", group.world_size(), mode == "ddp" ? " DDP replicas" :
+              " processes", " (", processes, " processes x ", group.size(), mode == "ddp" ? " devices)" : " master)");
   }
   LossFn loss = models::model_loss(args.model);
   const int64_t n = data.train_inputs.size(0);
@@ -348,8 +349,10 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
   check_device_ids("--device-ids", devices);
   models::check_model_name(args.model);
   if (args.dist == "mpi") {
-    DPE_CHECK(args.modes == std::vector<std::string>{"ddp"}, "--modes ", join_commas(args.modes), " with --dist mpi: "
-              "only ddp runs across processes; expected --modes ddp");
+    for (const std::string& mode : args.modes) {
+      DPE_CHECK(mode == "ddp" || mode == "dp", "--modes ", join_commas(args.modes), " with --dist mpi: ", mode,
+                " runs on one device; expected ddp and/or dp");
+    }
   } else if (std::find(args.modes.begin(), args.modes.end(), "ddp") != args.modes.end()) {
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(devices.size()));
   }
@@ -411,11 +414,11 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "Single-device, DP and DDP mode on the same model, data and batch");
   cmd->add_option("--model", args->model, "model")->check(CLI::IsMember(models::kModelNames));
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
-                                            "modes to run; single-all: one device on every core (--dist mpi: ddp)",
+                                            "modes to run; single-all: one device on every core (--dist mpi: dp, ddp)",
                                             {"single", "single-all", "dp", "ddp"});
   cmd->add_option("--dist", args->dist, "mpi: DDP over the devices of every process of an MPI launch (mpirun -np P "
-                  "dpe bench --dist mpi); one row, ddp-mpi, for the whole group; process 0 prints, writes and runs "
-                  "--compare-pytorch")
+                  "dpe bench --dist mpi); rows dp-mpi and ddp-mpi for the whole group; process 0 prints, writes and "
+                  "runs --compare-pytorch")
       ->check(CLI::IsMember({"none", "mpi"}));
   CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
@@ -440,7 +443,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--csv", args->csv, "write the rows as CSV (checked at start-up)");
   cmd->add_option("--png", args->png, "draw samples/s per configuration (gnuplot; checked at start-up)");
   cmd->callback([args, modes] {
-    if (args->dist == "mpi" && modes->count() == 0) args->modes = {"ddp"};
+    if (args->dist == "mpi" && modes->count() == 0) args->modes = {"dp", "ddp"};
     run_bench(*args);
   });
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `mpirun -np 2 dpe train --dist mpi` on a slice of Fashion-MNIST: 2 processes x 1 CPU device train like 1
-# process x 2 devices (the same loss and accuracy every epoch, the same checkpoint byte for byte, SyncBatchNorm
-# included), and process 0 alone prints and writes; a checkpoint written by process 0 and resumed by both
+# process x 2 devices, in DDP mode (the same loss and accuracy every epoch, the same checkpoint byte for byte,
+# SyncBatchNorm included) and in DP mode (the same losses and accuracies), and process 0 alone prints and writes; a checkpoint written by process 0 and resumed by both
 # continues exactly like the uninterrupted run; dpe bench --dist mpi shows one row for the group; kill -9 of one
 # rank ends the job at once, naming it; what --dist mpi cannot do is refused with the value named.
 set -uo pipefail
@@ -41,6 +41,13 @@ python3 -c "import json, sys; sys.exit(json.load(open('$tmp/mpi.json'))['process
 run "1 process" "$bin" train "${common[@]}" --batch-size 64 --device-ids cpu:0,cpu:1 --epochs 2 --json "$tmp/one.json"
 same_report "$tmp/mpi.json" "$tmp/one.json"
 
+# DP mode across processes: a master per process, the masters' gradients averaged; the same report as one
+# process's DP over both devices.
+run "dp, 2 processes" "${mpi[@]}" "${common[@]/ddp/dp}" --batch-size 64 --device-ids cpu:0 --epochs 2 --json "$tmp/dp2.json"
+grep -q '^dpe train: mlp, mode dp on cpu:0 in each of 2 processes' <<<"$out" || { echo "FAILED: dp header: $out"; fail=1; }
+run "dp, 1 process" "$bin" train "${common[@]/ddp/dp}" --batch-size 64 --device-ids cpu:0,cpu:1 --epochs 2 --json "$tmp/dp1.json"
+same_report "$tmp/dp2.json" "$tmp/dp1.json"
+
 # Process 0 writes the checkpoints; both processes resume from one. Exact: 1 epoch + a resumed 2nd gives the
 # same checkpoint, byte for byte, as 2 epochs in one run, and as one process with both devices. (Constant
 # schedule: a cosine schedule depends on --epochs, so a 1-epoch run is not the first half of a 2-epoch one.)
@@ -60,14 +67,15 @@ run "sync-bn, 2 processes" "${mpi[@]}" "${bn[@]}" --device-ids cpu:0 --checkpoin
 run "sync-bn, 1 process" "$bin" train "${bn[@]}" --device-ids cpu:0,cpu:1 --checkpoint "$tmp/bn1.ck"
 cmp -s "$tmp/bn2.ck" "$tmp/bn1.ck" || { echo "FAILED: SyncBatchNorm across 2 processes differs from 1 process"; fail=1; }
 
-# dpe bench --dist mpi: one ddp-mpi row for both processes' replicas, printed and written by process 0 alone.
+# dpe bench --dist mpi: a dp-mpi and a ddp-mpi row for both processes' devices, printed and written by process 0
+# alone.
 bench=(timeout 120 mpirun -np 2 "${bind[@]}" "$bin" bench --dist mpi --device-ids cpu:0 --model mlp --batch-size 64
        --steps 2 --warmup 1)
 run "bench" "${bench[@]}" --json "$tmp/bench.json"
-rows=$(grep -c '^dpe *ddp-mpi *2 ' <<<"$out")
-[[ $rows -eq 1 ]] || { echo "FAILED: $rows ddp-mpi rows (want 1): $out"; fail=1; }
-python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['rows']; sys.exit(not (len(r) == 1 and
-  r[0]['config'] == 'ddp-mpi' and r[0]['devices'] == 2 and r[0]['samples_per_s'] > 0))" "$tmp/bench.json" ||
+rows=$(grep -cE '^dpe *d?dp-mpi *2 ' <<<"$out")
+[[ $rows -eq 2 ]] || { echo "FAILED: $rows dp-mpi and ddp-mpi rows (want 2): $out"; fail=1; }
+python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['rows']; sys.exit(not ([x['config'] for x in r] ==
+  ['dp-mpi', 'ddp-mpi'] and all(x['devices'] == 2 and x['samples_per_s'] > 0 for x in r)))" "$tmp/bench.json" ||
   { echo "FAILED: the bench --json report"; fail=1; }
 
 # kill -9 of rank 1 mid-training: the job ends at once (no rank waits for it), non-zero, naming rank 1.
@@ -109,10 +117,10 @@ expect() {
     fail=1
   fi
 }
-expect 2 "--modes single,ddp with --dist mpi: only ddp runs across processes; expected --modes ddp" \
+expect 2 "--modes single,ddp with --dist mpi: single runs on one device; expected ddp and/or dp" \
   timeout 30 "$bin" bench --dist mpi --modes single,ddp
-expect 2 "--dist mpi needs --mode ddp (--mode dp across processes is not implemented yet)" \
-  timeout 30 "$bin" train --dist mpi --mode dp
+expect 2 "--dist mpi needs --mode ddp or dp (--mode single trains one device)" \
+  timeout 30 "$bin" train --dist mpi --mode single
 expect 2 "--batch-size 30 with --dist mpi: the global batch must be a multiple of the 4 DDP replicas (2 processes x 2 devices); try 28 or 32" \
   "${mpi[@]}" "${common[@]}" --device-ids cpu:0,cpu:1 --batch-size 30
 exit $fail

@@ -92,24 +92,31 @@ void run_train(TrainArgs args) {
   LossFn loss_fn = models::model_loss(args.engine.model);
   // --dist mpi: every process iterates the same global batches (same seed) and trains on its slice of each,
   // which gives every replica the shard it would have in one process with all the devices (DistributedSampler's
-  // partition, batch by batch). Process 0 prints, evaluates, and writes checkpoints and --json.
-  const int64_t local = static_cast<int64_t>(dp->device_ids().size());
+  // partition, batch by batch). Process 0 prints, evaluates, and writes checkpoints and --json. The group is
+  // the DDP replicas' (every device of every process) or the DP masters' (one member per process).
+  const bool across = args.engine.across_processes;
   const ProcessGroup* group = dp->process_group();
-  const int64_t world = group != nullptr ? group->world_size() : local;
-  const int64_t process_count = world / local, process = group != nullptr ? group->global_rank(0) / local : 0;
+  const int64_t process_count = across ? group->world_size() / group->size() : 1;
+  const int64_t process = across ? group->global_rank(0) / group->size() : 0;
   const bool prints = process == 0;
-  if (args.engine.across_processes) {
-    DPE_CHECK(args.batch_size % world == 0, "--batch-size ", args.batch_size, " with --dist mpi: the global batch "
-              "must be a multiple of the ", world, " DDP replicas (", process_count, " processes x ", local,
-              " devices); try ", std::max(world, args.batch_size / world * world), " or ",
-              (args.batch_size / world + 1) * world);
+  const int64_t local = static_cast<int64_t>(dp->device_ids().size());
+  // What every batch must split into evenly: a shard per DDP replica of every process; a slice per process.
+  const bool ddp = args.engine.mode == "ddp";
+  const int64_t parts = ddp ? process_count * local : process_count;
+  if (across) {
+    const std::string what = ddp ? std::to_string(parts) + " DDP replicas (" + std::to_string(process_count) +
+                                       " processes x " + std::to_string(local) + " devices)"
+                                 : std::to_string(parts) + " processes";
+    DPE_CHECK(args.batch_size % parts == 0, "--batch-size ", args.batch_size, " with --dist mpi: the global batch "
+              "must be a multiple of the ", what, "; try ", std::max(parts, args.batch_size / parts * parts), " or ",
+              (args.batch_size / parts + 1) * parts);
   }
   // Batches for GPUs are gathered into pinned memory, so that the scatter's copies are asynchronous DMA.
   const bool to_cuda = std::ranges::any_of(dp->device_ids(), [](const Device& d) { return d.is_cuda(); });
   // DDP needs a sample on every replica: without --drop-last the short last batch of an epoch is padded to a
   // multiple of the device count (samples from the start of the epoch's order, as DistributedSampler pads),
-  // which splits into equal shards (data/data_loader.h).
-  const int64_t replicas = args.engine.mode == "ddp" ? world : 1;
+  // which splits into equal shards (data/data_loader.h); across processes, to a multiple of `parts`.
+  const int64_t replicas = parts;
   data::DataLoader loader(data.train_inputs, data.train_targets,
                           {.batch_size = args.batch_size, .seed = args.engine.seed, .drop_last = args.drop_last,
                            .pad_last_to_multiple = args.drop_last ? 0 : replicas, .prefetch = 2,
@@ -120,7 +127,8 @@ void run_train(TrainArgs args) {
     last_batch = ", last " + std::to_string(remainder) + " dropped (--drop-last)";
   } else if (remainder != 0 && loader.last_batch_size() != remainder) {
     last_batch = ", last batch of " + std::to_string(remainder) + " padded to " +
-                 std::to_string(loader.last_batch_size()) + " for " + std::to_string(replicas) + " DDP devices";
+                 std::to_string(loader.last_batch_size()) + " for " + std::to_string(replicas) +
+                 (ddp ? " DDP devices" : " processes");
   }
   const std::string where = device_list_str(dp->device_ids()) +
                             (process_count > 1 ? " in each of " + std::to_string(process_count) + " processes" : "");

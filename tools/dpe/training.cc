@@ -90,8 +90,8 @@ void check_engine_options(const EngineOptions& options) {
   DPE_CHECK(!options.devices.empty(), "no devices");
   DPE_CHECK(!options.sync_bn || options.mode == "ddp", "--sync-bn needs --mode ddp (SyncBatchNorm synchronises DDP "
             "replicas; DP computes BatchNorm statistics per replica, like PyTorch)");
-  DPE_CHECK(!options.across_processes || options.mode == "ddp", "--dist mpi needs --mode ddp (--mode ",
-            options.mode, " across processes is not implemented yet)");
+  DPE_CHECK(!options.across_processes || options.mode != "single", "--dist mpi needs --mode ddp or dp (--mode "
+            "single trains one device)");
   DPE_CHECK(!options.output_device || options.mode == "dp", "--output-device ", *options.output_device,
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
 }

@@ -1,6 +1,7 @@
-// DDP across processes (backend 'mpi'), run as both processes of `mpirun -np 2` (collectives/mpirun_test.sh)
-// with four CPU devices each: 2 processes x 2 devices must train like 1 process x 4 devices on the same
-// global batches (the issue "Scale out", test 1).
+// DataParallel across processes (backend 'mpi'), DDP and DP mode, run as both processes of `mpirun -np 2`
+// (collectives/mpirun_test.sh) with four CPU devices each: 2 processes x 2 devices must train like 1 process x 4
+// devices on the same global batches (the issue "Scale out", test 1), and failures and mismatches must be
+// reported alike on both.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -192,8 +193,39 @@ TEST(DdpAcrossProcesses, AReplicaFailureInOneProcessIsTaggedOnEveryProcess) {
   armed = false;
 }
 
-TEST(DdpAcrossProcesses, DpModeIsRefusedBeforeAnyCollective) {
-  EXPECT_THROW(DataParallel(make_model(1), {.device_ids = cpus(0, 2), .backend = CollectiveBackend::Mpi}), Error);
+// DP mode across processes: a master per process, the masters' gradients averaged after each backward.
+TEST(DpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
+  const int p = process_rank(), processes = process_count();
+  const int64_t batch = 8 * processes;
+  manual_seed(9);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int step = 0; step < 5; ++step) batches.emplace_back(randn({batch, 12}), randn({batch, 5}));
+  DataParallel across(make_model(300 + p), {.device_ids = cpus(0, 2), .backend = CollectiveBackend::Mpi});
+  ASSERT_EQ(across.process_group()->world_size(), processes);  // the masters' group
+  const std::vector<double> across_losses = train(across, batches, batch / processes * p, batch / processes);
+  DataParallel one(make_model(300), {.device_ids = cpus(0, 2 * processes)});
+  const std::vector<double> one_losses = train(one, batches, 0, batch);
+  for (size_t step = 0; step < one_losses.size(); ++step) {
+    EXPECT_NEAR(across_losses[step], one_losses[step], 1e-6 * std::abs(one_losses[step])) << "step " << step;
+  }
+  const std::vector<Tensor> want = one.module().parameters(), got = across.module().parameters();
+  for (size_t k = 0; k < got.size(); ++k) {
+    const std::vector<double> a = got[k].to_vector<double>(), b = want[k].to_vector<double>();
+    double diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
+    EXPECT_LE(diff, 1e-6) << "process " << p << " parameter " << k;
+  }
+}
+
+TEST(DpAcrossProcesses, DifferentModelsAreRefusedNamingTheFirstDifference) {
+  const int p = process_rank();
+  try {
+    DataParallel dp(p == 1 ? make_model(1, 33) : make_model(1), {.device_ids = cpus(0, 2), .backend = CollectiveBackend::Mpi});
+    ADD_FAILURE() << "different models were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DP across processes: process 1's model differs from process 0's at state "
+                                         "entry 0"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
