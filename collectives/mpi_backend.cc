@@ -21,8 +21,8 @@ MpiBackend::MpiBackend(std::vector<Device> devices, std::chrono::milliseconds ti
 }
 
 void MpiBackend::not_yet(const char* collective) {
-  DPE_CHECK(false, "ProcessGroup 'mpi': ", collective, " across processes is not implemented yet (all_reduce "
-            "is); use backend 'cpu' inside one process");
+  DPE_CHECK(false, "ProcessGroup 'mpi': ", collective, " across processes is not implemented yet (all_reduce, "
+            "broadcast, barrier and all_gather_into_tensor are); use backend 'cpu' inside one process");
 }
 
 void MpiBackend::all_reduce(int rank, const PostedAll& posted) {
@@ -36,12 +36,13 @@ void MpiBackend::all_reduce(int rank, const PostedAll& posted) {
   DPE_CHECK(floating || op != ReduceOp::Avg, "ProcessGroup 'mpi': all_reduce with avg needs a floating dtype, "
             "got ", dtype_name(dtype));
   std::vector<Tensor> shares = share_of_every_tensor(rank, posted);
-  if (shares.empty()) return;  // the same member has an empty share in every process: no MPI call anywhere
-  Tensor& mine = shares[rank];
   const ReduceOp combined = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+  const std::string what = detail::str_cat("all_reduce, member ", rank);
+  // An empty share still meets the other processes: their arrival tokens compare the counts.
+  if (shares.empty()) return cross_[rank]->all_reduce(nullptr, 0, dtype, combined, what);
+  Tensor& mine = shares[rank];
   combine(rank, {mine}, shares, combined);
-  cross_[rank]->all_reduce(mine.data_ptr(), mine.numel(), dtype, combined,
-                           detail::str_cat("all_reduce, member ", rank));
+  cross_[rank]->all_reduce(mine.data_ptr(), mine.numel(), dtype, combined, what);
   if (op == ReduceOp::Avg) mine.mul_(1.0 / static_cast<double>(processes_ * size()));
   for (int k = 0; k < size(); ++k) {
     if (k != rank) copy(shares[k], mine);
@@ -59,8 +60,7 @@ void MpiBackend::broadcast(int rank, const PostedAll& posted) {
 
 void MpiBackend::all_gather_into_tensor(int rank, const PostedAll& posted) {
   const Tensor& input = posted[rank]->tensor;
-  const int64_t n = input.numel();
-  if (n == 0) return;  // the same in every process (MpiComm checks the sizes agree)
+  const int64_t n = input.numel();  // 0 too: the other processes' tokens compare the sizes
   Tensor received = Tensor::empty({processes_ * n}, TensorOptions(input.dtype()).with_device(devices_[rank]));
   cross_[rank]->all_gather(input.data_ptr(), received.data_ptr(), static_cast<int64_t>(input.nbytes()),
                            detail::str_cat("all_gather, member ", rank));
