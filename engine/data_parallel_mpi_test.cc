@@ -217,6 +217,31 @@ TEST(DpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
   }
 }
 
+TEST(DpAcrossProcesses, AReplicaFailureInOneProcessIsTaggedOnEveryProcess) {
+  const int p = process_rank();
+  DataParallel dp(std::make_shared<Tripwire>(), {.device_ids = cpus(0, 2), .backend = CollectiveBackend::Mpi,
+                                                 .timeout = std::chrono::seconds(60)});
+  dp.set_optimizer([](const std::vector<Tensor>& params) {
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{});
+  });
+  Tensor x = randn({8, 12}), y = randn({8, 5});
+  dp.train_step(x, y, mse);
+  armed = p == 1;
+  try {
+    dp.train_step(x, y, mse);
+    ADD_FAILURE() << "the step succeeded";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (p == 1) {
+      EXPECT_NE(what.find("replica 0 on cpu:0: injected failure"), std::string::npos) << what;
+    } else {
+      EXPECT_NE(what.find("rank 1 failed: the DP step failed: replica 0 on cpu:0: injected failure"), std::string::npos)
+          << what;
+    }
+  }
+  armed = false;
+}
+
 TEST(DpAcrossProcesses, DifferentModelsAreRefusedNamingTheFirstDifference) {
   const int p = process_rank();
   try {

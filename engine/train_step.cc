@@ -35,16 +35,22 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     loss_value = forward_backward_ddp(input, target, loss_fn);
   } else {
     const bool across_processes = masters_ != nullptr && require_backward_grad_sync_;
-    if (across_processes) broadcast_master_buffers();
-    Tensor output = forward(input);  // resets report_ and fills the scatter/broadcast/forward/gather phases
-    auto start = Clock::now();
-    Tensor loss = checked_loss(loss_fn, output, target.to(output_device_, /*non_blocking=*/true));
-    report_.loss_ms = ms_since(start);
-    start = Clock::now();
-    loss.backward();  // through DataParallelGatherNode, which fills reduce_ms, when several devices ran
-    report_.backward_ms = ms_since(start);
-    loss_value = loss.item();
-    if (across_processes) loss_value = average_masters(loss_value, input.size(options_.dim));
+    try {
+      if (across_processes) broadcast_master_buffers();
+      Tensor output = forward(input);  // resets report_ and fills the scatter/broadcast/forward/gather phases
+      auto start = Clock::now();
+      Tensor loss = checked_loss(loss_fn, output, target.to(output_device_, /*non_blocking=*/true));
+      report_.loss_ms = ms_since(start);
+      start = Clock::now();
+      loss.backward();  // through DataParallelGatherNode, which fills reduce_ms, when several devices ran
+      report_.backward_ms = ms_since(start);
+      loss_value = loss.item();
+      if (across_processes) loss_value = average_masters(loss_value, input.size(options_.dim));
+    } catch (const std::exception& e) {
+      // The other processes' masters are waiting for this one: tell them why (DDP's groups do it per replica).
+      if (masters_ != nullptr) masters_->abort(detail::str_cat("the DP step failed: ", e.what()));
+      throw;
+    }
   }
   report_.loss = loss_value;
   refresh_memory_report();
