@@ -19,6 +19,7 @@ packages=(
   nlohmann-json3-dev     # nlohmann-json: safetensors checkpoint headers, the dpe tool's --json reports
   openmpi-bin            # Open MPI: mpirun, and the cross-process collectives (collectives/mpi_world.h)
   libopenmpi-dev
+  iproute2               # ip netns: the two-host test's network namespaces (tools/dpe/dpe_two_hosts_test.sh)
   gnuplot-nox            # dpe bench --png
   dataset-fashion-mnist  # the default real data set
   fortunes-min           # a small text corpus for the tiny-llama example (data/text_corpus.h)
