@@ -35,9 +35,11 @@ CollectiveBackend resolve_backend(CollectiveBackend requested, const std::vector
     backend = cpu ? CollectiveBackend::Cpu
                   : (all_distinct_gpus(devices) ? CollectiveBackend::Nccl : CollectiveBackend::PeerCopy);
   }
+  // mpi serves both kinds (CUDA tensors cross processes through host memory); the others one kind each.
   const bool serves_cpu = backend == CollectiveBackend::Cpu || backend == CollectiveBackend::Mpi;
-  DPE_CHECK(cpu == serves_cpu, "ProcessGroup: backend '", backend_name(backend), "' cannot serve ", devices[0],
-            "; expected '", cpu ? "cpu' or 'mpi" : "nccl' or 'peer-copy", "'");
+  const bool serves_cuda = backend != CollectiveBackend::Cpu;
+  DPE_CHECK(cpu ? serves_cpu : serves_cuda, "ProcessGroup: backend '", backend_name(backend), "' cannot serve ",
+            devices[0], "; expected '", cpu ? "cpu' or 'mpi" : "nccl', 'peer-copy' or 'mpi", "'");
   if (backend == CollectiveBackend::Nccl) {
     DPE_CHECK(all_distinct_gpus(devices), "ProcessGroup: backend 'nccl' needs every member on its own GPU "
               "(NCCL refuses one GPU as two ranks); these logical devices share a GPU: use 'peer-copy'");

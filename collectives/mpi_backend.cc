@@ -1,5 +1,6 @@
 #include "collectives/mpi_backend.h"
 
+#include "core/copy.h"
 #include "core/error.h"
 
 namespace dpe::collectives {
@@ -25,6 +26,17 @@ void MpiBackend::not_yet(const char* collective) {
             "broadcast, barrier and all_gather_into_tensor are); use backend 'cpu' inside one process");
 }
 
+Tensor MpiBackend::on_host(const Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  Tensor host = Tensor::empty(t.shape(), TensorOptions(t.dtype()).with_pinned_memory(true));
+  copy_into(host, t);
+  return host;
+}
+
+void MpiBackend::back_to_device(const Tensor& t, const Tensor& host) {
+  if (!t.device().is_cpu()) copy_into(t, host);
+}
+
 void MpiBackend::all_reduce(int rank, const PostedAll& posted) {
   const Tensor& tensor = posted[rank]->tensor;
   const ReduceOp op = posted[rank]->op;
@@ -42,7 +54,9 @@ void MpiBackend::all_reduce(int rank, const PostedAll& posted) {
   if (shares.empty()) return cross_[rank]->all_reduce(nullptr, 0, dtype, combined, what);
   Tensor& mine = shares[rank];
   combine(rank, {mine}, shares, combined);
-  cross_[rank]->all_reduce(mine.data_ptr(), mine.numel(), dtype, combined, what);
+  const Tensor host = on_host(mine);
+  cross_[rank]->all_reduce(host.data_ptr(), host.numel(), dtype, combined, what);
+  back_to_device(mine, host);
   if (op == ReduceOp::Avg) mine.mul_(1.0 / static_cast<double>(processes_ * size()));
   for (int k = 0; k < size(); ++k) {
     if (k != rank) copy(shares[k], mine);
@@ -54,15 +68,19 @@ void MpiBackend::broadcast(int rank, const PostedAll& posted) {
   const int root_process = root / size(), root_member = root % size();
   const Tensor& tensor = posted[rank]->tensor;
   if (process_index_ == root_process) copy(tensor, posted[root_member]->tensor);
-  cross_[rank]->broadcast(tensor.data_ptr(), static_cast<int64_t>(tensor.nbytes()), root_process,
+  const Tensor host = on_host(tensor);
+  cross_[rank]->broadcast(host.data_ptr(), static_cast<int64_t>(host.nbytes()), root_process,
                           detail::str_cat("broadcast, member ", rank));
+  back_to_device(tensor, host);
 }
 
 void MpiBackend::all_gather_into_tensor(int rank, const PostedAll& posted) {
   const Tensor& input = posted[rank]->tensor;
   const int64_t n = input.numel();  // 0 too: the other processes' tokens compare the sizes
-  Tensor received = Tensor::empty({processes_ * n}, TensorOptions(input.dtype()).with_device(devices_[rank]));
-  cross_[rank]->all_gather(input.data_ptr(), received.data_ptr(), static_cast<int64_t>(input.nbytes()),
+  const Tensor sent = on_host(input);
+  const Tensor received = Tensor::empty({processes_ * n}, TensorOptions(input.dtype()).with_pinned_memory(
+                                                              !devices_[rank].is_cpu()));
+  cross_[rank]->all_gather(sent.data_ptr(), received.data_ptr(), static_cast<int64_t>(sent.nbytes()),
                            detail::str_cat("all_gather, member ", rank));
   for (int p = 0; p < processes_; ++p) {
     const int64_t slot = static_cast<int64_t>(p) * size() + rank;  // member `rank` of process p

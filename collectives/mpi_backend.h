@@ -1,5 +1,7 @@
-// The MPI backend (internal to //collectives): one group over the CPU devices of every process of an MPI
-// launch (mpirun, srun), each process contributing the same number T of members, its own devices.
+// The MPI backend (internal to //collectives): one group over the devices of every process of an MPI launch
+// (mpirun, srun), each process contributing the same number T of members, its own devices. CPU devices, or
+// CUDA devices: Debian's Open MPI is not CUDA-aware, so what crosses processes is staged through pinned host
+// memory (blocking copies: the member's earlier work is done before, and the result is in place after).
 //
 // all_reduce is hierarchical (Horovod's scheme, docs/SCALE_OUT.md): member t reduces its share (share_of, as
 // the shared-memory backend) of every local member's tensor into its own tensor, all-reduces that share
@@ -53,6 +55,10 @@ class MpiBackend : public SharedMemoryBackend {
 
  private:
   [[noreturn]] static void not_yet(const char* collective);
+  // `t` itself on a CPU device; else a copy of it in pinned host memory (what MPI reads and writes), and
+  // back_to_device copies such a copy into `t`.
+  static Tensor on_host(const Tensor& t);
+  static void back_to_device(const Tensor& t, const Tensor& host);
 
   int processes_ = 1;
   int process_index_ = 0;

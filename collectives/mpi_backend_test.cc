@@ -151,6 +151,34 @@ TEST(MpiBackend, AllGatherIntoTensorPlacesEveryMembersInputAtItsGlobalRank) {
   }
 }
 
+// CUDA tensors cross processes through pinned host memory (Debian's Open MPI is not CUDA-aware): one member on
+// cuda:0 in each process (both processes may share the GPU: no NCCL here). Skips without a GPU.
+TEST(MpiBackend, CudaTensorsCrossProcessesThroughHostMemory) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  ProcessGroup group({Device::cuda(0)}, {.backend = CollectiveBackend::Mpi, .timeout = std::chrono::seconds(60)});
+  const int world = group.world_size(), me = group.global_rank(0);
+  const int64_t count = 100003;
+  auto values = [&](int g) {
+    std::vector<double> v(count);
+    for (int64_t i = 0; i < count; ++i) v[i] = value(g, i);
+    return Tensor::from_vector(v, {count}, TensorOptions(DType::Float32).with_device(Device::cuda(0)));
+  };
+  Tensor sum = values(me);
+  group.all_reduce(0, sum);
+  Tensor cast = values(me);
+  group.broadcast(0, cast, world - 1);
+  Tensor gathered = zeros({world * count}, TensorOptions(DType::Float32).with_device(Device::cuda(0)));
+  group.all_gather_into_tensor(0, gathered, values(me));
+  const std::vector<double> s = sum.to_vector<double>(), b = cast.to_vector<double>(), a = gathered.to_vector<double>();
+  for (int64_t i = 0; i < count; ++i) {
+    double want = 0;
+    for (int g = 0; g < world; ++g) want += value(g, i);
+    ASSERT_EQ(s[i], want) << "all_reduce element " << i;
+    ASSERT_EQ(b[i], value(world - 1, i)) << "broadcast element " << i;
+    for (int g = 0; g < world; ++g) ASSERT_EQ(a[g * count + i], value(g, i)) << "all_gather slot " << g;
+  }
+}
+
 // Process 1 arrives 1 s late: process 0's members must wait for it (0.5 s of slack for scheduling).
 TEST(MpiBackend, BarrierWaitsForEveryProcess) {
   ProcessGroup group = make_group(2);

@@ -15,7 +15,8 @@
 //  - Nccl: CUDA devices on distinct GPUs; one communicator per member (ncclCommInitAll), the reducing
 //    collectives and broadcast run as NCCL calls on each member's stream; gather/scatter/all_to_all/object
 //    broadcasts use peer copies.
-//  - Mpi: CPU devices of every process of an MPI launch (collectives/mpi_backend.h): the group's members are
+//  - Mpi: the devices of every process of an MPI launch (collectives/mpi_backend.h; CUDA tensors cross
+//    processes through pinned host memory): the group's members are
 //    this process's devices in each of P processes, P x size() in all. Construction is collective across the
 //    processes. all_reduce, broadcast, barrier and all_gather_into_tensor for now (what DDP and
 //    SyncBatchNorm need); the other collectives throw.
