@@ -23,7 +23,8 @@ MpiBackend::MpiBackend(std::vector<Device> devices, std::chrono::milliseconds ti
 
 void MpiBackend::not_yet(const char* collective) {
   DPE_CHECK(false, "ProcessGroup 'mpi': ", collective, " across processes is not implemented yet (all_reduce, "
-            "broadcast, barrier and all_gather_into_tensor are); use backend 'cpu' inside one process");
+            "broadcast, barrier, all_gather, all_gather_into_tensor and broadcast_object are); use backend 'cpu' "
+            "inside one process");
 }
 
 Tensor MpiBackend::on_host(const Tensor& t) {
@@ -74,7 +75,8 @@ void MpiBackend::broadcast(int rank, const PostedAll& posted) {
   back_to_device(tensor, host);
 }
 
-void MpiBackend::all_gather_into_tensor(int rank, const PostedAll& posted) {
+void MpiBackend::gather_mine(int rank, const PostedAll& posted,
+                             const std::function<Tensor(const Posted&, int64_t)>& slot) {
   const Tensor& input = posted[rank]->tensor;
   const int64_t n = input.numel();  // 0 too: the other processes' tokens compare the sizes
   const Tensor sent = on_host(input);
@@ -83,10 +85,31 @@ void MpiBackend::all_gather_into_tensor(int rank, const PostedAll& posted) {
   cross_[rank]->all_gather(sent.data_ptr(), received.data_ptr(), static_cast<int64_t>(sent.nbytes()),
                            detail::str_cat("all_gather, member ", rank));
   for (int p = 0; p < processes_; ++p) {
-    const int64_t slot = static_cast<int64_t>(p) * size() + rank;  // member `rank` of process p
     const Tensor piece = flat_slice(received, p * n, (p + 1) * n);
-    for (const Posted* member : posted) copy(flat_slice(member->flat, slot * n, (slot + 1) * n), piece);
+    for (const Posted* member : posted) copy(slot(*member, static_cast<int64_t>(p) * size() + rank), piece);
   }
+}
+
+void MpiBackend::all_gather(int rank, const PostedAll& posted) {
+  gather_mine(rank, posted, [](const Posted& member, int64_t g) { return member.list[g]; });
+}
+
+void MpiBackend::all_gather_into_tensor(int rank, const PostedAll& posted) {
+  const int64_t n = posted[rank]->tensor.numel();
+  gather_mine(rank, posted, [n](const Posted& member, int64_t g) { return flat_slice(member.flat, g * n, (g + 1) * n); });
+}
+
+std::vector<uint8_t> MpiBackend::broadcast_object(int rank, const PostedAll& posted) {
+  const int root = posted[rank]->root;  // global
+  const int root_process = root / size();
+  const std::string what = detail::str_cat("broadcast_object, member ", rank);
+  std::vector<uint8_t> bytes;
+  if (process_index_ == root_process) bytes = *posted[root % size()]->bytes;
+  int64_t count = static_cast<int64_t>(bytes.size());
+  cross_[rank]->broadcast(&count, sizeof count, root_process, what);
+  bytes.resize(static_cast<size_t>(count));
+  cross_[rank]->broadcast(bytes.data(), count, root_process, what);
+  return bytes;
 }
 
 void MpiBackend::barrier(int rank) { cross_[rank]->barrier(detail::str_cat("barrier, member ", rank)); }

@@ -14,12 +14,15 @@
 // broadcast from global root g = p·T + t: in process p every member copies member t's tensor, then member k of
 // every process receives process p's member k over cross[k] (T broadcasts at once, none waiting for another
 // member). barrier: member t of every process meets over cross[t], and the group's meetings join the members
-// of each process. all_gather_into_tensor: member t gathers member t's input of every process over cross[t]
-// and writes each into its slot (global rank) of every local member's output. The other collectives are not
-// yet served across processes: each throws, naming itself.
+// of each process. all_gather (both forms): member t gathers member t's input of every process over cross[t]
+// and writes each into its slot (global rank) of every local member's output. broadcast_object: the size,
+// then the bytes, from the root's process over every member's communicator. The other collectives (reduce,
+// the reduce-scatters, gather, scatter, all_to_all) are not yet served across processes: each throws, naming
+// itself.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -42,14 +45,14 @@ class MpiBackend : public SharedMemoryBackend {
   void all_reduce(int rank, const PostedAll& posted) override;
   void broadcast(int rank, const PostedAll& posted) override;
   void reduce(int, const PostedAll&) override { not_yet("reduce"); }
-  void all_gather(int, const PostedAll&) override { not_yet("all_gather"); }
+  void all_gather(int rank, const PostedAll& posted) override;
   void reduce_scatter(int, const PostedAll&) override { not_yet("reduce_scatter"); }
   void all_gather_into_tensor(int rank, const PostedAll& posted) override;
   void reduce_scatter_tensor(int, const PostedAll&) override { not_yet("reduce_scatter_tensor"); }
   void gather(int, const PostedAll&) override { not_yet("gather"); }
   void scatter(int, const PostedAll&) override { not_yet("scatter"); }
   void all_to_all(int, const PostedAll&) override { not_yet("all_to_all"); }
-  std::vector<uint8_t> broadcast_object(int, const PostedAll&) override { not_yet("broadcast_object"); }
+  std::vector<uint8_t> broadcast_object(int rank, const PostedAll& posted) override;
   void barrier(int rank) override;
   void abort(const std::string& reason) override { failures_->announce(reason); }
 
@@ -59,6 +62,9 @@ class MpiBackend : public SharedMemoryBackend {
   // back_to_device copies such a copy into `t`.
   static Tensor on_host(const Tensor& t);
   static void back_to_device(const Tensor& t, const Tensor& host);
+  // Both all-gathers: member `rank` gathers member `rank`'s input of every process and writes the piece of
+  // process p into slot(member, p * size() + rank) of every local member.
+  void gather_mine(int rank, const PostedAll& posted, const std::function<Tensor(const Posted&, int64_t)>& slot);
 
   int processes_ = 1;
   int process_index_ = 0;

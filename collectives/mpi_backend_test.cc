@@ -151,6 +151,44 @@ TEST(MpiBackend, AllGatherIntoTensorPlacesEveryMembersInputAtItsGlobalRank) {
   }
 }
 
+TEST(MpiBackend, AllGatherListAndObjectBroadcastSpanTheProcesses) {
+  ProcessGroup group = make_group(2);
+  const int world = group.world_size();
+  const int64_t count = 1001;
+  std::vector<Tensor> inputs;
+  std::vector<std::vector<Tensor>> outputs(2);
+  for (int r = 0; r < group.size(); ++r) {
+    std::vector<double> v(count);
+    for (int64_t i = 0; i < count; ++i) v[i] = value(group.global_rank(r), i);
+    inputs.push_back(Tensor::from_vector(v, {count}, TensorOptions(DType::Float64).with_device(Device::cpu(r))));
+    for (int g = 0; g < world; ++g) outputs[r].push_back(zeros({count}, TensorOptions(DType::Float64).with_device(Device::cpu(r))));
+  }
+  for (const std::string& e : run_members(2, [&](int r) { group.all_gather(r, outputs[r], inputs[r]); })) ASSERT_EQ(e, "");
+  for (int r = 0; r < 2; ++r) {
+    for (int g = 0; g < world; ++g) {
+      const std::vector<double> got = outputs[r][g].to_vector<double>();
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(got[i], value(g, i)) << "member " << r << " output " << g;
+    }
+  }
+  // The root's bytes (their size included) on every member of every process, from each global root.
+  for (int root = 0; root < world; ++root) {
+    std::vector<std::vector<uint8_t>> got(2);
+    for (const std::string& e : run_members(2, [&](int r) {
+           const int g = group.global_rank(r);
+           got[r] = group.broadcast_object(r, std::vector<uint8_t>(static_cast<size_t>(10 + g), static_cast<uint8_t>(g)), root);
+         })) {
+      ASSERT_EQ(e, "");
+    }
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(got[r], std::vector<uint8_t>(static_cast<size_t>(10 + root), static_cast<uint8_t>(root)));
+  }
+  // One output per member of the group: world_size() of them.
+  std::vector<std::vector<Tensor>> short_lists = {{zeros({4}, Device::cpu(0))}, {zeros({4}, Device::cpu(1))}};
+  std::vector<Tensor> in = {zeros({4}, Device::cpu(0)), zeros({4}, Device::cpu(1))};
+  for (const std::string& e : run_members(2, [&](int r) { group.all_gather(r, short_lists[r], in[r]); })) {
+    EXPECT_NE(e.find("passed 1 outputs; expected one per member (" + std::to_string(world) + ")"), std::string::npos) << e;
+  }
+}
+
 // CUDA tensors cross processes through pinned host memory (Debian's Open MPI is not CUDA-aware): one member on
 // cuda:0 in each process (both processes may share the GPU: no NCCL here). Skips without a GPU.
 TEST(MpiBackend, CudaTensorsCrossProcessesThroughHostMemory) {

@@ -45,11 +45,12 @@ std::string check_like(const std::vector<Device>& devices, size_t k, const Tenso
                          " has ", describe(reference), "; expected the same count and dtype");
 }
 
+// `members`: the group's world size (every member of every process it spans).
 std::string check_list(const std::vector<Device>& devices, size_t k, const std::vector<Tensor>& list,
-                       const Device& expected, const char* what) {
-  if (list.size() != devices.size()) {
+                       const Device& expected, const char* what, int members) {
+  if (list.size() != static_cast<size_t>(members)) {
     return detail::str_cat(member(devices, k), " passed ", list.size(), " ", what, "; expected one per member (",
-                           devices.size(), ")");
+                           members, ")");
   }
   for (const Tensor& t : list) {
     if (std::string e = check_tensor(devices, k, t, expected, what); !e.empty()) return e;
@@ -137,7 +138,7 @@ std::string ProcessGroup::check_every(Tensor Posted::*field, const char* name, s
 std::string ProcessGroup::check_every_list(const char* name, const char* item, const char* relation) const {
   for (size_t k = 0; k < posted_.size(); ++k) {
     const Posted& p = *posted_[k];
-    if (std::string e = check_list(devices_, k, p.list, devices_[k], name); !e.empty()) return e;
+    if (std::string e = check_list(devices_, k, p.list, devices_[k], name, world_size()); !e.empty()) return e;
     for (const Tensor& t : p.list) {
       if (std::string e = check_like(devices_, k, t, p.tensor, item, relation); !e.empty()) return e;
     }
@@ -148,7 +149,7 @@ std::string ProcessGroup::check_every_list(const char* name, const char* item, c
 std::string ProcessGroup::check_root_list(size_t root, const char* list_name, const char* name,
                                           const char* relation) const {
   const std::vector<Tensor>& list = posted_[root]->list;
-  if (std::string e = check_list(devices_, root, list, devices_[root], list_name); !e.empty()) return e;
+  if (std::string e = check_list(devices_, root, list, devices_[root], list_name, world_size()); !e.empty()) return e;
   const std::string article_name = detail::str_cat("an ", name);
   for (size_t k = 0; k < posted_.size(); ++k) {
     const Tensor& t = posted_[k]->tensor;
@@ -283,8 +284,8 @@ void ProcessGroup::all_to_all(int rank, const std::vector<Tensor>& outputs, cons
   auto validate = [&]() -> std::string {
     for (size_t k = 0; k < posted_.size(); ++k) {
       const Posted& p = *posted_[k];
-      if (std::string e = check_list(devices_, k, p.list, devices_[k], "inputs"); !e.empty()) return e;
-      if (std::string e = check_list(devices_, k, p.list2, devices_[k], "outputs"); !e.empty()) return e;
+      if (std::string e = check_list(devices_, k, p.list, devices_[k], "inputs", world_size()); !e.empty()) return e;
+      if (std::string e = check_list(devices_, k, p.list2, devices_[k], "outputs", world_size()); !e.empty()) return e;
     }
     for (size_t k = 0; k < posted_.size(); ++k) {
       for (size_t j = 0; j < posted_.size(); ++j) {

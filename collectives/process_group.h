@@ -18,8 +18,8 @@
 //  - Mpi: the devices of every process of an MPI launch (collectives/mpi_backend.h; CUDA tensors cross
 //    processes through pinned host memory): the group's members are
 //    this process's devices in each of P processes, P x size() in all. Construction is collective across the
-//    processes. all_reduce, broadcast, barrier and all_gather_into_tensor for now (what DDP and
-//    SyncBatchNorm need); the other collectives throw.
+//    processes. all_reduce, broadcast, barrier, both all_gathers and broadcast_object for now; the other
+//    collectives throw.
 //  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise (never Mpi).
 //
 // Contract for every collective:
@@ -83,7 +83,8 @@ class ProcessGroup {
   void broadcast(int rank, const Tensor& tensor, int root);
   // The result lands in root's tensor; the other members' tensors are left unchanged.
   void reduce(int rank, const Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum);
-  // outputs[k] = member k's input (size() outputs; every input the same size and dtype).
+  // outputs[k] = the input of the member of global rank k (world_size() outputs; every input the same size
+  // and dtype).
   void all_gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input);
   // output: world_size() * input.numel() elements; slice k = the input of the member of global rank k.
   void all_gather_into_tensor(int rank, const Tensor& output, const Tensor& input);
