@@ -22,9 +22,8 @@ MpiBackend::MpiBackend(std::vector<Device> devices, std::chrono::milliseconds ti
 }
 
 void MpiBackend::not_yet(const char* collective) {
-  DPE_CHECK(false, "ProcessGroup 'mpi': ", collective, " across processes is not implemented yet (all_reduce, "
-            "broadcast, barrier, all_gather, all_gather_into_tensor and broadcast_object are); use backend 'cpu' "
-            "inside one process");
+  DPE_CHECK(false, "ProcessGroup 'mpi': ", collective, " across processes is not implemented yet (all but gather, "
+            "scatter and all_to_all are); use backend 'cpu' inside one process");
 }
 
 Tensor MpiBackend::on_host(const Tensor& t) {
@@ -38,16 +37,24 @@ void MpiBackend::back_to_device(const Tensor& t, const Tensor& host) {
   if (!t.device().is_cpu()) copy_into(t, host);
 }
 
+namespace {
+
+// Checked before a member touches any buffer: every member sees the same arguments and throws alike.
+void check_reducible(const char* collective, DType dtype, ReduceOp op) {
+  const bool floating = dtype == DType::Float32 || dtype == DType::Float64;
+  DPE_CHECK(floating || dtype == DType::Int32 || dtype == DType::Int64, "ProcessGroup 'mpi': ", collective, " of ",
+            dtype_name(dtype), " is not supported across processes (float32, float64, int32, int64)");
+  DPE_CHECK(floating || op != ReduceOp::Avg, "ProcessGroup 'mpi': ", collective, " with avg needs a floating "
+            "dtype, got ", dtype_name(dtype));
+}
+
+}  // namespace
+
 void MpiBackend::all_reduce(int rank, const PostedAll& posted) {
   const Tensor& tensor = posted[rank]->tensor;
   const ReduceOp op = posted[rank]->op;
   const DType dtype = tensor.dtype();
-  const bool floating = dtype == DType::Float32 || dtype == DType::Float64;
-  // Checked before this member touches any buffer: every member sees the same arguments and throws alike.
-  DPE_CHECK(floating || dtype == DType::Int32 || dtype == DType::Int64, "ProcessGroup 'mpi': all_reduce of ",
-            dtype_name(dtype), " is not supported across processes (float32, float64, int32, int64)");
-  DPE_CHECK(floating || op != ReduceOp::Avg, "ProcessGroup 'mpi': all_reduce with avg needs a floating dtype, "
-            "got ", dtype_name(dtype));
+  check_reducible("all_reduce", dtype, op);
   std::vector<Tensor> shares = share_of_every_tensor(rank, posted);
   const ReduceOp combined = op == ReduceOp::Avg ? ReduceOp::Sum : op;
   const std::string what = detail::str_cat("all_reduce, member ", rank);
@@ -97,6 +104,57 @@ void MpiBackend::all_gather(int rank, const PostedAll& posted) {
 void MpiBackend::all_gather_into_tensor(int rank, const PostedAll& posted) {
   const int64_t n = posted[rank]->tensor.numel();
   gather_mine(rank, posted, [n](const Posted& member, int64_t g) { return flat_slice(member.flat, g * n, (g + 1) * n); });
+}
+
+void MpiBackend::scatter_mine(int rank, const PostedAll& posted,
+                              const std::function<Tensor(const Posted&, int64_t)>& slot) {
+  Tensor output = posted[rank]->tensor;  // a handle: mul_ below writes the member's tensor
+  const ReduceOp op = posted[rank]->op;
+  check_reducible("reduce_scatter", output.dtype(), op);
+  const ReduceOp combined = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+  const int64_t n = output.numel();
+  Tensor blocks = Tensor::empty({processes_ * n}, TensorOptions(output.dtype()).with_device(devices_[rank]));
+  for (int p = 0; p < processes_; ++p) {
+    const int64_t g = static_cast<int64_t>(p) * size() + rank;
+    std::vector<Tensor> inputs;
+    for (const Posted* member : posted) inputs.push_back(slot(*member, g));
+    if (n > 0) combine(rank, {flat_slice(blocks, p * n, (p + 1) * n)}, inputs, combined);
+  }
+  const Tensor sent = on_host(blocks);
+  const Tensor received = on_host(Tensor::empty({n}, TensorOptions(output.dtype()).with_device(devices_[rank])));
+  cross_[rank]->reduce_scatter_block(sent.data_ptr(), received.data_ptr(), n, output.dtype(), combined,
+                                     detail::str_cat("reduce_scatter, member ", rank));
+  copy(output, received);
+  if (op == ReduceOp::Avg) output.mul_(1.0 / static_cast<double>(processes_ * size()));
+}
+
+void MpiBackend::reduce_scatter(int rank, const PostedAll& posted) {
+  scatter_mine(rank, posted, [](const Posted& member, int64_t g) { return member.list[g]; });
+}
+
+void MpiBackend::reduce_scatter_tensor(int rank, const PostedAll& posted) {
+  const int64_t n = posted[rank]->tensor.numel();
+  scatter_mine(rank, posted, [n](const Posted& member, int64_t g) { return flat_slice(member.flat, g * n, (g + 1) * n); });
+}
+
+void MpiBackend::reduce(int rank, const PostedAll& posted) {
+  const int root = posted[rank]->root;  // global
+  const ReduceOp op = posted[rank]->op;
+  check_reducible("reduce", posted[rank]->tensor.dtype(), op);
+  const ReduceOp combined = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+  const std::vector<Tensor> shares = share_of_every_tensor(rank, posted);
+  const Tensor& tensor = posted[rank]->tensor;
+  // Into a copy: only the root's tensor may change.
+  Tensor result = Tensor::empty({shares.empty() ? 0 : shares[0].numel()},
+                                TensorOptions(tensor.dtype()).with_device(devices_[rank]));
+  if (!shares.empty()) combine(rank, {result}, shares, combined);
+  const Tensor host = on_host(result);
+  cross_[rank]->all_reduce(host.data_ptr(), host.numel(), tensor.dtype(), combined,
+                           detail::str_cat("reduce, member ", rank));
+  if (shares.empty() || process_index_ != root / size()) return;
+  back_to_device(result, host);
+  if (op == ReduceOp::Avg) result.mul_(1.0 / static_cast<double>(processes_ * size()));
+  copy(shares[root % size()], result);
 }
 
 std::vector<uint8_t> MpiBackend::broadcast_object(int rank, const PostedAll& posted) {

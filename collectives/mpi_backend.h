@@ -15,10 +15,11 @@
 // every process receives process p's member k over cross[k] (T broadcasts at once, none waiting for another
 // member). barrier: member t of every process meets over cross[t], and the group's meetings join the members
 // of each process. all_gather (both forms): member t gathers member t's input of every process over cross[t]
-// and writes each into its slot (global rank) of every local member's output. broadcast_object: the size,
-// then the bytes, from the root's process over every member's communicator. The other collectives (reduce,
-// the reduce-scatters, gather, scatter, all_to_all) are not yet served across processes: each throws, naming
-// itself.
+// and writes each into its slot (global rank) of every local member's output. reduce_scatter (both forms):
+// the mirror image (scatter_mine). reduce: an all-reduce of each member's share into a copy, written into the
+// root's tensor by the root's process. broadcast_object: the size, then the bytes, from the root's process over
+// every member's communicator. gather, scatter and all_to_all are not yet served across processes: each
+// throws, naming itself.
 #pragma once
 
 #include <chrono>
@@ -37,18 +38,18 @@ class MpiBackend : public SharedMemoryBackend {
   // when not), then makes the T cross-process communicators.
   MpiBackend(std::vector<Device> devices, std::chrono::milliseconds timeout);
 
-  // all_gather_into_tensor natively (its output spans every process); reduce_scatter_tensor is not served.
+  // The flat forms natively: their flat tensors span every process.
   FlatForms flat_forms() const override { return FlatForms::Native; }
   int processes() const override { return processes_; }
   int process_index() const override { return process_index_; }
 
   void all_reduce(int rank, const PostedAll& posted) override;
   void broadcast(int rank, const PostedAll& posted) override;
-  void reduce(int, const PostedAll&) override { not_yet("reduce"); }
+  void reduce(int rank, const PostedAll& posted) override;
   void all_gather(int rank, const PostedAll& posted) override;
-  void reduce_scatter(int, const PostedAll&) override { not_yet("reduce_scatter"); }
+  void reduce_scatter(int rank, const PostedAll& posted) override;
   void all_gather_into_tensor(int rank, const PostedAll& posted) override;
-  void reduce_scatter_tensor(int, const PostedAll&) override { not_yet("reduce_scatter_tensor"); }
+  void reduce_scatter_tensor(int rank, const PostedAll& posted) override;
   void gather(int, const PostedAll&) override { not_yet("gather"); }
   void scatter(int, const PostedAll&) override { not_yet("scatter"); }
   void all_to_all(int, const PostedAll&) override { not_yet("all_to_all"); }
@@ -65,6 +66,10 @@ class MpiBackend : public SharedMemoryBackend {
   // Both all-gathers: member `rank` gathers member `rank`'s input of every process and writes the piece of
   // process p into slot(member, p * size() + rank) of every local member.
   void gather_mine(int rank, const PostedAll& posted, const std::function<Tensor(const Posted&, int64_t)>& slot);
+  // Both reduce-scatters: member `rank` combines, for every process p, the local members' input slot
+  // slot(member, p * size() + rank) into block p, and the processes reduce-scatter the blocks over cross[rank]:
+  // block p of the result is process p's member `rank`'s output.
+  void scatter_mine(int rank, const PostedAll& posted, const std::function<Tensor(const Posted&, int64_t)>& slot);
 
   int processes_ = 1;
   int process_index_ = 0;

@@ -358,6 +358,21 @@ void MpiComm::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, co
   }
 }
 
+void MpiComm::reduce_scatter_block(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+                                   const std::string& what) {
+  check_not_aborted(what);
+  DPE_CHECK(count >= 0 && count <= std::numeric_limits<int>::max(), "MPI reduce_scatter (", what, "): ", count,
+            " elements per process; expected at most 2^31 - 1");
+  const MPI_Datatype type = mpi_type(dtype);
+  DPE_CHECK(op != ReduceOp::Avg, "MPI reduce_scatter (", what, "): Avg is the caller's; pass Sum");
+  arrive(what, {count, static_cast<int64_t>(dtype), static_cast<int64_t>(op)}, "elements, dtype, op");
+  if (count == 0) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), type, mpi_op(op), comm_, &request),
+            "MPI_Ireduce_scatter_block");
+  wait(request, std::chrono::steady_clock::now() + timeout_, what);
+}
+
 void MpiComm::all_gather(const void* send, void* recv, int64_t bytes, const std::string& what) {
   check_not_aborted(what);
   DPE_CHECK(bytes >= 0 && bytes <= std::numeric_limits<int>::max(), "MPI all_gather (", what, "): ", bytes,

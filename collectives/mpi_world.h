@@ -117,6 +117,10 @@ class MpiComm {
   // In place over `count` elements of `dtype` at `data` (host memory): float32, float64, int32, int64. Avg
   // divides the sum by size() (float dtypes only). `what` names the collective in errors ("bucket 3").
   void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, const std::string& what);
+  // recv (`count` elements) = op over every process of its send block `rank()` (send: size() x count
+  // elements, host memory); float32, float64, int32, int64; Avg is the caller's (pass Sum). count < 2^31.
+  void reduce_scatter_block(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+                            const std::string& what);
   // recv (host memory, size() x bytes) = every process's `bytes` bytes at `send`, in rank order. bytes < 2^31.
   void all_gather(const void* send, void* recv, int64_t bytes, const std::string& what);
   // `bytes` bytes at `data` (host memory), from process `root` to every process.

@@ -18,8 +18,7 @@
 //  - Mpi: the devices of every process of an MPI launch (collectives/mpi_backend.h; CUDA tensors cross
 //    processes through pinned host memory): the group's members are
 //    this process's devices in each of P processes, P x size() in all. Construction is collective across the
-//    processes. all_reduce, broadcast, barrier, both all_gathers and broadcast_object for now; the other
-//    collectives throw.
+//    processes. Every collective but gather, scatter and all_to_all, which throw for now.
 //  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise (never Mpi).
 //
 // Contract for every collective:
