@@ -165,12 +165,12 @@ void run_collectives(CollectivesArgs args) {
   check_device_ids("--device-ids", devices);
   const bool across_processes = args.dist == "mpi";
   if (across_processes) {
-    if (!args.ops_given) args.ops = {"all_reduce", "broadcast", "all_gather"};
+    if (!args.ops_given) args.ops = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"};
     DPE_CHECK(args.backend == "auto", "--backend ", args.backend, " cannot be combined with --dist mpi; expected "
               "--backend auto (the mpi backend carries every collective across processes)");
     for (const std::string& op : args.ops) {
-      DPE_CHECK(op == "all_reduce" || op == "broadcast" || op == "all_gather", "--ops ", op, " is not available "
-                "with --dist mpi yet; expected all_reduce, broadcast, all_gather");
+      DPE_CHECK(op != "all_to_all", "--ops all_to_all is not available with --dist mpi yet; expected all_reduce, "
+                "broadcast, reduce, all_gather, reduce_scatter");
     }
   } else {
     check_sizes(args, static_cast<int>(devices.size()));
@@ -293,10 +293,10 @@ void add_collectives_command(CLI::App& app) {
   cmd->add_option("--backend", args->backend, "collectives backend")
       ->check(CLI::IsMember({"auto", "cpu", "peer-copy", "nccl"}));
   cmd->add_option("--dist", args->dist, "mpi: one group over the devices of every process of an MPI launch "
-                  "(mpirun -np P dpe collectives --dist mpi; all_reduce, broadcast, all_gather; process 0 prints)")
+                  "(mpirun -np P dpe collectives --dist mpi; all but all_to_all; process 0 prints)")
       ->check(CLI::IsMember({"none", "mpi"}));
   CLI::Option* ops = add_name_list_option(*cmd, "--ops", args->ops,
-                                          "collectives to run (--dist mpi: all_reduce,broadcast,all_gather)",
+                                          "collectives to run (--dist mpi: all but all_to_all)",
                                           {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"});
   add_int_option(*cmd, "-b,--min-bytes", args->min_bytes,
                  "smallest size in bytes (K, M, G suffixes: powers of 1024); a row holds size / 4 float32 elements",
