@@ -132,10 +132,16 @@ double DataParallel::average_masters(double loss, int64_t batch) {
     masters_->all_reduce(0, param.grad(), ReduceOp::Avg);
     report_.reduce.bytes += static_cast<int64_t>(param.grad().nbytes());
   }
-  Tensor sums = Tensor::from_vector(std::vector<double>{loss * static_cast<double>(batch), static_cast<double>(batch)},
-                                    {2}, TensorOptions(DType::Float64).with_device(device_ids_[0]));
-  masters_->all_reduce(0, sums);
+  const double global = loss_over_processes(*masters_, 0, loss, batch);
   report_.reduce_ms += detail::ms_since(start);
+  return global;
+}
+
+double DataParallel::loss_over_processes(ProcessGroup& group, int rank, double loss, int64_t samples) {
+  // (loss x samples, samples), summed over every member of every process.
+  Tensor sums = Tensor::from_vector(std::vector<double>{loss * static_cast<double>(samples), static_cast<double>(samples)},
+                                    {2}, TensorOptions(DType::Float64).with_device(group.devices()[rank]));
+  group.all_reduce(rank, sums);
   const std::vector<double> global = sums.to_vector<double>();
   return global[0] / global[1];
 }

@@ -219,6 +219,8 @@ class DataParallel {
   // After a synchronised backward: the masters' gradients averaged over the processes; returns the loss of
   // every process's batch (this one's: `loss` over `batch` samples).
   double average_masters(double loss, int64_t batch);
+  // The mean loss over every member of every process of `group`, from member `rank`'s `loss` over `samples`.
+  static double loss_over_processes(ProcessGroup& group, int rank, double loss, int64_t samples);
   // The mode's gradient reducer over the parameters that require grad (trainable_).
   void build_reducer();
   // Picks up requires_grad changes made after construction (Note [Frozen parameters]).

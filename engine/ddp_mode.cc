@@ -102,7 +102,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
   std::vector<double> scatter_ms(n), broadcast_ms(n), forward_ms(n), loss_ms(n), backward_ms(n), losses(n);
   std::vector<int64_t> scatter_bytes(n, 0), broadcast_bytes(n, 0);
   const bool across_processes = group_->world_size() > group_->size();
-  std::vector<std::vector<double>> global_loss(n);
+  std::vector<double> global_loss(n);
   try {
     run_replicas([&](size_t r) {
       const int rank = static_cast<int>(r);
@@ -137,14 +137,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
       if (sync) ddp_reducer_->finalize_backward(r);
       backward_ms[r] = ms_since(start);
       losses[r] = loss.item();
-      if (across_processes && sync) {
-        // Every process's batch: (loss x samples, samples) summed over every replica of every process.
-        Tensor sums = Tensor::from_vector(std::vector<double>{losses[r] * static_cast<double>(sizes[r]),
-                                                              static_cast<double>(sizes[r])},
-                                          {2}, TensorOptions(DType::Float64).with_device(device_ids_[r]));
-        group_->all_reduce(rank, sums);
-        global_loss[r] = sums.to_vector<double>();
-      }
+      if (across_processes && sync) global_loss[r] = loss_over_processes(*group_, rank, losses[r], sizes[r]);
     });
   } catch (...) {
     ddp_reducer_->disarm();
@@ -169,7 +162,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
     report_.buckets_reduced_during_backward = ddp_reducer_->launched_during_backward() / static_cast<int64_t>(n);
   }
   report_.reduce.transfers = group_->calls(Collective::AllReduce) - allreduces_before;
-  if (!global_loss[0].empty()) return global_loss[0][0] / global_loss[0][1];
+  if (across_processes && sync) return global_loss[0];
   double total = 0;
   for (size_t r = 0; r < n; ++r) total += losses[r] * static_cast<double>(sizes[r]);
   return total / static_cast<double>(batch);
