@@ -19,16 +19,14 @@
 
 namespace dpe {
 
-namespace {
-
-// The cores this process may run on: its affinity mask (taskset, a cgroup cpuset, mpirun's --bind-to), so
-// that two processes bound to a core each do not both size their pools for the whole machine.
 int usable_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
+
+namespace {
 
 // Runs `fn` and returns the exception it threw, if any, as a message.
 std::exception_ptr capture(const std::function<void()>& fn) {

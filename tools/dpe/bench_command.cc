@@ -27,10 +27,11 @@
 
 
 #include "core/allocator.h"
+#include "engine/worker_pool.h"
 #include "models/models.h"
 #include "tools/dpe/cli_util.h"
-#include "tools/dpe/json_report.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/json_report.h"
 #include "tools/dpe/subprocess.h"
 #include "tools/dpe/training.h"
 
@@ -129,29 +130,18 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
   std::unique_ptr<DataParallel> dp = make_engine(
       {.model = args.model, .mode = engine_mode, .devices = devices, .across_processes = across_processes, .seed = 1},
       {.lr = 0.01});
-  row.devices = static_cast<int>(dp->device_ids().size());
-  // --dist mpi: every process takes its slice of each global batch (as dpe train does); the row is the
-  // whole group's: its replicas over every process, the global batch's samples/s.
-  int64_t processes = 1, process = 0;
-  if (across_processes) {
-    const ProcessGroup& group = *dp->process_group();
-    processes = group.world_size() / group.size();
-    process = group.global_rank(0) / group.size();
-    row.devices = static_cast<int>(processes) * row.devices;
-    row.config = mode + "-mpi";
-    row.reports = process == 0;
-    // DDP: a shard per replica of every process; DP: a slice per process (the group is the masters').
-    DPE_CHECK(args.batch_size % group.world_size() == 0, "--batch-size ", args.batch_size, " with --dist mpi: the "
-              "global batch must be a multiple of the ", group.world_size(), mode == "ddp" ? " DDP replicas" :
-              " processes", " (", processes, " processes x ", group.size(), mode == "ddp" ? " devices)" : " master)");
-  }
+  // --dist mpi: every process takes its slice of each global batch (training.h, as dpe train does); the row
+  // is the whole group's: its devices over every process, the global batch's samples/s.
+  const ProcessSlice slice = process_slice(*dp, across_processes, args.batch_size);
+  row.devices = static_cast<int>(slice.devices);
+  row.reports = slice.reports();
+  if (across_processes) row.config = mode + "-mpi";
   LossFn loss = models::model_loss(args.model);
   const int64_t n = data.train_inputs.size(0);
   auto batch_at = [&](int64_t step) {
     const int64_t start = step * args.batch_size % std::max<int64_t>(1, n - args.batch_size + 1);
-    const int64_t rows = args.batch_size / processes;
-    return std::pair{data.train_inputs.narrow(0, start + process * rows, rows),
-                     data.train_targets.narrow(0, start + process * rows, rows)};
+    return std::pair{slice.of(data.train_inputs.narrow(0, start, args.batch_size)),
+                     slice.of(data.train_targets.narrow(0, start, args.batch_size))};
   };
   auto run = [&] {
     for (int64_t s = 0; s < args.warmup; ++s) {
@@ -170,9 +160,9 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
     row.samples_per_s = static_cast<double>(args.batch_size * args.steps) / seconds;
   };
   bool cpu = devices[0].is_cpu();
-  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (mode == "single" && cpu) {
-    with_threads(std::max(1, cores / static_cast<int>(devices.size())), run);
+    // A device's share of the cores, as the engine's worker pool gives each of its CPU devices.
+    with_threads(std::max(1, usable_cores() / static_cast<int>(devices.size())), run);
   } else {
     run();  // single-all: the caller's thread with every core; dp/ddp: the engine's workers
   }
@@ -416,9 +406,9 @@ void add_bench_command(CLI::App& app) {
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
                                             "modes to run; single-all: one device on every core (--dist mpi: dp, ddp)",
                                             {"single", "single-all", "dp", "ddp"});
-  cmd->add_option("--dist", args->dist, "mpi: DDP over the devices of every process of an MPI launch (mpirun -np P "
-                  "dpe bench --dist mpi); rows dp-mpi and ddp-mpi for the whole group; process 0 prints, writes and "
-                  "runs --compare-pytorch")
+  cmd->add_option("--dist", args->dist, "mpi: ddp and dp mode over the devices of every process of an MPI launch "
+                  "(mpirun -np P dpe bench --dist mpi); rows dp-mpi and ddp-mpi for the whole group; process 0 "
+                  "prints, writes and runs --compare-pytorch")
       ->check(CLI::IsMember({"none", "mpi"}));
   CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");

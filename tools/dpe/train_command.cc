@@ -90,33 +90,16 @@ void run_train(TrainArgs args) {
   std::unique_ptr<DataParallel> dp = make_engine(args.engine, args.optimizer, &first_epoch);
   DPE_INTERNAL_ASSERT(first_epoch == resumed.epoch, "the checkpoint's epoch changed between two reads");
   LossFn loss_fn = models::model_loss(args.engine.model);
-  // --dist mpi: every process iterates the same global batches (same seed) and trains on its slice of each,
-  // which gives every replica the shard it would have in one process with all the devices (DistributedSampler's
-  // partition, batch by batch). Process 0 prints, evaluates, and writes checkpoints and --json. The group is
-  // the DDP replicas' (every device of every process) or the DP masters' (one member per process).
-  const bool across = args.engine.across_processes;
-  const ProcessGroup* group = dp->process_group();
-  const int64_t process_count = across ? group->world_size() / group->size() : 1;
-  const int64_t process = across ? group->global_rank(0) / group->size() : 0;
-  const bool prints = process == 0;
-  const int64_t local = static_cast<int64_t>(dp->device_ids().size());
-  // What every batch must split into evenly: a shard per DDP replica of every process; a slice per process.
-  const bool ddp = args.engine.mode == "ddp";
-  const int64_t parts = ddp ? process_count * local : process_count;
-  if (across) {
-    const std::string what = ddp ? std::to_string(parts) + " DDP replicas (" + std::to_string(process_count) +
-                                       " processes x " + std::to_string(local) + " devices)"
-                                 : std::to_string(parts) + " processes";
-    DPE_CHECK(args.batch_size % parts == 0, "--batch-size ", args.batch_size, " with --dist mpi: the global batch "
-              "must be a multiple of the ", what, "; try ", std::max(parts, args.batch_size / parts * parts), " or ",
-              (args.batch_size / parts + 1) * parts);
-  }
+  // --dist mpi: this process's slice of every global batch (training.h); process 0 prints, evaluates, and
+  // writes checkpoints and --json.
+  const ProcessSlice slice = process_slice(*dp, args.engine.across_processes, args.batch_size);
+  const bool prints = slice.reports();
   // Batches for GPUs are gathered into pinned memory, so that the scatter's copies are asynchronous DMA.
   const bool to_cuda = std::ranges::any_of(dp->device_ids(), [](const Device& d) { return d.is_cuda(); });
   // DDP needs a sample on every replica: without --drop-last the short last batch of an epoch is padded to a
   // multiple of the device count (samples from the start of the epoch's order, as DistributedSampler pads),
-  // which splits into equal shards (data/data_loader.h); across processes, to a multiple of `parts`.
-  const int64_t replicas = parts;
+  // which splits into equal shards (data/data_loader.h); across processes, to a multiple of all the parts.
+  const int64_t replicas = slice.parts;
   data::DataLoader loader(data.train_inputs, data.train_targets,
                           {.batch_size = args.batch_size, .seed = args.engine.seed, .drop_last = args.drop_last,
                            .pad_last_to_multiple = args.drop_last ? 0 : replicas, .prefetch = 2,
@@ -128,10 +111,10 @@ void run_train(TrainArgs args) {
   } else if (remainder != 0 && loader.last_batch_size() != remainder) {
     last_batch = ", last batch of " + std::to_string(remainder) + " padded to " +
                  std::to_string(loader.last_batch_size()) + " for " + std::to_string(replicas) +
-                 (ddp ? " DDP devices" : " processes");
+                 (args.engine.mode == "ddp" ? " DDP devices" : " processes");
   }
   const std::string where = device_list_str(dp->device_ids()) +
-                            (process_count > 1 ? " in each of " + std::to_string(process_count) + " processes" : "");
+                            (slice.count > 1 ? " in each of " + std::to_string(slice.count) + " processes" : "");
   if (prints) {
     std::printf("dpe train: %s, mode %s on %s, global batch %lld, %lld training samples%s, %lld test samples%s\n",
                 args.engine.model.c_str(), args.engine.mode.c_str(), where.c_str(),
@@ -147,7 +130,7 @@ void run_train(TrainArgs args) {
     std::printf("nothing left to train: %s is after epoch %lld and --epochs is %lld; the loaded model was evaluated\n",
                 args.engine.resume.c_str(), static_cast<long long>(first_epoch), static_cast<long long>(args.epochs));
     std::printf("final test accuracy %.4f\n", accuracy);
-    if (!args.json.empty()) write_json(args, *dp, process_count, accuracy, JsonReport::array());
+    if (!args.json.empty()) write_json(args, *dp, slice.count, accuracy, JsonReport::array());
     return;
   }
   // One scheduler per optimizer (DDP: per replica, so every replica keeps the same learning rate), stepped
@@ -172,9 +155,7 @@ void run_train(TrainArgs args) {
     double loss_sum = 0;
     int64_t samples = 0, steps = 0;
     while (std::optional<data::Batch> batch = loader.next()) {
-      const int64_t rows = batch->inputs.size(0) / process_count;  // this process's slice
-      double loss = dp->train_step(batch->inputs.narrow(0, process * rows, rows),
-                                   batch->targets.narrow(0, process * rows, rows), loss_fn);
+      double loss = dp->train_step(slice.of(batch->inputs), slice.of(batch->targets), loss_fn);
       for (auto& scheduler : schedulers) scheduler->step();
       loss_sum += loss * static_cast<double>(batch->inputs.size(0));
       samples += batch->inputs.size(0);
@@ -203,7 +184,7 @@ void run_train(TrainArgs args) {
   }
   if (!prints) return;
   std::printf("final test accuracy %.4f\n", accuracy);
-  if (!args.json.empty()) write_json(args, *dp, process_count, accuracy, epochs_json);
+  if (!args.json.empty()) write_json(args, *dp, slice.count, accuracy, epochs_json);
 }
 
 }  // namespace
@@ -235,8 +216,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
-  cmd->add_option("--dist", args->dist, "mpi: DDP over the devices of every process of an MPI launch (mpirun -np P "
-                  "dpe train --dist mpi ...); --batch-size is the global batch over all of them; process 0 prints, "
+  cmd->add_option("--dist", args->dist, "mpi: ddp or dp mode over the devices of every process of an MPI launch "
+                  "(mpirun -np P dpe train --dist mpi ...); --batch-size is the global batch over all of them; process 0 prints, "
                   "evaluates and writes --checkpoint and --json (docs/SCALE_OUT.md)")
       ->check(CLI::IsMember({"none", "mpi"}));
   add_seed_option(*cmd, "--seed", args->engine.seed, "initial weights and data order");

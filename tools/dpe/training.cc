@@ -140,6 +140,34 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
   return dp;
 }
 
+ProcessSlice process_slice(DataParallel& dp, bool across_processes, int64_t batch_size) {
+  const int64_t local = static_cast<int64_t>(dp.device_ids().size());
+  const bool ddp = dp.options().mode == ParallelMode::DDP;
+  ProcessSlice slice;
+  if (across_processes) {
+    const ProcessGroup& group = *dp.process_group();
+    slice.count = group.world_size() / group.size();
+    slice.index = group.global_rank(0) / group.size();
+  }
+  slice.parts = ddp ? slice.count * local : slice.count;
+  slice.devices = slice.count * local;
+  if (across_processes) {
+    const int64_t parts = slice.parts;
+    const std::string what = ddp ? detail::str_cat(parts, " DDP replicas (", slice.count, " processes x ", local,
+                                                   " devices)")
+                                 : detail::str_cat(parts, " processes");
+    DPE_CHECK(batch_size % parts == 0, "--batch-size ", batch_size, " with --dist mpi: the global batch must be a "
+              "multiple of the ", what, "; try ", std::max(parts, batch_size / parts * parts), " or ",
+              (batch_size / parts + 1) * parts);
+  }
+  return slice;
+}
+
+Tensor ProcessSlice::of(const Tensor& batch) const {
+  const int64_t rows = batch.size(0) / count;
+  return batch.narrow(0, index * rows, rows);
+}
+
 double test_accuracy(DataParallel& dp, const std::string& model, const Tensor& inputs, const Tensor& targets,
                      int64_t batch) {
   NoGradGuard no_grad;

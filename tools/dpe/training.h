@@ -61,6 +61,23 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
 // default generators are left as they were.
 io::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer);
 
+// Where this process stands among those that train together (--dist mpi; one process otherwise). Every
+// process iterates the same global batches (same seed) and trains on its slice of each, which gives every
+// replica the shard it would have in one process with all the devices (DistributedSampler's partition, batch
+// by batch). The group spanning the processes is the DDP replicas' or the DP masters' (one per process).
+struct ProcessSlice {
+  int64_t count = 1, index = 0;  // processes, and this one's place among them
+  // What every global batch must split into evenly: a shard per DDP replica of every process; across
+  // processes in DP mode, a slice per process; else 1.
+  int64_t parts = 1;
+  int64_t devices = 1;  // over every process
+  bool reports() const { return index == 0; }  // process 0 prints, evaluates and writes
+  // This process's rows of a global batch (a view).
+  Tensor of(const Tensor& batch) const;
+};
+// With --dist mpi, `batch_size` must be a multiple of `parts`: throws naming --batch-size and the nearest sizes.
+ProcessSlice process_slice(DataParallel& dp, bool across_processes, int64_t batch_size);
+
 // Fraction of correct argmax predictions (for tiny-llama: of non-padding next tokens), computed with
 // replica 0 in eval mode on its device, in batches of `batch`.
 double test_accuracy(DataParallel& dp, const std::string& model, const Tensor& inputs, const Tensor& targets,
