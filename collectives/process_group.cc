@@ -4,6 +4,7 @@
 
 #include "collectives/backend.h"
 #include "collectives/backend_registry.h"
+#include "collectives/mpi_world.h"
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 
@@ -86,6 +87,8 @@ void ProcessGroup::abort(const std::string& reason) {
   backend_impl_->abort(reason);
   rendezvous_.abort(reason);
 }
+
+bool launched_by_mpi() { return collectives::MpiWorld::launched_by_mpi(); }
 
 int ProcessGroup::world_size() const { return size() * backend_impl_->processes(); }
 

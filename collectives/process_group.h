@@ -59,6 +59,9 @@ class Backend;  // collectives/backend.h (internal)
 struct Posted;
 }  // namespace collectives
 
+// Whether this process was started by an MPI launcher (mpirun, srun --mpi=pmix), without initialising MPI.
+bool launched_by_mpi();
+
 class ProcessGroup {
  public:
   // devices: one member per device, rank = position. Throws on an empty list, duplicates, mixed kinds, a

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "collectives/process_group.h"
 #include "core/error.h"
 #include "tools/dpe/commands.h"
 
@@ -103,7 +104,7 @@ int main(int argc, char** argv) {
     // In an MPI launch, the launcher ends the whole job as soon as one process exits with an error. The other
     // processes learn of this one's failure at once (docs/SCALE_OUT.md) and report it themselves: a second of
     // grace lets them, before the launcher kills them.
-    if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr) sleep(1);
+    if (dpe::launched_by_mpi()) sleep(1);
     std::_Exit(status);
   }
   return 0;
