@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,28 +12,14 @@
 #include "collectives/process_group.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "tests/testing/errors.h"
 
 namespace dpe {
 namespace {
 
 using collectives::MpiWorld;
+using testing::run_members;
 
-// Runs fn(rank) on one thread per member; returns each member's error message ("" when none).
-std::vector<std::string> run_members(int n, const std::function<void(int)>& fn) {
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
 
 ProcessGroup make_group(int members) {
   std::vector<Device> devices;

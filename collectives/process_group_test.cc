@@ -22,20 +22,8 @@ namespace {
 
 using testing::cpu_devices;
 using testing::error_of;
+using testing::run_members;
 
-// Runs fn(rank) on one thread per member; returns each member's error message ("" when none).
-std::vector<std::string> run_members(int n, const std::function<void(int)>& fn) {
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      std::string e = error_of([&] { fn(r); });
-      errors[r] = e == "(no error)" ? "" : e;
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
 
 // Member r's input: small integers, exact in every dtype (also after a 4-way sum in uint8 and bfloat16).
 std::vector<double> member_values(int r, int64_t count, int salt = 0) {

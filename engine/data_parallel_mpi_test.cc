@@ -46,6 +46,22 @@ std::vector<Device> cpus(int first, int count) {
   return devices;
 }
 
+// 5 global batches of `batch` rows (inputs (batch, 12), targets (batch, 5)), the same in every process.
+std::vector<std::pair<Tensor, Tensor>> global_batches(uint64_t seed, int64_t batch) {
+  manual_seed(seed);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int step = 0; step < 5; ++step) batches.emplace_back(randn({batch, 12}), randn({batch, 5}));
+  return batches;
+}
+
+// The losses train_step returned across processes are the global batch's, as one process's with every device.
+void expect_same_losses(const std::vector<double>& across, const std::vector<double>& one) {
+  ASSERT_EQ(across.size(), one.size());
+  for (size_t step = 0; step < one.size(); ++step) {
+    EXPECT_NEAR(across[step], one[step], 1e-6 * std::abs(one[step])) << "step " << step;
+  }
+}
+
 // Trains `ddp` on the global batches, of which this process takes rows [offset, offset + rows); returns the
 // losses train_step reported.
 std::vector<double> train(DataParallel& ddp, const std::vector<std::pair<Tensor, Tensor>>& batches, int64_t offset,
@@ -61,11 +77,7 @@ std::vector<double> train(DataParallel& ddp, const std::vector<std::pair<Tensor,
 TEST(DdpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
   const int p = process_rank(), processes = process_count();
   const int64_t batch = 8 * processes;  // 4 rows per replica in both runs
-  manual_seed(7);
-  std::vector<std::pair<Tensor, Tensor>> batches;
-  for (int step = 0; step < 5; ++step) {
-    batches.emplace_back(randn({batch, 12}), randn({batch, 5}));
-  }
+  const auto batches = global_batches(7, batch);
 
   // Across processes: process p's replicas start from a model of its own seed; construction broadcasts
   // global rank 0's parameters to every replica of every process.
@@ -76,20 +88,14 @@ TEST(DdpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
 
   DataParallel one(make_model(100), {.device_ids = cpus(0, 2 * processes), .mode = ParallelMode::DDP});
   const std::vector<double> one_losses = train(one, batches, 0, batch);
-  // The loss of the whole global batch, on every process.
-  for (size_t step = 0; step < one_losses.size(); ++step) {
-    EXPECT_NEAR(across_losses[step], one_losses[step], 1e-6 * std::abs(one_losses[step])) << "step " << step;
-  }
+  expect_same_losses(across_losses, one_losses);
 
   const std::vector<Tensor> want = one.module().parameters();
   for (size_t r = 0; r < 2; ++r) {
     const std::vector<Tensor> got = across.replica(r).parameters();
     ASSERT_EQ(got.size(), want.size());
     for (size_t k = 0; k < got.size(); ++k) {
-      const std::vector<double> a = got[k].to_vector<double>(), b = want[k].to_vector<double>();
-      double diff = 0;
-      for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
-      EXPECT_LE(diff, 1e-6) << "process " << p << " replica " << r << " parameter " << k;
+      EXPECT_LE(max_abs_diff(got[k], want[k]), 1e-6) << "process " << p << " replica " << r << " parameter " << k;
     }
   }
 }
@@ -106,25 +112,18 @@ TEST(DdpAcrossProcesses, SyncBatchNormTrainsLikeOneProcess) {
         std::make_shared<nn::ReLU>(),
         std::make_shared<nn::Linear>(16, 5)}));
   };
-  manual_seed(8);
-  std::vector<std::pair<Tensor, Tensor>> batches;
-  for (int step = 0; step < 5; ++step) batches.emplace_back(randn({batch, 12}), randn({batch, 5}));
+  const auto batches = global_batches(8, batch);
   DataParallel across(make(200 + p), {.device_ids = cpus(0, 2), .mode = ParallelMode::DDP,
                                       .backend = CollectiveBackend::Mpi});
   const std::vector<double> across_losses = train(across, batches, batch / processes * p, batch / processes);
   DataParallel one(make(200), {.device_ids = cpus(0, 2 * processes), .mode = ParallelMode::DDP});
   const std::vector<double> one_losses = train(one, batches, 0, batch);
-  for (size_t step = 0; step < one_losses.size(); ++step) {
-    EXPECT_NEAR(across_losses[step], one_losses[step], 1e-6 * std::abs(one_losses[step])) << "step " << step;
-  }
+  expect_same_losses(across_losses, one_losses);
   const nn::StateDict want = one.module().state_dict(), got = across.module().state_dict();
   ASSERT_EQ(got.size(), want.size());
   for (size_t k = 0; k < got.size(); ++k) {
     if (!is_floating_point(got[k].second.dtype())) continue;  // num_batches_tracked
-    const std::vector<double> a = got[k].second.to_vector<double>(), b = want[k].second.to_vector<double>();
-    double diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
-    EXPECT_LE(diff, 1e-5) << "process " << p << " " << got[k].first;
+    EXPECT_LE(max_abs_diff(got[k].second, want[k].second), 1e-5) << "process " << p << " " << got[k].first;
   }
 }
 
@@ -197,23 +196,16 @@ TEST(DdpAcrossProcesses, AReplicaFailureInOneProcessIsTaggedOnEveryProcess) {
 TEST(DpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
   const int p = process_rank(), processes = process_count();
   const int64_t batch = 8 * processes;
-  manual_seed(9);
-  std::vector<std::pair<Tensor, Tensor>> batches;
-  for (int step = 0; step < 5; ++step) batches.emplace_back(randn({batch, 12}), randn({batch, 5}));
+  const auto batches = global_batches(9, batch);
   DataParallel across(make_model(300 + p), {.device_ids = cpus(0, 2), .backend = CollectiveBackend::Mpi});
   ASSERT_EQ(across.process_group()->world_size(), processes);  // the masters' group
   const std::vector<double> across_losses = train(across, batches, batch / processes * p, batch / processes);
   DataParallel one(make_model(300), {.device_ids = cpus(0, 2 * processes)});
   const std::vector<double> one_losses = train(one, batches, 0, batch);
-  for (size_t step = 0; step < one_losses.size(); ++step) {
-    EXPECT_NEAR(across_losses[step], one_losses[step], 1e-6 * std::abs(one_losses[step])) << "step " << step;
-  }
+  expect_same_losses(across_losses, one_losses);
   const std::vector<Tensor> want = one.module().parameters(), got = across.module().parameters();
   for (size_t k = 0; k < got.size(); ++k) {
-    const std::vector<double> a = got[k].to_vector<double>(), b = want[k].to_vector<double>();
-    double diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
-    EXPECT_LE(diff, 1e-6) << "process " << p << " parameter " << k;
+    EXPECT_LE(max_abs_diff(got[k], want[k]), 1e-6) << "process " << p << " parameter " << k;
   }
 }
 
