@@ -9,6 +9,7 @@ export DPE_NUM_CPU_DEVICES=2
 # CI runs as root, which mpirun refuses unless told.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
+source "$(dirname "$0")/test_lib.sh"  # run, expect
 out=$(timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$bin" collectives --dist mpi --device-ids cpu:0,cpu:1 \
   -b 4K -e 64K -f 4 -n 2 -w 1 --json "$TEST_TMPDIR/c.json" 2>&1)
 status=$?
@@ -46,19 +47,10 @@ for line in "replica 0: cpu:0 of process 0 (local rank 0 of 2) on " "replica 1: 
   [[ $(grep -cF -- "$line" <<<"$out") -eq 1 ]] || { echo "FAILED: dpe devices --dist mpi: want '$line' once"; fail=1; }
 done
 
-# expect STATUS PATTERN ARGS...: `dpe collectives ARGS` (one process) exits with STATUS, output containing PATTERN.
-expect() {
-  local want_status="$1" pattern="$2"; shift 2
-  out=$(timeout 30 "$bin" collectives "$@" 2>&1)
-  local status=$?
-  if [[ $status -ne $want_status ]] || ! grep -qF -- "$pattern" <<<"$out"; then
-    echo "FAILED: dpe collectives $* -> status $status (want $want_status), want '$pattern', output:"
-    echo "$out" | tail -5
-    fail=1
-  fi
-}
+# Options --dist mpi cannot serve, refused by one process before MPI starts.
+dpe=(timeout 30 "$bin" collectives)
 expect 2 "--ops all_to_all is not available with --dist mpi yet; expected all_reduce, broadcast, reduce, all_gather, reduce_scatter" \
-  --dist mpi --ops all_reduce,all_to_all
-expect 2 "--backend cpu cannot be combined with --dist mpi" --dist mpi --backend cpu
-expect 105 "--dist: gloo not in" --dist gloo
+  "${dpe[@]}" --dist mpi --ops all_reduce,all_to_all
+expect 2 "--backend cpu cannot be combined with --dist mpi" "${dpe[@]}" --dist mpi --backend cpu
+expect 105 "--dist: gloo not in" "${dpe[@]}" --dist gloo
 exit $fail

@@ -16,10 +16,7 @@ if (( $(nproc) >= 2 )); then bind=(--bind-to core); else bind=(--oversubscribe -
 mpi=(timeout 120 mpirun -np 2 "${bind[@]}" "$bin" train --dist mpi)
 common=(--model mlp --mode ddp --limit 1000 --seed 3 --lr 0.05)
 fail=0
-run() {  # run DESCRIPTION COMMAND...: the command must succeed; its output is left in $out
-  local what="$1"; shift
-  if ! out=$("$@" 2>&1); then echo "FAILED ($what): $*"; echo "$out" | tail -20; fail=1; fi
-}
+source "$(dirname "$0")/test_lib.sh"  # run, expect
 # same_report A B: the two --json reports agree on the losses and accuracies of every epoch
 same_report() {
   python3 - "$1" "$2" <<'PY' || fail=1
@@ -106,17 +103,6 @@ else
   fi
 fi
 
-# expect STATUS PATTERN COMMAND...: exits with STATUS, output containing PATTERN
-expect() {
-  local want_status="$1" pattern="$2"; shift 2
-  out=$("$@" 2>&1)
-  local status=$?
-  if [[ $status -ne $want_status ]] || ! grep -qF -- "$pattern" <<<"$out"; then
-    echo "FAILED: $* -> status $status (want $want_status), want '$pattern', output:"
-    echo "$out" | tail -5
-    fail=1
-  fi
-}
 expect 2 "--modes single,ddp with --dist mpi: single runs on one device; expected ddp and/or dp" \
   timeout 30 "$bin" bench --dist mpi --modes single,ddp
 expect 2 "--dist mpi needs --mode ddp or dp (--mode single trains one device)" \
