@@ -165,11 +165,6 @@ MpiWorld::MpiWorld() {
   for (const auto& [name, value] : exported) ::setenv(name, std::to_string(value).c_str(), 1);
 }
 
-void MpiWorld::abort(int exit_code) const {
-  MPI_Abort(MPI_COMM_WORLD, exit_code);
-  std::abort();  // MPI_Abort does not return; if it did, the process must still end
-}
-
 namespace {
 
 // A communicator of dpe's own over every process (collective: every process calls it, in the same order), whose

@@ -18,7 +18,8 @@
 //    process's value, before any byte moves, and leaves the communicator usable;
 //  - a process that does not arrive within the timeout is an error on every process that waits:
 //    "collective #seq (what): rank j did not arrive within T s", naming every missing rank; the communicator
-//    is then aborted: every later call throws at once (the caller ends the job, MpiWorld::abort);
+//    is then aborted: every later call throws at once (the caller exits with an error, and the launcher
+//    ends the job);
 //  - an error MPI reports (a peer that died mid-collective, a transport failure) throws with MPI's message;
 //  - a failure another process announced on the communicator's MpiAbortChannel ends a wait at once:
 //    "collective #seq (what): rank j failed: <its reason>", and aborts the communicator;
@@ -66,9 +67,6 @@ class MpiWorld {
   static bool launched_by_mpi();
 
   const ProcessPlace& place() const { return place_; }
-  // MPI_Abort on MPI_COMM_WORLD: the launcher ends every process of the job. For errors after which ranks
-  // can no longer meet (a collective timed out); never returns.
-  [[noreturn]] void abort(int exit_code) const;
 
  private:
   MpiWorld();
