@@ -1,6 +1,7 @@
 #include "collectives/mpi_world.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <limits>
 #include <cstdlib>
@@ -101,11 +102,18 @@ void check_mpi(int rc, const char* call) {
   if (rc != MPI_SUCCESS) throw Error(detail::str_cat(call, " failed: ", mpi_error_string(rc)));
 }
 
+namespace {
+
+// torchrun's variables and their values for `place`.
+std::array<std::pair<const char*, int>, 4> torchrun_variables(const ProcessPlace& place) {
+  return {{{"RANK", place.rank}, {"WORLD_SIZE", place.size},
+           {"LOCAL_RANK", place.local_rank}, {"LOCAL_WORLD_SIZE", place.local_size}}};
+}
+
+}  // namespace
+
 void check_launch_environment(const ProcessPlace& place, const std::function<const char*(const char*)>& getenv) {
-  const std::pair<const char*, int> expected[] = {
-      {"RANK", place.rank}, {"WORLD_SIZE", place.size},
-      {"LOCAL_RANK", place.local_rank}, {"LOCAL_WORLD_SIZE", place.local_size}};
-  for (const auto& [name, value] : expected) {
+  for (const auto& [name, value] : torchrun_variables(place)) {
     const char* set = getenv(name);
     if (set == nullptr) continue;
     const std::string_view text(set);
@@ -159,10 +167,7 @@ MpiWorld::MpiWorld() {
   place_.host.assign(host, static_cast<size_t>(length));
 
   check_launch_environment(place_, [](const char* name) { return std::getenv(name); });
-  const std::pair<const char*, int> exported[] = {
-      {"RANK", place_.rank}, {"WORLD_SIZE", place_.size},
-      {"LOCAL_RANK", place_.local_rank}, {"LOCAL_WORLD_SIZE", place_.local_size}};
-  for (const auto& [name, value] : exported) ::setenv(name, std::to_string(value).c_str(), 1);
+  for (const auto& [name, value] : torchrun_variables(place_)) ::setenv(name, std::to_string(value).c_str(), 1);
 }
 
 namespace {
