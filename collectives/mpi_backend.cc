@@ -33,6 +33,10 @@ Tensor MpiBackend::on_host(const Tensor& t) {
   return host;
 }
 
+Tensor MpiBackend::host_buffer(int64_t count, DType dtype, int rank) const {
+  return Tensor::empty({count}, TensorOptions(dtype).with_pinned_memory(!devices_[rank].is_cpu()));
+}
+
 void MpiBackend::back_to_device(const Tensor& t, const Tensor& host) {
   if (!t.device().is_cpu()) copy_into(t, host);
 }
@@ -87,8 +91,7 @@ void MpiBackend::gather_mine(int rank, const PostedAll& posted,
   const Tensor& input = posted[rank]->tensor;
   const int64_t n = input.numel();  // 0 too: the other processes' tokens compare the sizes
   const Tensor sent = on_host(input);
-  const Tensor received = Tensor::empty({processes_ * n}, TensorOptions(input.dtype()).with_pinned_memory(
-                                                              !devices_[rank].is_cpu()));
+  const Tensor received = host_buffer(processes_ * n, input.dtype(), rank);
   cross_[rank]->all_gather(sent.data_ptr(), received.data_ptr(), static_cast<int64_t>(sent.nbytes()),
                            detail::str_cat("all_gather, member ", rank));
   for (int p = 0; p < processes_; ++p) {
@@ -121,7 +124,7 @@ void MpiBackend::scatter_mine(int rank, const PostedAll& posted,
     if (n > 0) combine(rank, {flat_slice(blocks, p * n, (p + 1) * n)}, inputs, combined);
   }
   const Tensor sent = on_host(blocks);
-  const Tensor received = on_host(Tensor::empty({n}, TensorOptions(output.dtype()).with_device(devices_[rank])));
+  const Tensor received = host_buffer(n, output.dtype(), rank);
   cross_[rank]->reduce_scatter_block(sent.data_ptr(), received.data_ptr(), n, output.dtype(), combined,
                                      detail::str_cat("reduce_scatter, member ", rank));
   copy(output, received);

@@ -63,6 +63,8 @@ class MpiBackend : public SharedMemoryBackend {
   // back_to_device copies such a copy into `t`.
   static Tensor on_host(const Tensor& t);
   static void back_to_device(const Tensor& t, const Tensor& host);
+  // Host memory for what MPI writes: `count` elements, pinned when member `rank` is a CUDA device.
+  Tensor host_buffer(int64_t count, DType dtype, int rank) const;
   // Both all-gathers: member `rank` gathers member `rank`'s input of every process and writes the piece of
   // process p into slot(member, p * size() + rank) of every local member.
   void gather_mine(int rank, const PostedAll& posted, const std::function<Tensor(const Posted&, int64_t)>& slot);
