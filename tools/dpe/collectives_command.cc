@@ -198,9 +198,9 @@ void run_collectives(CollectivesArgs args) {
     for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= args.factor) {
       const int64_t count = element_count(op, bytes, n);
       if (count == 0) continue;
-      // Per local member, each already summed over the whole group (all-reduced below).
-      std::vector<double> seconds(local);
-      std::vector<int64_t> wrong(local);
+      // Summed over every member of the group (all-reduced below, the same on every member; member 0 keeps it).
+      double seconds = 0;
+      int64_t total_wrong = 0;
       // A member that throws aborts the group at once, so the others stop waiting in their collective (they
       // would otherwise wait out the group's timeout, minutes) and the command fails with the first cause.
       std::mutex failure_mutex;
@@ -221,9 +221,11 @@ void run_collectives(CollectivesArgs args) {
         Tensor totals = Tensor::from_vector(std::vector<double>{mine, static_cast<double>(count_wrong(op, n, global, fresh))},
                                             {2}, TensorOptions(DType::Float64).with_device(devices[r]));
         group.all_reduce(rank, totals);
-        const std::vector<double> summed = totals.to_vector<double>();
-        seconds[r] = summed[0];
-        wrong[r] = static_cast<int64_t>(summed[1]);
+        if (rank == 0) {
+          const std::vector<double> summed = totals.to_vector<double>();
+          seconds = summed[0];
+          total_wrong = static_cast<int64_t>(summed[1]);
+        }
       };
       try {
         pool.run(local, [&](size_t r) {
@@ -247,8 +249,7 @@ void run_collectives(CollectivesArgs args) {
         DPE_CHECK(first_failure.empty(), first_failure);
         throw;
       }
-      const double t = seconds[0] / n;  // the mean over every member
-      const int64_t total_wrong = wrong[0];
+      const double t = seconds / n;  // the mean over every member
       if (!prints) continue;
       double size = static_cast<double>(count) * 4;
       double algbw = size / t / 1e9, busbw = algbw * bus_factor(op, n);
