@@ -1,5 +1,7 @@
 #include "collectives/mpi_backend.h"
 
+#include <cstring>
+
 #include "core/copy.h"
 #include "core/error.h"
 
@@ -21,11 +23,6 @@ MpiBackend::MpiBackend(std::vector<Device> devices, std::chrono::milliseconds ti
   for (int t = 0; t < size(); ++t) cross_.push_back(std::make_unique<MpiComm>(timeout, failures_.get()));
 }
 
-void MpiBackend::not_yet(const char* collective) {
-  DPE_CHECK(false, "ProcessGroup 'mpi': ", collective, " across processes is not implemented yet (all but gather, "
-            "scatter and all_to_all are); use backend 'cpu' inside one process");
-}
-
 Tensor MpiBackend::on_host(const Tensor& t) {
   if (t.device().is_cpu()) return t;
   Tensor host = Tensor::empty(t.shape(), TensorOptions(t.dtype()).with_pinned_memory(true));
@@ -39,6 +36,19 @@ Tensor MpiBackend::host_buffer(int64_t count, DType dtype, int rank) const {
 
 void MpiBackend::back_to_device(const Tensor& t, const Tensor& host) {
   if (!t.device().is_cpu()) copy_into(t, host);
+}
+
+void MpiBackend::append_bytes(std::vector<uint8_t>& bytes, const Tensor& t) {
+  const Tensor host = on_host(t);
+  const auto* begin = static_cast<const uint8_t*>(host.data_ptr());
+  bytes.insert(bytes.end(), begin, begin + host.nbytes());
+}
+
+void MpiBackend::assign_bytes(const Tensor& t, const uint8_t* from) {
+  if (t.numel() == 0) return;
+  Tensor host = t.device().is_cpu() ? t : Tensor::empty(t.shape(), TensorOptions(t.dtype()).with_pinned_memory(true));
+  std::memcpy(host.data_ptr(), from, host.nbytes());
+  back_to_device(t, host);
 }
 
 namespace {
@@ -158,6 +168,92 @@ void MpiBackend::reduce(int rank, const PostedAll& posted) {
   back_to_device(result, host);
   if (op == ReduceOp::Avg) result.mul_(1.0 / static_cast<double>(processes_ * size()));
   copy(shares[root % size()], result);
+}
+
+void MpiBackend::gather(int rank, const PostedAll& posted) {
+  const int root = posted[rank]->root;  // global
+  const int root_process = root / size();
+  const Tensor& input = posted[rank]->tensor;
+  const int64_t bytes = static_cast<int64_t>(input.nbytes());
+  std::vector<uint8_t> sent, received;
+  append_bytes(sent, input);
+  if (process_index_ == root_process) received.resize(static_cast<size_t>(processes_ * bytes));
+  cross_[rank]->gather(sent.data(), received.data(), bytes, root_process, detail::str_cat("gather, member ", rank));
+  if (process_index_ != root_process) return;
+  const std::vector<Tensor>& outputs = posted[root % size()]->list;
+  for (int p = 0; p < processes_; ++p) assign_bytes(outputs[p * size() + rank], received.data() + p * bytes);
+}
+
+void MpiBackend::scatter(int rank, const PostedAll& posted) {
+  const int root = posted[rank]->root;  // global
+  const int root_process = root / size();
+  const Tensor& output = posted[rank]->tensor;
+  std::vector<uint8_t> sent, received(output.nbytes());
+  if (process_index_ == root_process) {
+    for (int p = 0; p < processes_; ++p) append_bytes(sent, posted[root % size()]->list[p * size() + rank]);
+  }
+  cross_[rank]->scatter(sent.data(), received.data(), static_cast<int64_t>(output.nbytes()), root_process,
+                        detail::str_cat("scatter, member ", rank));
+  assign_bytes(output, received.data());
+}
+
+namespace {
+
+// all_to_all's table of one process: for each of its members, the element count and dtype of every input,
+// then of every output (4 x world entries per member).
+std::vector<int64_t> size_table(const PostedAll& posted) {
+  std::vector<int64_t> table;
+  for (const Posted* member : posted) {
+    for (const std::vector<Tensor>* list : {&member->list, &member->list2}) {
+      for (const Tensor& t : *list) {
+        table.push_back(t.numel());
+        table.push_back(static_cast<int64_t>(t.dtype()));
+      }
+    }
+  }
+  return table;
+}
+
+}  // namespace
+
+void MpiBackend::all_to_all(int rank, const PostedAll& posted) {
+  const std::string what = detail::str_cat("all_to_all, member ", rank);
+  const int members = size(), world = processes_ * members;
+  // Every member of every process gets every process's table and checks every pair the same way.
+  const std::vector<int64_t> mine = size_table(posted);
+  std::vector<int64_t> tables(mine.size() * static_cast<size_t>(processes_));
+  cross_[rank]->all_gather(mine.data(), tables.data(), static_cast<int64_t>(mine.size() * sizeof(int64_t)), what);
+  // Entry of global rank g's input (side 0) or output (side 1) for global rank k: {count, dtype}.
+  auto entry = [&](int g, int side, int k) { return &tables[((static_cast<size_t>(g) * 2 + side) * world + k) * 2]; };
+  for (int receiver = 0; receiver < world; ++receiver) {
+    for (int sender = 0; sender < world; ++sender) {
+      const int64_t* out = entry(receiver, 1, sender);
+      const int64_t* in = entry(sender, 0, receiver);
+      DPE_CHECK(out[0] == in[0] && out[1] == in[1], "all_to_all: global rank ", receiver, "'s output for global rank ",
+                sender, " has ", out[0], " ", dtype_name(static_cast<DType>(out[1])), " elements, but global rank ",
+                sender, "'s input for it has ", in[0], " ", dtype_name(static_cast<DType>(in[1])),
+                " elements; expected the same count and dtype");
+    }
+  }
+  // To process q: every local member's input for global rank q·T + rank; from process q: this member's
+  // outputs of q's members, in member order.
+  std::vector<uint8_t> sent, received;
+  std::vector<int64_t> send_bytes(processes_), recv_bytes(processes_);
+  for (int q = 0; q < processes_; ++q) {
+    const size_t before = sent.size();
+    for (const Posted* member : posted) append_bytes(sent, member->list[q * members + rank]);
+    send_bytes[q] = static_cast<int64_t>(sent.size() - before);
+    for (int j = 0; j < members; ++j) recv_bytes[q] += static_cast<int64_t>(posted[rank]->list2[q * members + j].nbytes());
+  }
+  int64_t total = 0;
+  for (int64_t b : recv_bytes) total += b;
+  received.resize(static_cast<size_t>(total));
+  cross_[rank]->all_to_all(sent.data(), send_bytes, received.data(), recv_bytes, what);
+  const uint8_t* from = received.data();
+  for (const Tensor& output : posted[rank]->list2) {
+    assign_bytes(output, from);
+    from += output.nbytes();
+  }
 }
 
 std::vector<uint8_t> MpiBackend::broadcast_object(int rank, const PostedAll& posted) {

@@ -18,8 +18,13 @@
 // and writes each into its slot (global rank) of every local member's output. reduce_scatter (both forms):
 // the mirror image (scatter_mine). reduce: an all-reduce of each member's share into a copy, written into the
 // root's tensor by the root's process. broadcast_object: the size, then the bytes, from the root's process over
-// every member's communicator. gather, scatter and all_to_all are not yet served across processes: each
-// throws, naming itself.
+// every member's communicator. gather and scatter: member t of every process exchanges member t's piece with
+// the root's process over cross[t] (MPI_Igather, MPI_Iscatter), and in the root's process member t reads or
+// writes the root's list entries of global ranks p·T + t. all_to_all: member t of process p sends member t of
+// process q what every member of p has for global rank q·T + t (MPI_Ialltoallv over cross[t]); the counts are
+// agreed on first: every member all-gathers its process's table of sizes and dtypes over its communicator, so
+// every member of every process checks every pair alike and a mismatch throws everywhere with the same
+// message before any byte moves. gather, scatter and all_to_all move bytes (any dtype).
 #pragma once
 
 #include <chrono>
@@ -50,19 +55,21 @@ class MpiBackend : public SharedMemoryBackend {
   void reduce_scatter(int rank, const PostedAll& posted) override;
   void all_gather_into_tensor(int rank, const PostedAll& posted) override;
   void reduce_scatter_tensor(int rank, const PostedAll& posted) override;
-  void gather(int, const PostedAll&) override { not_yet("gather"); }
-  void scatter(int, const PostedAll&) override { not_yet("scatter"); }
-  void all_to_all(int, const PostedAll&) override { not_yet("all_to_all"); }
+  void gather(int rank, const PostedAll& posted) override;
+  void scatter(int rank, const PostedAll& posted) override;
+  void all_to_all(int rank, const PostedAll& posted) override;
   std::vector<uint8_t> broadcast_object(int rank, const PostedAll& posted) override;
   void barrier(int rank) override;
   void abort(const std::string& reason) override { failures_->announce(reason); }
 
  private:
-  [[noreturn]] static void not_yet(const char* collective);
   // `t` itself on a CPU device; else a copy of it in pinned host memory (what MPI reads and writes), and
   // back_to_device copies such a copy into `t`.
   static Tensor on_host(const Tensor& t);
   static void back_to_device(const Tensor& t, const Tensor& host);
+  // t's bytes, appended to `bytes`; and t = the bytes at `from` (t.nbytes() of them), whatever t's device.
+  static void append_bytes(std::vector<uint8_t>& bytes, const Tensor& t);
+  static void assign_bytes(const Tensor& t, const uint8_t* from);
   // Host memory for what MPI writes: `count` elements, pinned when member `rank` is a CUDA device.
   Tensor host_buffer(int64_t count, DType dtype, int rank) const;
   // Both all-gathers: member `rank` gathers member `rank`'s input of every process and writes the piece of

@@ -302,20 +302,115 @@ TEST(MpiBackend, AFailureInOneProcessEndsTheOthersWaitsWithItsReason) {
   }
 }
 
-TEST(MpiBackend, WhatIsNotServedAcrossProcessesIsRefusedOnEveryMember) {
+TEST(MpiBackend, WhatCannotBeReducedAcrossProcessesIsRefusedOnEveryMember) {
   ProcessGroup group = make_group(2);
   std::vector<Tensor> t = {zeros({4}, Device::cpu(0)), zeros({4}, Device::cpu(1))};
-  for (const std::string& e : run_members(2, [&](int r) { group.all_to_all(r, {zeros({1}, Device::cpu(r)),
-           zeros({1}, Device::cpu(r)), zeros({1}, Device::cpu(r)), zeros({1}, Device::cpu(r))}, {zeros({1}, Device::cpu(r)),
-           zeros({1}, Device::cpu(r)), zeros({1}, Device::cpu(r)), zeros({1}, Device::cpu(r))}); })) {
-    EXPECT_NE(e.find("ProcessGroup 'mpi': all_to_all across processes is not implemented yet"), std::string::npos) << e;
-  }
   std::vector<Tensor> half = {t[0].to(DType::BFloat16), t[1].to(DType::BFloat16)};
   for (const std::string& e : run_members(2, [&](int r) { group.all_reduce(r, half[r]); })) {
     EXPECT_NE(e.find("all_reduce of bfloat16 is not supported across processes"), std::string::npos) << e;
   }
   // The group is still usable.
   for (const std::string& e : run_members(2, [&](int r) { group.all_reduce(r, t[r]); })) EXPECT_EQ(e, "");
+}
+
+// Member t's pieces have 3 + t elements (member t of every process: the same size, as MPI's gather needs).
+Tensor piece(int g, int t, int64_t offset, Device device) {
+  std::vector<double> v(static_cast<size_t>(3 + t));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = value(g, static_cast<int64_t>(i) + offset);
+  return Tensor::from_vector(v, {3 + t}, TensorOptions(DType::Int64).with_device(device));
+}
+
+TEST(MpiBackend, GatherAndScatterReachEveryGlobalRoot) {
+  ProcessGroup group = make_group(2);
+  const int world = group.world_size();
+  for (int root = 0; root < world; ++root) {
+    const int root_member = root % 2;
+    const bool root_here = group.global_rank(root_member) == root;
+    // gather: the root's outputs[g] = global rank g's input; the root's list only where the root is.
+    std::vector<Tensor> inputs, outputs;
+    for (int r = 0; r < 2; ++r) inputs.push_back(piece(group.global_rank(r), r, 0, Device::cpu(r)));
+    for (int g = 0; root_here && g < world; ++g) outputs.push_back(zeros({3 + g % 2}, TensorOptions(DType::Int64).with_device(Device::cpu(root_member))));
+    for (const std::string& e : run_members(2, [&](int r) {
+           group.gather(r, r == root_member ? outputs : std::vector<Tensor>{}, inputs[r], root);
+         })) {
+      ASSERT_EQ(e, "") << "gather to root " << root;
+    }
+    for (int g = 0; root_here && g < world; ++g) {
+      EXPECT_TRUE(equal(outputs[g], piece(g, g % 2, 0, Device::cpu(root_member)))) << "gather to root " << root << ", from " << g;
+    }
+    // scatter: global rank g's output = the root's inputs[g].
+    std::vector<Tensor> sources, received;
+    for (int g = 0; root_here && g < world; ++g) sources.push_back(piece(g, g % 2, 100 + root, Device::cpu(root_member)));
+    for (int r = 0; r < 2; ++r) received.push_back(zeros({3 + r}, TensorOptions(DType::Int64).with_device(Device::cpu(r))));
+    for (const std::string& e : run_members(2, [&](int r) {
+           group.scatter(r, received[r], r == root_member ? sources : std::vector<Tensor>{}, root);
+         })) {
+      ASSERT_EQ(e, "") << "scatter from root " << root;
+    }
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(equal(received[r], piece(group.global_rank(r), r, 100 + root, Device::cpu(r))))
+          << "scatter from root " << root << " to " << group.global_rank(r);
+    }
+  }
+}
+
+// all_to_all's pieces: global rank `from`'s input for global rank `to` has (from * 5 + to) % 4 elements (some
+// empty, sizes differing per pair) holding value(from * 100 + to, i).
+Tensor pair_piece(int from, int to, Device device) {
+  const int64_t count = (from * 5 + to) % 4;
+  std::vector<double> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[i] = value(from * 100 + to, i);
+  return Tensor::from_vector(v, {count}, TensorOptions(DType::Float32).with_device(device));
+}
+
+TEST(MpiBackend, AllToAllExchangesEveryPairAcrossProcesses) {
+  ProcessGroup group = make_group(2);
+  const int world = group.world_size();
+  std::vector<std::vector<Tensor>> inputs(2), outputs(2);
+  for (int r = 0; r < 2; ++r) {
+    const int g = group.global_rank(r);
+    for (int k = 0; k < world; ++k) {
+      inputs[r].push_back(pair_piece(g, k, Device::cpu(r)));
+      outputs[r].push_back(zeros({(k * 5 + g) % 4}, Device::cpu(r)));
+    }
+  }
+  for (const std::string& e : run_members(2, [&](int r) { group.all_to_all(r, outputs[r], inputs[r]); })) ASSERT_EQ(e, "");
+  for (int r = 0; r < 2; ++r) {
+    for (int k = 0; k < world; ++k) {
+      EXPECT_TRUE(equal(outputs[r][k], pair_piece(k, group.global_rank(r), Device::cpu(r))))
+          << "global rank " << group.global_rank(r) << "'s output from " << k;
+    }
+  }
+  // Global rank 2's output for global rank 0 one element too long: the same error on every member of every
+  // process, before any byte moves; the group stays usable.
+  std::vector<std::vector<Tensor>> wrong = outputs;
+  if (group.global_rank(0) == 2) wrong[0][0] = zeros({outputs[0][0].numel() + 1}, Device::cpu(0));
+  for (const std::string& e : run_members(2, [&](int r) { group.all_to_all(r, wrong[r], inputs[r]); })) {
+    EXPECT_NE(e.find("all_to_all: global rank 2's output for global rank 0 has 3 float32 elements, but global "
+                     "rank 0's input for it has 2 float32 elements; expected the same count and dtype"),
+              std::string::npos) << e;
+  }
+  for (const std::string& e : run_members(2, [&](int r) { group.all_to_all(r, outputs[r], inputs[r]); })) EXPECT_EQ(e, "");
+}
+
+// An argument only one process can see is wrong: that process refuses it, and the others, which wait for it
+// inside the collective, learn why at once instead of at the timeout. The group is then over in both.
+TEST(MpiBackend, ArgumentsOnlyOneProcessRefusesEndTheCollectiveEverywhereWithItsMessage) {
+  const int index = MpiWorld::get().place().rank;
+  ProcessGroup group = make_group(2);
+  std::vector<Tensor> t = {zeros({4}, Device::cpu(0)), zeros({index == 1 ? 5 : 4}, Device::cpu(1))};
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_members(2, [&](int r) { group.all_reduce(r, t[r]); });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string refusal = "member 1 (cpu:1) passed a tensor of 5 float32 elements on cpu:1 but member 0's has 4 "
+                              "float32 elements on cpu:0; expected the same count and dtype";
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find(refusal), std::string::npos) << e;
+    if (index == 0) EXPECT_NE(e.find("rank 1 failed: all_reduce #1: "), std::string::npos) << e;
+  }
+  EXPECT_LT(seconds, 30.0) << "the refusal was not heard before the timeout";
+  std::vector<Tensor> good = {zeros({4}, Device::cpu(0)), zeros({4}, Device::cpu(1))};
+  for (const std::string& e : run_members(2, [&](int r) { group.all_reduce(r, good[r]); })) EXPECT_NE(e, "");
 }
 
 TEST(MpiBackend, ProcessesWithDifferentDeviceCountsAreRefusedNamingTheCounts) {

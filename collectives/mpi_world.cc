@@ -333,6 +333,17 @@ void MpiComm::wait(MPI_Request& request, std::chrono::steady_clock::time_point d
   throw Error(aborted_);
 }
 
+namespace {
+
+// MPI's counts are ints.
+int checked_bytes(int64_t bytes, const char* collective, const std::string& what) {
+  DPE_CHECK(bytes >= 0 && bytes <= std::numeric_limits<int>::max(), "MPI ", collective, " (", what, "): ", bytes,
+            " bytes; expected 0 to 2^31 - 1");
+  return static_cast<int>(bytes);
+}
+
+}  // namespace
+
 void MpiComm::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, const std::string& what) {
   check_not_aborted(what);
   DPE_CHECK(count >= 0, "MPI all_reduce (", what, "): count must be >= 0, got ", count);
@@ -375,13 +386,59 @@ void MpiComm::reduce_scatter_block(const void* send, void* recv, int64_t count, 
 
 void MpiComm::all_gather(const void* send, void* recv, int64_t bytes, const std::string& what) {
   check_not_aborted(what);
-  DPE_CHECK(bytes >= 0 && bytes <= std::numeric_limits<int>::max(), "MPI all_gather (", what, "): ", bytes,
-            " bytes per process; expected at most 2^31 - 1");
+  const int n = checked_bytes(bytes, "all_gather", what);
   arrive(what, {bytes}, "bytes");
   if (bytes == 0) return;
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, comm_,
-                           &request), "MPI_Iallgather");
+  check_mpi(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &request), "MPI_Iallgather");
+  wait(request, std::chrono::steady_clock::now() + timeout_, what);
+}
+
+void MpiComm::gather(const void* send, void* recv, int64_t bytes, int root, const std::string& what) {
+  check_not_aborted(what);
+  const int n = checked_bytes(bytes, "gather", what);
+  DPE_CHECK(root >= 0 && root < size_, "MPI gather (", what, "): root ", root, " is out of range for ", size_,
+            " processes");
+  arrive(what, {bytes, root}, "bytes, root");
+  if (bytes == 0) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Igather(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_, &request), "MPI_Igather");
+  wait(request, std::chrono::steady_clock::now() + timeout_, what);
+}
+
+void MpiComm::scatter(const void* send, void* recv, int64_t bytes, int root, const std::string& what) {
+  check_not_aborted(what);
+  const int n = checked_bytes(bytes, "scatter", what);
+  DPE_CHECK(root >= 0 && root < size_, "MPI scatter (", what, "): root ", root, " is out of range for ", size_,
+            " processes");
+  arrive(what, {bytes, root}, "bytes, root");
+  if (bytes == 0) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iscatter(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_, &request), "MPI_Iscatter");
+  wait(request, std::chrono::steady_clock::now() + timeout_, what);
+}
+
+void MpiComm::all_to_all(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                         const std::vector<int64_t>& recv_bytes, const std::string& what) {
+  check_not_aborted(what);
+  DPE_CHECK(send_bytes.size() == static_cast<size_t>(size_) && recv_bytes.size() == static_cast<size_t>(size_),
+            "MPI all_to_all (", what, "): ", send_bytes.size(), " send and ", recv_bytes.size(),
+            " receive counts; expected one per process (", size_, ")");
+  // Counts and displacements, in MPI's ints.
+  std::vector<int> counts[2], offsets[2];
+  for (int side = 0; side < 2; ++side) {
+    int64_t total = 0;
+    for (int64_t bytes : side == 0 ? send_bytes : recv_bytes) {
+      offsets[side].push_back(checked_bytes(total, "all_to_all", what));
+      counts[side].push_back(checked_bytes(bytes, "all_to_all", what));
+      total += bytes;
+    }
+    checked_bytes(total, "all_to_all", what);
+  }
+  arrive(what, {}, "");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ialltoallv(send, counts[0].data(), offsets[0].data(), MPI_BYTE, recv, counts[1].data(),
+                           offsets[1].data(), MPI_BYTE, comm_, &request), "MPI_Ialltoallv");
   wait(request, std::chrono::steady_clock::now() + timeout_, what);
 }
 

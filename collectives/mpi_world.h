@@ -121,6 +121,18 @@ class MpiComm {
                             const std::string& what);
   // recv (host memory, size() x bytes) = every process's `bytes` bytes at `send`, in rank order. bytes < 2^31.
   void all_gather(const void* send, void* recv, int64_t bytes, const std::string& what);
+  // On process `root`, recv (host memory, size() x bytes) = every process's `bytes` bytes at `send`, in rank
+  // order; recv is not touched elsewhere (may be null). bytes < 2^31.
+  void gather(const void* send, void* recv, int64_t bytes, int root, const std::string& what);
+  // recv (`bytes` bytes) = block rank() of process `root`'s send (size() x bytes; not read elsewhere, may be
+  // null). bytes < 2^31.
+  void scatter(const void* send, void* recv, int64_t bytes, int root, const std::string& what);
+  // Every process sends send_bytes[q] bytes to process q, read from `send` in q order, and receives
+  // recv_bytes[q] bytes from process q, written to `recv` in q order (host memory; totals < 2^31). The counts
+  // are the caller's to agree on beforehand (each side's recv_bytes[q] must be q's send_bytes[rank()]): the
+  // arrival token only checks that every process is in the same collective.
+  void all_to_all(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                  const std::vector<int64_t>& recv_bytes, const std::string& what);
   // `bytes` bytes at `data` (host memory), from process `root` to every process.
   void broadcast(void* data, int64_t bytes, int root, const std::string& what);
   void barrier(const std::string& what);

@@ -149,15 +149,30 @@ std::string ProcessGroup::check_every_list(const char* name, const char* item, c
   return "";
 }
 
-std::string ProcessGroup::check_root_list(size_t root, const char* list_name, const char* name,
+std::string ProcessGroup::check_root_list(int root, const char* list_name, const char* name,
                                           const char* relation) const {
-  const std::vector<Tensor>& list = posted_[root]->list;
-  if (std::string e = check_list(devices_, root, list, devices_[root], list_name, world_size()); !e.empty()) return e;
-  const std::string article_name = detail::str_cat("an ", name);
   for (size_t k = 0; k < posted_.size(); ++k) {
-    const Tensor& t = posted_[k]->tensor;
-    if (std::string e = check_tensor(devices_, k, t, devices_[k], name); !e.empty()) return e;
-    if (std::string e = check_like(devices_, k, t, list[k], article_name.c_str(), relation); !e.empty()) return e;
+    if (std::string e = check_tensor(devices_, k, posted_[k]->tensor, devices_[k], name); !e.empty()) return e;
+  }
+  // The root's list is read in the root's process only (the others pass {}). Its entry for global rank g is
+  // compared with this process's member g % size(): the same member in the root's process; in another process,
+  // the member at the same place, whose size the backend's own check compares across processes.
+  if (root / size() != backend_impl_->process_index()) return "";
+  const size_t root_member = local_member(root);
+  const std::vector<Tensor>& list = posted_[root_member]->list;
+  if (std::string e = check_list(devices_, root_member, list, devices_[root_member], list_name, world_size()); !e.empty()) {
+    return e;
+  }
+  const std::string article_name = detail::str_cat("an ", name);
+  for (size_t g = 0; g < list.size(); ++g) {
+    const size_t k = g % posted_.size();
+    const std::string root_relation = g / posted_.size() == static_cast<size_t>(backend_impl_->process_index())
+                                          ? std::string(relation)
+                                          : detail::str_cat(relation, " at global rank ", g);
+    if (std::string e = check_like(devices_, k, posted_[k]->tensor, list[g], article_name.c_str(), root_relation.c_str());
+        !e.empty()) {
+      return e;
+    }
   }
   return "";
 }
@@ -201,7 +216,12 @@ void ProcessGroup::run(int rank, Posted& mine, const Validate& validate, const W
       failure = std::current_exception();
     }
   }
+  // An error in arguments only this process sees leaves the other processes' members waiting for it inside
+  // the backend: tell them (they throw "rank p failed: <it>"), and end the group here too, as there.
+  const bool refused_across_processes = !error.empty() && backend_impl_->processes() > 1;
+  if (refused_across_processes && rank == 0) backend_impl_->abort(detail::str_cat(what, ": ", error));
   rendezvous_.meet(rank, what);  // nobody touches another member's buffers past this point
+  if (refused_across_processes && rank == 0) rendezvous_.abort(detail::str_cat(what, ": ", error));
   DPE_CHECK(error.empty(), what, ": ", error);
   if (failure) std::rethrow_exception(failure);
   if (rank == 0) calls_[static_cast<size_t>(mine.kind)].fetch_add(1);
@@ -272,13 +292,13 @@ void ProcessGroup::reduce_scatter_tensor(int rank, const Tensor& output, const T
 
 void ProcessGroup::gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input, int root) {
   Posted mine{.kind = Collective::Gather, .root = root, .tensor = input, .list = outputs};
-  auto validate = [&] { return check_root_list(local_member(root), "outputs", "input", "the root's output for it"); };
+  auto validate = [&] { return check_root_list(root, "outputs", "input", "the root's output for it"); };
   run(rank, mine, validate, [&] { backend_impl_->gather(rank, posted_); });
 }
 
 void ProcessGroup::scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, int root) {
   Posted mine{.kind = Collective::Scatter, .root = root, .tensor = output, .list = inputs};
-  auto validate = [&] { return check_root_list(local_member(root), "inputs", "output", "the root's input for it"); };
+  auto validate = [&] { return check_root_list(root, "inputs", "output", "the root's input for it"); };
   run(rank, mine, validate, [&] { backend_impl_->scatter(rank, posted_); });
 }
 
@@ -290,10 +310,11 @@ void ProcessGroup::all_to_all(int rank, const std::vector<Tensor>& outputs, cons
       if (std::string e = check_list(devices_, k, p.list, devices_[k], "inputs", world_size()); !e.empty()) return e;
       if (std::string e = check_list(devices_, k, p.list2, devices_[k], "outputs", world_size()); !e.empty()) return e;
     }
+    // The pairs inside this process (across processes: the backend checks every pair).
     for (size_t k = 0; k < posted_.size(); ++k) {
       for (size_t j = 0; j < posted_.size(); ++j) {
-        const Tensor& out = posted_[k]->list2[j];
-        if (std::string e = check_like(devices_, k, out, posted_[j]->list[k], "an output",
+        const Tensor& out = posted_[k]->list2[global_rank(static_cast<int>(j))];
+        if (std::string e = check_like(devices_, k, out, posted_[j]->list[global_rank(static_cast<int>(k))], "an output",
                                        detail::str_cat(member(devices_, j), "'s input for it").c_str());
             !e.empty()) {
           return e;

@@ -18,14 +18,16 @@
 //  - Mpi: the devices of every process of an MPI launch (collectives/mpi_backend.h; CUDA tensors cross
 //    processes through pinned host memory): the group's members are
 //    this process's devices in each of P processes, P x size() in all. Construction is collective across the
-//    processes. Every collective but gather, scatter and all_to_all, which throw for now.
+//    processes. Every collective.
 //  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise (never Mpi).
 //
 // Contract for every collective:
 //  - every member calls the same collectives in the same order, each with its own rank, concurrently;
 //  - tensors are contiguous and on the member's own device (gather/scatter lists: on the root's device);
 //  - members' arguments must agree (op, root, dtype, sizes): a disagreement throws on every member, with a
-//    message naming the member and the values, and leaves the group usable;
+//    message naming the member and the values, and leaves the group usable; across processes (backend
+//    'mpi'), arguments that only one process can see are wrong end the group in every process, the others
+//    throwing "rank p failed: <the message>";
 //  - a member that does not arrive within the timeout is an error naming its device, raised on every member
 //    that waits; the group is then aborted (every call throws) until reset();
 //  - a call returns when this member's outputs are written (CUDA: ordered before later work on the member's
@@ -127,9 +129,10 @@ class ProcessGroup {
   std::string check_every(Tensor Posted::*field, const char* name, size_t reference) const;
   // Every member's `list`: one tensor per member, on its own device, contiguous, like its own `tensor`.
   std::string check_every_list(const char* name, const char* item, const char* relation) const;
-  // gather/scatter: the root's `list` (one tensor per member, on the root's device, contiguous) and every
-  // member's `tensor` (on its own device, like the root's entry for it).
-  std::string check_root_list(size_t root, const char* list_name, const char* name, const char* relation) const;
+  // gather/scatter: every member's `tensor` (on its own device, contiguous) and, in the root's process, the
+  // root's `list` (one tensor per member of the world, on the root's device, contiguous, each like its
+  // member's `tensor`).
+  std::string check_root_list(int root, const char* list_name, const char* name, const char* relation) const;
   // An error only this member can see (its arguments are not posted yet): aborts the group so that the
   // others do not wait for it, then throws.
   [[noreturn]] void fail_alone(const std::string& message);

@@ -30,7 +30,6 @@ struct CollectivesArgs {
   std::optional<std::string> device_ids;
   std::string backend = "auto";
   std::string dist = "none";  // "mpi": one group over the devices of every process of an MPI launch
-  bool ops_given = false;     // --dist mpi defaults to the collectives it serves
   std::vector<std::string> ops = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"};
   int64_t min_bytes = 1024, max_bytes = 64 << 20;
   int factor = 4, iters = 20, warmup = 5;
@@ -165,13 +164,8 @@ void run_collectives(CollectivesArgs args) {
   check_device_ids("--device-ids", devices);
   const bool across_processes = args.dist == "mpi";
   if (across_processes) {
-    if (!args.ops_given) args.ops = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"};
     DPE_CHECK(args.backend == "auto", "--backend ", args.backend, " cannot be combined with --dist mpi; expected "
               "--backend auto (the mpi backend carries every collective across processes)");
-    for (const std::string& op : args.ops) {
-      DPE_CHECK(op != "all_to_all", "--ops all_to_all is not available with --dist mpi yet; expected all_reduce, "
-                "broadcast, reduce, all_gather, reduce_scatter");
-    }
   } else {
     check_sizes(args, static_cast<int>(devices.size()));
   }
@@ -294,11 +288,10 @@ void add_collectives_command(CLI::App& app) {
   cmd->add_option("--backend", args->backend, "collectives backend")
       ->check(CLI::IsMember({"auto", "cpu", "peer-copy", "nccl"}));
   cmd->add_option("--dist", args->dist, "mpi: one group over the devices of every process of an MPI launch "
-                  "(mpirun -np P dpe collectives --dist mpi; all but all_to_all; process 0 prints)")
+                  "(mpirun -np P dpe collectives --dist mpi; process 0 prints)")
       ->check(CLI::IsMember({"none", "mpi"}));
-  CLI::Option* ops = add_name_list_option(*cmd, "--ops", args->ops,
-                                          "collectives to run (--dist mpi: all but all_to_all)",
-                                          {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"});
+  add_name_list_option(*cmd, "--ops", args->ops, "collectives to run",
+                       {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"});
   add_int_option(*cmd, "-b,--min-bytes", args->min_bytes,
                  "smallest size in bytes (K, M, G suffixes: powers of 1024); a row holds size / 4 float32 elements",
                  1, int64_t{1} << 32, true);
@@ -311,8 +304,7 @@ void add_collectives_command(CLI::App& app) {
   // Tests only, hidden from --help: member RANK throws before its first collective, so that a test can show
   // the others are released at once (ProcessGroup::abort) instead of waiting out the group's timeout.
   add_int_option(*cmd, "--inject-failure-rank", args->fail_rank, "", 0, 1023)->group("");
-  cmd->callback([args, ops] {
-    args->ops_given = ops->count() > 0;
+  cmd->callback([args] {
     run_collectives(*args);
   });
 }
