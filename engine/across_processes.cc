@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/autograd/grad_mode.h"
+#include "core/copy.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
@@ -119,9 +120,26 @@ void DataParallel::broadcast_master_buffers() {
   for (const Tensor& b : replica_buffers_[0]) masters_->broadcast(0, b, 0);
 }
 
+namespace {
+
+// `values`, summed over every member of every process of `group` (member `rank`'s part).
+std::vector<double> sum_over_processes(ProcessGroup& group, int rank, const std::vector<double>& values) {
+  Tensor sums = Tensor::from_vector(values, {static_cast<int64_t>(values.size())},
+                                    TensorOptions(DType::Float64).with_device(group.devices()[rank]));
+  group.all_reduce(rank, sums);
+  return sums.to_vector<double>();
+}
+
+}  // namespace
+
 double DataParallel::average_masters(double loss, int64_t batch) {
   auto start = detail::Clock::now();
   NoGradGuard no_grad;
+  const std::vector<double> totals = sum_over_processes(*masters_, 0, {loss * static_cast<double>(batch),
+                                                                       static_cast<double>(batch)});
+  // Each master's gradient is its batch's mean: weighted by its share of the global batch, the sum is the
+  // global batch's mean (for equal batches the weight is 1 / processes, the plain average).
+  const double weight = static_cast<double>(batch) / totals[1];
   for (size_t k = 0; k < replica_params_[0].size(); ++k) {
     if (!trainable_[k]) continue;
     const Tensor& param = replica_params_[0][k];
@@ -129,21 +147,22 @@ double DataParallel::average_masters(double loss, int64_t batch) {
     if (!param.grad().defined() || !param.grad().is_contiguous()) {
       param.set_grad(param.grad().defined() ? param.grad().contiguous() : zeros_like(param));
     }
-    masters_->all_reduce(0, param.grad(), ReduceOp::Avg);
+    scale_into(param.grad(), weight);
+    masters_->all_reduce(0, param.grad());
     report_.reduce.bytes += static_cast<int64_t>(param.grad().nbytes());
   }
-  const double global = loss_over_processes(*masters_, 0, loss, batch);
   report_.reduce_ms += detail::ms_since(start);
-  return global;
+  return totals[0] / totals[1];
 }
 
 double DataParallel::loss_over_processes(ProcessGroup& group, int rank, double loss, int64_t samples) {
-  // (loss x samples, samples), summed over every member of every process.
-  Tensor sums = Tensor::from_vector(std::vector<double>{loss * static_cast<double>(samples), static_cast<double>(samples)},
-                                    {2}, TensorOptions(DType::Float64).with_device(group.devices()[rank]));
-  group.all_reduce(rank, sums);
-  const std::vector<double> global = sums.to_vector<double>();
-  return global[0] / global[1];
+  const std::vector<double> totals = sum_over_processes(group, rank, {loss * static_cast<double>(samples),
+                                                                      static_cast<double>(samples)});
+  return totals[0] / totals[1];
+}
+
+double DataParallel::samples_over_processes(ProcessGroup& group, int rank, int64_t samples) {
+  return sum_over_processes(group, rank, {static_cast<double>(samples)})[0];
 }
 
 }  // namespace dpe

@@ -216,11 +216,14 @@ class DataParallel {
   // DP mode: the masters' group, checked, and process 0's master state everywhere.
   void init_dp_across_processes();
   void broadcast_master_buffers();  // before a synchronised forward
-  // After a synchronised backward: the masters' gradients averaged over the processes; returns the loss of
-  // every process's batch (this one's: `loss` over `batch` samples).
+  // After a synchronised backward: the masters' gradients averaged over the processes, each weighing its
+  // share of the global batch; returns the loss of every process's batch (this one's: `loss` over `batch`
+  // samples).
   double average_masters(double loss, int64_t batch);
-  // The mean loss over every member of every process of `group`, from member `rank`'s `loss` over `samples`.
+  // Over every member of every process of `group`, from member `rank`'s `loss` over `samples`: the mean loss,
+  // and the number of samples.
   static double loss_over_processes(ProcessGroup& group, int rank, double loss, int64_t samples);
+  static double samples_over_processes(ProcessGroup& group, int rank, int64_t samples);
   // The mode's gradient reducer over the parameters that require grad (trainable_).
   void build_reducer();
   // Picks up requires_grad changes made after construction (Note [Frozen parameters]).

@@ -22,6 +22,7 @@
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "optim/adam.h"
+#include "scatter_gather/chunking.h"
 
 namespace dpe {
 namespace {
@@ -126,6 +127,32 @@ TEST(DdpAcrossProcesses, SyncBatchNormTrainsLikeOneProcess) {
     EXPECT_LE(max_abs_diff(got[k].second, want[k].second), 1e-5) << "process " << p << " " << got[k].first;
   }
 }
+
+// An uneven global batch (13 rows over 4 replicas: shards of 4, 4, 4 and 1, as torch.chunk cuts them):
+// process p takes the rows of its replicas' shards. Every replica's gradient weighs its share of the global
+// batch, in one process as across processes, so both train like one device on the full batch.
+void expect_uneven_batch_trains_like_one_device(ParallelMode mode) {
+  const int p = process_rank(), processes = process_count();
+  const int64_t batch = 6 * processes + 1;
+  const std::vector<int64_t> shards = compute_chunk_sizes(batch, 2 * processes);
+  int64_t offset = 0;
+  for (int k = 0; k < 2 * p; ++k) offset += shards[k];
+  const int64_t rows = shards[2 * p] + shards[2 * p + 1];
+  const auto batches = global_batches(10, batch);
+  DataParallel across(make_model(400 + p), {.device_ids = cpus(0, 2), .mode = mode, .backend = CollectiveBackend::Mpi});
+  const std::vector<double> across_losses = train(across, batches, offset, rows);
+  DataParallel one(make_model(400), {.device_ids = cpus(0, 1), .mode = mode});
+  const std::vector<double> one_losses = train(one, batches, 0, batch);
+  expect_same_losses(across_losses, one_losses);
+  const std::vector<Tensor> want = one.module().parameters(), got = across.module().parameters();
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_LE(max_abs_diff(got[k], want[k]), 1e-6) << "process " << p << " parameter " << k;
+  }
+}
+
+TEST(DdpAcrossProcesses, AnUnevenGlobalBatchTrainsLikeOneDevice) { expect_uneven_batch_trains_like_one_device(ParallelMode::DDP); }
+
+TEST(DpAcrossProcesses, AnUnevenGlobalBatchTrainsLikeOneDevice) { expect_uneven_batch_trains_like_one_device(ParallelMode::DP); }
 
 // Different models on two processes: the same named error on both, before any parameter moves.
 TEST(DdpAcrossProcesses, DifferentModelsAreRefusedNamingTheFirstDifference) {

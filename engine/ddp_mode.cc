@@ -123,7 +123,14 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
       }
       broadcast_ms[r] = ms_since(start);
 
-      if (sync) ddp_reducer_->attach_gradients(r);
+      if (sync) {
+        // Each replica's gradient weighs its share of the global batch (n_r / N), so that uneven shards still
+        // give the global batch's mean gradient (PyTorch averages the replicas' means instead); for even
+        // shards the weight is exactly 1 / world size, PyTorch's.
+        const double global_batch = across_processes ? samples_over_processes(*group_, rank, sizes[r]) : batch;
+        ddp_reducer_->set_gradient_weight(r, static_cast<double>(sizes[r]) / global_batch);
+        ddp_reducer_->attach_gradients(r);
+      }
       start = Clock::now();
       Tensor out = replicas_[r]->forward(x);
       forward_ms[r] = ms_since(start);

@@ -58,6 +58,7 @@ struct DdpReducer::ReplicaState {
   std::vector<bool> ready;         // per param, this iteration
   std::vector<int32_t> used;       // per param: had a gradient this iteration (find_unused)
   size_t next_bucket = 0;
+  double weight = 0;               // this replica's gradient's weight in the SUM (set_gradient_weight)
   int64_t launched_from_hooks = 0;
   double allreduce_ms = 0;
 };
@@ -73,6 +74,7 @@ DdpReducer::DdpReducer(std::vector<std::vector<Tensor>> replica_params, std::vec
   for (size_t r = 0; r < params_.size(); ++r) {
     DPE_INTERNAL_ASSERT(params_[r].size() == n, "replica ", r, " has a different parameter count");
     replicas_.push_back(std::make_unique<ReplicaState>());
+    replicas_.back()->weight = 1.0 / static_cast<double>(group_->world_size());
   }
   std::vector<size_t> registration(n);
   for (size_t i = 0; i < n; ++i) registration[i] = i;
@@ -167,6 +169,11 @@ void DdpReducer::attach_gradients(size_t replica) {
   }
 }
 
+void DdpReducer::set_gradient_weight(size_t replica, double weight) {
+  DPE_CHECK(weight >= 0 && weight <= 1, "DDP: replica ", replica, "'s gradient weight must be in [0, 1], got ", weight);
+  replicas_[replica]->weight = weight;
+}
+
 void DdpReducer::on_gradient_ready(size_t replica, size_t param) {
   if (!armed_) return;  // no_sync, or a backward the engine does not manage: gradients accumulate locally
   mark_ready(replica, param, true);
@@ -184,12 +191,11 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   const Tensor& view = state.views[param];
   if (from_hook && grad.defined()) {
     state.used[param] = 1;
-    // Pre-divide: the SUM over every replica of every process is the average.
-    const double inverse_world_size = 1.0 / static_cast<double>(group_->world_size());
+    // Pre-weighted: the SUM over every replica of every process is the weighted average.
     if (same_memory(grad, view)) {
-      scale_into(view, inverse_world_size);
+      scale_into(view, state.weight);
     } else {
-      scaled_copy_into(view, grad, inverse_world_size);
+      scaled_copy_into(view, grad, state.weight);
       // Gradients as bucket views (what finalize_backward expects of attached gradients).
       if (!options_.find_unused_parameters) params_[replica][param].set_grad(view);
     }

@@ -9,7 +9,9 @@
 // find_unused_parameters), so the small first bucket is the one whose gradients are ready first.
 //
 // Backward. A post-accumulate hook on every parameter of every replica copies the gradient into its
-// bucket's flat buffer pre-divided by the world size; when a bucket's last gradient arrives and all lower
+// bucket's flat buffer multiplied by the replica's weight (set_gradient_weight: n_r / N, its share of the
+// global batch, so that the SUM is the global batch's mean gradient; 1 / world size, PyTorch's average of
+// the replicas' means, when every shard is equal or nobody set it); when a bucket's last gradient arrives and all lower
 // buckets are launched, the replica launches it (and any ready buckets after it) as a SUM all-reduce, in
 // bucket index order — the same order on every replica whatever order its gradients become ready in. The
 // launch happens inside backward, on the replica's worker thread, overlapping the rest of its backward.
@@ -78,6 +80,10 @@ class DdpReducer {
   // holding the gradient accumulated so far (undefined ones stay undefined). Does nothing with
   // find_unused_parameters (unused parameters must keep .grad untouched).
   void attach_gradients(size_t replica);
+  // Before a synchronised backward, on replica r's worker: replica r's gradient enters the SUM multiplied by
+  // `weight` (in [0, 1]; kept until set again; 1 / world size at first). The weights of every replica of every
+  // process should sum to 1.
+  void set_gradient_weight(size_t replica, double weight);
   // With find_unused_parameters: marks replica r's parameters that `loss` does not depend on as ready.
   void mark_unused_parameters(size_t replica, const Tensor& loss);
   // After replica r's backward: checks every bucket was launched, all-reduces the used-map (find_unused),
