@@ -7,6 +7,7 @@
 #include "core/error.h"
 
 #if DPE_WITH_CUDA
+#include "collectives/mpi_nccl_backend.h"
 #include "collectives/nccl_backend.h"
 #include "core/cuda/cuda_device.h"
 #endif
@@ -39,7 +40,7 @@ CollectiveBackend resolve_backend(CollectiveBackend requested, const std::vector
   const bool serves_cpu = backend == CollectiveBackend::Cpu || backend == CollectiveBackend::Mpi;
   const bool serves_cuda = backend != CollectiveBackend::Cpu;
   DPE_CHECK(cpu ? serves_cpu : serves_cuda, "ProcessGroup: backend '", backend_name(backend), "' cannot serve ",
-            devices[0], "; expected '", cpu ? "cpu' or 'mpi" : "nccl', 'peer-copy' or 'mpi", "'");
+            devices[0], "; expected '", cpu ? "cpu' or 'mpi" : "nccl', 'peer-copy', 'mpi' or 'mpi-nccl", "'");
   if (backend == CollectiveBackend::Nccl) {
     DPE_CHECK(all_distinct_gpus(devices), "ProcessGroup: backend 'nccl' needs every member on its own GPU "
               "(NCCL refuses one GPU as two ranks); these logical devices share a GPU: use 'peer-copy'");
@@ -56,6 +57,12 @@ std::unique_ptr<Backend> make_backend(CollectiveBackend kind, const std::vector<
       return make_shared_memory_backend(devices);
     case CollectiveBackend::Mpi:
       return make_mpi_backend(devices, timeout);
+    case CollectiveBackend::MpiNccl:
+#if DPE_WITH_CUDA
+      return make_mpi_nccl_backend(devices, timeout);
+#else
+      break;  // resolve_backend refuses it without CUDA devices
+#endif
     case CollectiveBackend::Nccl:
 #if DPE_WITH_CUDA
       return make_nccl_backend(devices);

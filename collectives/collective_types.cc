@@ -9,6 +9,7 @@ const char* backend_name(CollectiveBackend backend) {
     case CollectiveBackend::PeerCopy: return "peer-copy";
     case CollectiveBackend::Nccl: return "nccl";
     case CollectiveBackend::Mpi: return "mpi";
+    case CollectiveBackend::MpiNccl: return "mpi-nccl";
   }
   return "?";
 }

@@ -8,8 +8,12 @@
 
 namespace dpe {
 
-enum class CollectiveBackend { Auto, Cpu, PeerCopy, Nccl, Mpi };
+// Mpi and MpiNccl span the processes of an MPI launch (collectives/process_group.h); the others one process.
+enum class CollectiveBackend { Auto, Cpu, PeerCopy, Nccl, Mpi, MpiNccl };
 const char* backend_name(CollectiveBackend backend);
+inline bool spans_processes(CollectiveBackend backend) {
+  return backend == CollectiveBackend::Mpi || backend == CollectiveBackend::MpiNccl;
+}
 
 enum class Collective {
   AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, Gather, Scatter, AllToAll, Barrier, BroadcastObject

@@ -62,6 +62,10 @@ class MpiBackend : public SharedMemoryBackend {
   void barrier(int rank) override;
   void abort(const std::string& reason) override { failures_->announce(reason); }
 
+ protected:
+  std::unique_ptr<MpiAbortChannel> failures_;    // what the cross communicators' waits listen to
+  std::vector<std::unique_ptr<MpiComm>> cross_;  // [t]: member t of every process
+
  private:
   // `t` itself on a CPU device; else a copy of it in pinned host memory (what MPI reads and writes), and
   // back_to_device copies such a copy into `t`.
@@ -82,8 +86,6 @@ class MpiBackend : public SharedMemoryBackend {
 
   int processes_ = 1;
   int process_index_ = 0;
-  std::unique_ptr<MpiAbortChannel> failures_;    // what the cross communicators' waits listen to
-  std::vector<std::unique_ptr<MpiComm>> cross_;  // [t]: member t of every process
 };
 
 std::unique_ptr<Backend> make_mpi_backend(const std::vector<Device>& devices, std::chrono::milliseconds timeout);

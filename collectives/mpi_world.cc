@@ -248,6 +248,7 @@ void MpiComm::check_not_aborted(const std::string& what) const {
 }
 
 void MpiComm::arrive(const std::string& what, const std::vector<int64_t>& signature, const char* signature_names) {
+  check_not_aborted(what);
   ++seq_;
   if (size_ == 1) return;
   // A token is the sequence number and the signature. Owned by MPI until every request completes: past a

@@ -136,12 +136,13 @@ class MpiComm {
   // `bytes` bytes at `data` (host memory), from process `root` to every process.
   void broadcast(void* data, int64_t bytes, int root, const std::string& what);
   void barrier(const std::string& what);
-
- private:
   // Every rank tells every other that it reached collective seq_ and with which arguments (`signature`: what
   // must agree, e.g. {element count, dtype}); returns when all have, throws naming the ranks that did not
-  // within the timeout, or every rank's signature when they differ.
+  // within the timeout, or every rank's signature when they differ (`signature_names`: "elements, dtype").
+  // Each collective above starts with it; a transport of its own (NCCL) calls it to get the same checks.
   void arrive(const std::string& what, const std::vector<int64_t>& signature, const char* signature_names);
+
+ private:
   // Waits for `request` until the deadline; throws (and aborts the communicator) past it.
   void wait(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const std::string& what);
   void check_not_aborted(const std::string& what) const;

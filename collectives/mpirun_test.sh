@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs a gtest binary ($1) as two processes of one mpirun launch; fails if either process fails. Rank 0
+# Runs a gtest binary ($1) as $3 processes (default 2) of one mpirun launch, each with $2 CPU devices (default
+# 2); fails if any process fails. Rank 0
 # writes the XML report Bazel asked for (each test case counted once); the other ranks write none.
 set -euo pipefail
 if [[ "${1:-}" == --rank ]]; then  # inside mpirun: one process
@@ -11,4 +12,4 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # CPU devices per process ($2, default 2) whatever the core count.
 export DPE_NUM_CPU_DEVICES=${2:-2}
-exec mpirun -np 2 --oversubscribe --bind-to none "$0" --rank "$1"
+exec mpirun -np "${3:-2}" --oversubscribe --bind-to none "$0" --rank "$1"

@@ -2,6 +2,9 @@
 
 #include <nccl.h>
 
+#include <cstring>
+#include <thread>
+
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_device.h"
 
@@ -34,9 +37,21 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 }  // namespace
 
+static_assert(sizeof(ncclUniqueId) == sizeof(NcclUniqueId), "NcclUniqueId must hold an ncclUniqueId");
+
+NcclUniqueId make_nccl_unique_id() {
+  ncclUniqueId id;
+  DPE_NCCL_CHECK(ncclGetUniqueId(&id));
+  NcclUniqueId bytes;
+  std::memcpy(bytes.data(), &id, sizeof id);
+  return bytes;
+}
+
 struct NcclComms::Impl {
   std::vector<int> logical;
   std::vector<ncclComm_t> comms;
+  std::vector<cudaEvent_t> done;    // per member: recorded by wait(), created on first use
+  std::vector<std::string> aborted;  // per member: why its communicator was aborted ("" if it was not)
 };
 
 NcclComms::NcclComms(const std::vector<int>& logical_devices) : impl_(std::make_unique<Impl>()) {
@@ -47,8 +62,74 @@ NcclComms::NcclComms(const std::vector<int>& logical_devices) : impl_(std::make_
   DPE_NCCL_CHECK(ncclCommInitAll(impl_->comms.data(), static_cast<int>(physical.size()), physical.data()));
 }
 
+NcclComms::NcclComms(const std::vector<int>& logical_devices, const NcclUniqueId& id, int world_size, int first_rank)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->logical = logical_devices;
+  impl_->comms.resize(logical_devices.size());
+  ncclUniqueId unique;
+  std::memcpy(&unique, id.data(), sizeof unique);
+  // Several ranks of one clique from one thread: NCCL needs them in one group.
+  DPE_NCCL_CHECK(ncclGroupStart());
+  for (size_t t = 0; t < logical_devices.size(); ++t) {
+    cuda::DeviceGuard guard(logical_devices[t]);
+    const ncclResult_t status = ncclCommInitRank(&impl_->comms[t], world_size, unique, first_rank + static_cast<int>(t));
+    if (status != ncclSuccess) {
+      ncclGroupEnd();
+      DPE_NCCL_CHECK(status);
+    }
+  }
+  DPE_NCCL_CHECK(ncclGroupEnd());
+}
+
 NcclComms::~NcclComms() {
-  for (ncclComm_t comm : impl_->comms) ncclCommDestroy(comm);  // a destructor reports nothing
+  for (size_t t = 0; t < impl_->comms.size(); ++t) {
+    // A destructor reports nothing; an aborted communicator is already gone.
+    if (impl_->aborted.empty() || impl_->aborted[t].empty()) ncclCommDestroy(impl_->comms[t]);
+    if (!impl_->done.empty() && impl_->done[t] != nullptr) cudaEventDestroy(impl_->done[t]);
+  }
+}
+
+void NcclComms::wait(int rank, std::chrono::steady_clock::time_point deadline,
+                     const std::function<std::string()>& failed_elsewhere, const std::string& what) {
+  if (impl_->done.empty()) {
+    impl_->done.assign(impl_->comms.size(), nullptr);
+    impl_->aborted.assign(impl_->comms.size(), "");
+  }
+  DPE_CHECK(impl_->aborted[rank].empty(), what, ": the NCCL communicator was aborted by an earlier failure: ",
+            impl_->aborted[rank]);
+  const int logical = impl_->logical[rank];
+  cuda::DeviceGuard guard(logical);
+  cudaEvent_t& done = impl_->done[rank];
+  if (done == nullptr) DPE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  DPE_CUDA_CHECK(cudaEventRecord(done, cuda::stream(logical)));
+  std::string failure;
+  const auto patient_after = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  for (;;) {
+    const cudaError_t state = cudaEventQuery(done);
+    if (state == cudaSuccess) return;
+    if (state != cudaErrorNotReady) DPE_CUDA_CHECK(state);
+    ncclResult_t async = ncclSuccess;
+    DPE_NCCL_CHECK(ncclCommGetAsyncError(impl_->comms[rank], &async));
+    if (async != ncclSuccess) {
+      failure = std::string("NCCL reported ") + ncclGetErrorString(async) + ": " + ncclGetLastError(impl_->comms[rank]);
+      break;
+    }
+    if (failure = failed_elsewhere(); !failure.empty()) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      failure = "did not finish before the group's timeout (a process that stopped calling collectives?)";
+      break;
+    }
+    // As MpiComm's waits: back to back (yielding) while it is likely a transfer, then every millisecond.
+    if (now < patient_after) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  impl_->aborted[rank] = what + ": " + failure;
+  ncclCommAbort(impl_->comms[rank]);  // ends the stuck kernel; its own status is of no further use
+  throw Error(impl_->aborted[rank]);
 }
 
 void NcclComms::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {

@@ -1,12 +1,19 @@
 // NCCL communicators for a ProcessGroup whose members are CUDA devices on distinct GPUs (CUDA builds only).
 //
-// One communicator per member, created together by ncclCommInitAll over the members' physical GPUs (rank =
-// member position). Each member's thread issues its own calls on its own communicator and its device's
+// One communicator per member. In one process (backend 'nccl'): created together by ncclCommInitAll over the
+// members' physical GPUs (rank = member position). Across processes (backend 'mpi-nccl'): each process creates
+// its members' communicators of one NCCL clique of world_size ranks from a unique id made by one process and
+// sent to the others (rank = first_rank + member position); every process must call the constructor, and NCCL
+// waits for all of them. Each member's thread issues its own calls on its own communicator and its device's
 // stream (NCCL's one-thread-per-device pattern: calls on different communicators from different threads
 // need no group). The ProcessGroup has already met every member on the host before a call, so a NCCL call
 // never waits for a member that will not come.
 #pragma once
 
+#include <array>
+#include <chrono>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -14,9 +21,14 @@
 
 namespace dpe {
 
+// ncclUniqueId's bytes (NCCL_UNIQUE_ID_BYTES): what one process makes and sends to the others.
+using NcclUniqueId = std::array<char, 128>;
+NcclUniqueId make_nccl_unique_id();
+
 class NcclComms {
  public:
   explicit NcclComms(const std::vector<int>& logical_devices);
+  NcclComms(const std::vector<int>& logical_devices, const NcclUniqueId& id, int world_size, int first_rank);
   ~NcclComms();
   NcclComms(const NcclComms&) = delete;
   NcclComms& operator=(const NcclComms&) = delete;
@@ -26,6 +38,13 @@ class NcclComms {
   void reduce(int rank, const Tensor& tensor, int root, ReduceOp op);
   void all_gather(int rank, const Tensor& output, const Tensor& input);
   void reduce_scatter(int rank, const Tensor& output, const Tensor& input, ReduceOp op);
+
+  // Waits until member `rank`'s stream has done everything enqueued so far, polling NCCL's asynchronous error
+  // and `failed_elsewhere` (a reason, or "" while there is none). On an error, a reason, or past `deadline`,
+  // aborts member `rank`'s communicator (ncclCommAbort: a collective stuck waiting for a peer that will not
+  // come ends) and throws naming `what`; every later call on it throws. Member `rank`'s thread only.
+  void wait(int rank, std::chrono::steady_clock::time_point deadline,
+            const std::function<std::string()>& failed_elsewhere, const std::string& what);
 
  private:
   struct Impl;

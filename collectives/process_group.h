@@ -19,14 +19,18 @@
 //    processes through pinned host memory): the group's members are
 //    this process's devices in each of P processes, P x size() in all. Construction is collective across the
 //    processes. Every collective.
-//  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise (never Mpi).
+//  - MpiNccl: CUDA devices of every process of an MPI launch, no two on one GPU (collectives/mpi_nccl_backend.h):
+//    one NCCL clique over all of them, bootstrapped over MPI; the reducing collectives, broadcast and the
+//    flat forms GPU to GPU through NCCL, the others as Mpi's.
+//  Auto picks Cpu for CPU devices, Nccl for CUDA devices on distinct GPUs, PeerCopy otherwise (never one that
+//  spans processes).
 //
 // Contract for every collective:
 //  - every member calls the same collectives in the same order, each with its own rank, concurrently;
 //  - tensors are contiguous and on the member's own device (gather/scatter lists: on the root's device);
 //  - members' arguments must agree (op, root, dtype, sizes): a disagreement throws on every member, with a
 //    message naming the member and the values, and leaves the group usable; across processes (backend
-//    'mpi'), arguments that only one process can see are wrong end the group in every process, the others
+//    'mpi', 'mpi-nccl'), arguments that only one process can see are wrong end the group in every process, the others
 //    throwing "rank p failed: <the message>";
 //  - a member that does not arrive within the timeout is an error naming its device, raised on every member
 //    that waits; the group is then aborted (every call throws) until reset();
@@ -76,7 +80,7 @@ class ProcessGroup {
   int size() const { return static_cast<int>(devices_.size()); }
   const std::vector<Device>& devices() const { return devices_; }
   CollectiveBackend backend() const { return backend_; }
-  // Members across every process the group spans (backend 'mpi': processes x size(); else size()), and a
+  // Members across every process the group spans (backends 'mpi' and 'mpi-nccl': processes x size(); else size()), and a
   // member's rank among them (process index x size() + rank). Every process has the same size().
   int world_size() const;
   int global_rank(int rank) const;
@@ -110,7 +114,7 @@ class ProcessGroup {
   // Wakes every member waiting in a collective with an error carrying `reason` (a replica failed and its
   // partners must not wait for it); every collective throws until reset(), which the owner calls once no
   // member is inside one.
-  // Backend 'mpi': the other processes are told too, and their members' waits end with this reason (every
+  // Backends 'mpi' and 'mpi-nccl': the other processes are told too, and their members' waits end with this reason (every
   // later collective of the group then throws, in every process: reset() cannot bring processes back).
   void abort(const std::string& reason);
   void reset() { rendezvous_.reset(); }

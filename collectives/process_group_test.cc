@@ -258,6 +258,10 @@ TEST(ProcessGroupTest, ConstructionErrorsNameTheValues) {
             std::string::npos);
   EXPECT_NE(error_of([&] { ProcessGroup(devices, {.backend = CollectiveBackend::Nccl}); }).find("backend 'nccl' cannot serve cpu:0"),
             std::string::npos);
+  // Refused before MPI is started.
+  EXPECT_NE(error_of([&] { ProcessGroup(devices, {.backend = CollectiveBackend::MpiNccl}); })
+                .find("backend 'mpi-nccl' cannot serve cpu:0; expected 'cpu' or 'mpi'"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { ProcessGroup(devices, {.timeout = std::chrono::milliseconds(0)}); }).find("timeout must be positive"),
             std::string::npos);
   EXPECT_NE(error_of([&] { ProcessGroup({Device::cpu(999)}); }).find("cpu:999"), std::string::npos);

@@ -64,7 +64,7 @@ void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
   }
   pool_ = std::make_unique<DeviceWorkerPool>(device_ids_);
   if (options_.mode == ParallelMode::DDP) init_ddp();
-  if (options_.mode == ParallelMode::DP && options_.backend == CollectiveBackend::Mpi) init_dp_across_processes();
+  if (options_.mode == ParallelMode::DP && spans_processes(options_.backend)) init_dp_across_processes();
   build_reducer();
 }
 

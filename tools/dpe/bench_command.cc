@@ -31,6 +31,7 @@
 #include "models/models.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/dist_option.h"
 #include "tools/dpe/json_report.h"
 #include "tools/dpe/subprocess.h"
 #include "tools/dpe/training.h"
@@ -126,16 +127,17 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
   Row row;
   row.config = mode;
   std::string engine_mode = mode == "single-all" ? "single" : mode;
-  const bool across_processes = args.dist == "mpi";
+  const std::optional<CollectiveBackend> dist = dist_backend(args.dist, devices);
+  const bool across_processes = dist.has_value();
   std::unique_ptr<DataParallel> dp = make_engine(
-      {.model = args.model, .mode = engine_mode, .devices = devices, .across_processes = across_processes, .seed = 1},
+      {.model = args.model, .mode = engine_mode, .devices = devices, .dist = dist, .seed = 1},
       {.lr = 0.01});
   // --dist mpi: every process takes its slice of each global batch (training.h, as dpe train does); the row
   // is the whole group's: its devices over every process, the global batch's samples/s.
   const ProcessSlice slice = process_slice(*dp, across_processes, args.batch_size);
   row.devices = static_cast<int>(slice.devices);
   row.reports = slice.reports();
-  if (across_processes) row.config = mode + "-mpi";
+  if (across_processes) row.config = mode + "-" + args.dist;  // ddp-mpi, ddp-mpi-nccl
   LossFn loss = models::model_loss(args.model);
   const int64_t n = data.train_inputs.size(0);
   auto batch_at = [&](int64_t step) {
@@ -338,7 +340,8 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
       args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices);
   check_device_ids("--device-ids", devices);
   models::check_model_name(args.model);
-  if (args.dist == "mpi") {
+  if (args.dist != "none") {
+    dist_backend(args.dist, devices);  // its checks
     for (const std::string& mode : args.modes) {
       DPE_CHECK(mode == "ddp" || mode == "dp", "--modes ", join_commas(args.modes), " with --dist mpi: ", mode,
                 " runs on one device; expected ddp and/or dp");
@@ -377,7 +380,7 @@ void run_bench(const BenchArgs& args) {
             data.train_inputs.size(0));
   std::vector<Row> rows;
   for (const std::string& mode : args.modes) {
-    if (args.dist != "mpi") {
+    if (args.dist == "none") {
       std::fprintf(stderr, "bench: %s %s on %s...\n", args.model.c_str(), mode.c_str(), device_list_str(devices).c_str());
     }
     rows.push_back(bench_mode(args, mode, devices, data));
@@ -406,10 +409,8 @@ void add_bench_command(CLI::App& app) {
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
                                             "modes to run; single-all: one device on every core (--dist mpi: dp, ddp)",
                                             {"single", "single-all", "dp", "ddp"});
-  cmd->add_option("--dist", args->dist, "mpi: ddp and dp mode over the devices of every process of an MPI launch "
-                  "(mpirun -np P dpe bench --dist mpi); rows dp-mpi and ddp-mpi for the whole group; process 0 "
-                  "prints, writes and runs --compare-pytorch")
-      ->check(CLI::IsMember({"none", "mpi"}));
+  add_dist_option(*cmd, args->dist, "ddp and dp mode over the devices of every process of an MPI launch; rows "
+                  "dp-mpi and ddp-mpi for the whole group; process 0 prints, writes and runs --compare-pytorch");
   CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
   add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1,
@@ -433,7 +434,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--csv", args->csv, "write the rows as CSV (checked at start-up)");
   cmd->add_option("--png", args->png, "draw samples/s per configuration (gnuplot; checked at start-up)");
   cmd->callback([args, modes] {
-    if (args->dist == "mpi" && modes->count() == 0) args->modes = {"dp", "ddp"};
+    if (args->dist != "none" && modes->count() == 0) args->modes = {"dp", "ddp"};
     run_bench(*args);
   });
 }

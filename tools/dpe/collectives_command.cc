@@ -20,6 +20,7 @@
 #include "collectives/process_group.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/dist_option.h"
 #include "tools/dpe/json_report.h"
 
 namespace dpe::tool {
@@ -162,15 +163,16 @@ void run_collectives(CollectivesArgs args) {
   std::vector<Device> devices =
       args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(2);
   check_device_ids("--device-ids", devices);
-  const bool across_processes = args.dist == "mpi";
+  const std::optional<CollectiveBackend> dist = dist_backend(args.dist, devices);
+  const bool across_processes = dist.has_value();
   if (across_processes) {
-    DPE_CHECK(args.backend == "auto", "--backend ", args.backend, " cannot be combined with --dist mpi; expected "
-              "--backend auto (the mpi backend carries every collective across processes)");
+    DPE_CHECK(args.backend == "auto", "--backend ", args.backend, " cannot be combined with --dist ", args.dist,
+              "; expected --backend auto (the --dist backend carries every collective across processes)");
   } else {
     check_sizes(args, static_cast<int>(devices.size()));
   }
   if (!args.json.empty()) check_output_path("--json", args.json);
-  ProcessGroup group(devices, {.backend = across_processes ? CollectiveBackend::Mpi : parse_backend(args.backend)});
+  ProcessGroup group(devices, {.backend = dist.value_or(parse_backend(args.backend))});
   // Every figure is over the whole group (every member of every process); process 0 prints.
   const int n = group.world_size(), local = group.size();
   if (across_processes) check_sizes(args, n);
@@ -287,9 +289,7 @@ void add_collectives_command(CLI::App& app) {
   cmd->add_option("--device-ids", args->device_ids, "members, e.g. cpu:0,cpu:1 (default: every CUDA device, else cpu:0,cpu:1)");
   cmd->add_option("--backend", args->backend, "collectives backend")
       ->check(CLI::IsMember({"auto", "cpu", "peer-copy", "nccl"}));
-  cmd->add_option("--dist", args->dist, "mpi: one group over the devices of every process of an MPI launch "
-                  "(mpirun -np P dpe collectives --dist mpi; process 0 prints)")
-      ->check(CLI::IsMember({"none", "mpi"}));
+  add_dist_option(*cmd, args->dist, "one group over the devices of every process of an MPI launch; process 0 prints");
   add_name_list_option(*cmd, "--ops", args->ops, "collectives to run",
                        {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"});
   add_int_option(*cmd, "-b,--min-bytes", args->min_bytes,

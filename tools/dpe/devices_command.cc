@@ -14,6 +14,7 @@
 #include "scatter_gather/chunking.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/dist_option.h"
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_device.h"
@@ -74,8 +75,8 @@ struct DevicesArgs {
 // --dist mpi: every replica of every process of the launch, with its process's place. Each member gathers a
 // line about itself from every member (one all-gather of fixed-size text), and process 0 prints them in global
 // rank order. The place is MPI's, as the mpi backend exports it under torchrun's names.
-void list_across_processes(const std::vector<Device>& devices) {
-  ProcessGroup group(devices, {.backend = CollectiveBackend::Mpi});
+void list_across_processes(const std::vector<Device>& devices, CollectiveBackend backend) {
+  ProcessGroup group(devices, {.backend = backend});
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   auto env = [](const char* name) { const char* v = std::getenv(name); return std::string(v ? v : "?"); };
@@ -133,15 +134,14 @@ void add_devices_command(CLI::App& app) {
       ->needs(ids);
   add_int_option(*cmd, "--batch", args->batch, "batch size whose chunk sizes to show", 0, int64_t{1} << 31)->needs(ids);
   cmd->add_option("--split", args->split, "split rule")->check(CLI::IsMember({"chunk", "balanced"}))->needs(ids);
-  cmd->add_option("--dist", args->dist, "mpi: also list every replica of every process of an MPI launch with its "
-                  "process, local rank and host (mpirun -np P dpe devices --dist mpi --device-ids ...; process 0 prints)")
-      ->check(CLI::IsMember({"none", "mpi"}))
+  add_dist_option(*cmd, args->dist, "also list every replica of every process of an MPI launch with its process, "
+                  "local rank and host (with --device-ids; process 0 prints)")
       ->needs(ids);
   cmd->callback([args] {
-    if (args->dist == "mpi") {
+    if (args->dist != "none") {
       const std::vector<Device> devices = parse_device_option("--device-ids", *args->device_ids);
       check_device_ids("--device-ids", devices);
-      return list_across_processes(devices);
+      return list_across_processes(devices, *dist_backend(args->dist, devices));
     }
     list_devices();
     if (args->device_ids) {

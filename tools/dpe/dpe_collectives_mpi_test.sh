@@ -50,5 +50,8 @@ done
 # Options --dist mpi cannot serve, refused by one process before MPI starts.
 dpe=(timeout 30 "$bin" collectives)
 expect 2 "--backend cpu cannot be combined with --dist mpi" "${dpe[@]}" --dist mpi --backend cpu
+expect 2 "--dist mpi-nccl needs CUDA devices (NCCL), got cpu:0; use --dist mpi for CPU devices" \
+  "${dpe[@]}" --dist mpi-nccl --device-ids cpu:0
+expect 2 "--dist mpi-nccl needs CUDA devices (NCCL), got cpu:1" timeout 30 "$bin" train --dist mpi-nccl --device-ids cpu:1
 expect 105 "--dist: gloo not in" "${dpe[@]}" --dist gloo
 exit $fail

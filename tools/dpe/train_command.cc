@@ -13,6 +13,7 @@
 #include "optim/lr_scheduler.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/dist_option.h"
 #include "tools/dpe/json_report.h"
 #include "tools/dpe/progress.h"
 #include "tools/dpe/training.h"
@@ -47,9 +48,9 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
     args.engine.output_device = Device::parse(*args.output_device);
     check_device_ids("--output-device", {*args.engine.output_device});
   }
-  args.engine.across_processes = args.dist == "mpi";
+  args.engine.dist = dist_backend(args.dist, args.engine.devices);
   check_engine_options(args.engine);
-  if (args.engine.mode == "ddp" && !args.engine.across_processes) {  // across processes: in run_train
+  if (args.engine.mode == "ddp" && !args.engine.dist) {  // across processes: in run_train
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(args.engine.devices.size()));
   }
   if (!args.json.empty()) check_output_path("--json", args.json);
@@ -92,7 +93,7 @@ void run_train(TrainArgs args) {
   LossFn loss_fn = models::model_loss(args.engine.model);
   // --dist mpi: this process's slice of every global batch (training.h); process 0 prints, evaluates, and
   // writes checkpoints and --json.
-  const ProcessSlice slice = process_slice(*dp, args.engine.across_processes, args.batch_size);
+  const ProcessSlice slice = process_slice(*dp, args.engine.dist.has_value(), args.batch_size);
   const bool prints = slice.reports();
   // Batches for GPUs are gathered into pinned memory, so that the scatter's copies are asynchronous DMA.
   const bool to_cuda = std::ranges::any_of(dp->device_ids(), [](const Device& d) { return d.is_cuda(); });
@@ -216,10 +217,9 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
-  cmd->add_option("--dist", args->dist, "mpi: ddp or dp mode over the devices of every process of an MPI launch "
-                  "(mpirun -np P dpe train --dist mpi ...); --batch-size is the global batch over all of them; process 0 prints, "
-                  "evaluates and writes --checkpoint and --json (docs/SCALE_OUT.md)")
-      ->check(CLI::IsMember({"none", "mpi"}));
+  add_dist_option(*cmd, args->dist, "ddp or dp mode over the devices of every process of an MPI launch; "
+                  "--batch-size is the global batch over all of them; process 0 prints, evaluates and writes "
+                  "--checkpoint and --json");
   add_seed_option(*cmd, "--seed", args->engine.seed, "initial weights and data order");
   add_int_option(*cmd, "--limit", args->limit, "use only the first N training samples", 1, int64_t{1} << 40)
       ->default_str("all");

@@ -90,7 +90,7 @@ void check_engine_options(const EngineOptions& options) {
   DPE_CHECK(!options.devices.empty(), "no devices");
   DPE_CHECK(!options.sync_bn || options.mode == "ddp", "--sync-bn needs --mode ddp (SyncBatchNorm synchronises DDP "
             "replicas; DP computes BatchNorm statistics per replica, like PyTorch)");
-  DPE_CHECK(!options.across_processes || options.mode != "single", "--dist mpi needs --mode ddp or dp (--mode "
+  DPE_CHECK(!options.dist || options.mode != "single", "--dist mpi needs --mode ddp or dp (--mode "
             "single trains one device)");
   DPE_CHECK(!options.output_device || options.mode == "dp", "--output-device ", *options.output_device,
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
@@ -126,7 +126,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
     dp_options.device_ids = options.devices;
     dp_options.output_device = options.output_device;
     if (options.mode == "ddp") dp_options.mode = ParallelMode::DDP;
-    if (options.across_processes) dp_options.backend = CollectiveBackend::Mpi;
+    if (options.dist) dp_options.backend = *options.dist;
   }
   io::TrainingState state;
   if (!options.resume.empty()) io::load_checkpoint(options.resume, *model, nullptr, &state);

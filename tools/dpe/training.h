@@ -35,7 +35,7 @@ struct EngineOptions {
   std::vector<Device> devices;          // all of them for dp/ddp; single uses devices[0]
   std::optional<Device> output_device;  // dp only
   bool sync_bn = false;                 // ddp: BatchNorm -> SyncBatchNorm
-  bool across_processes = false;        // --dist mpi: ddp over the devices of every process (backend mpi)
+  std::optional<CollectiveBackend> dist;  // --dist mpi, mpi-nccl: dp/ddp over the devices of every process
   uint64_t seed = 0;                    // initial weights
   std::string resume;                   // checkpoint to start from (model and optimizer)
 };

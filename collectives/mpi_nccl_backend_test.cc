@@ -1,0 +1,95 @@
+// ProcessGroup on the multi-process NCCL backend ('mpi-nccl'), run as every process of an mpirun launch
+// (mpirun_test.sh: 1 and 2 processes). Process p drives cuda:<local rank>, so the collectives run where every
+// process has a GPU of its own; where there are fewer GPUs than processes, the group must be refused naming
+// the two ranks on one GPU. Each case skips, saying why, where the machine cannot show it (no GPU: every case).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "collectives/mpi_world.h"
+#include "collectives/process_group.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "tests/testing/errors.h"
+
+namespace dpe {
+namespace {
+
+using collectives::MpiWorld;
+using testing::error_of;
+
+double value(int g, int64_t i) { return static_cast<double>((i * 7 + g * 3) % 10); }
+
+Tensor values(int g, int64_t count, Device device) {
+  std::vector<double> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[i] = value(g, i);
+  return Tensor::from_vector(v, {count}, TensorOptions(DType::Float32).with_device(device));
+}
+
+TEST(MpiNcclBackend, CollectivesRunGpuToGpuAcrossProcesses) {
+  const collectives::ProcessPlace& place = MpiWorld::get().place();
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (cuda_device_count() < place.local_size) {
+    GTEST_SKIP() << place.local_size << " processes on this host and " << cuda_device_count() << " GPUs: NCCL needs one each";
+  }
+  const Device device = Device::cuda(place.local_rank);
+  ProcessGroup group({device}, {.backend = CollectiveBackend::MpiNccl, .timeout = std::chrono::seconds(60)});
+  ASSERT_EQ(group.backend(), CollectiveBackend::MpiNccl);
+  const int world = group.world_size(), me = group.global_rank(0);
+  ASSERT_EQ(world, place.size);
+  const int64_t count = 100003;
+  auto sum_over_world = [&](int64_t i) {
+    double s = 0;
+    for (int g = 0; g < world; ++g) s += value(g, i);
+    return s;
+  };
+
+  Tensor sum = values(me, count, device), avg = values(me, count, device), cast = values(me, count, device);
+  Tensor reduced = values(me, count, device);
+  group.all_reduce(0, sum);
+  group.all_reduce(0, avg, ReduceOp::Avg);
+  group.broadcast(0, cast, world - 1);
+  group.reduce(0, reduced, 0);
+  Tensor gathered = zeros({world * count}, TensorOptions(DType::Float32).with_device(device));
+  group.all_gather_into_tensor(0, gathered, values(me, count, device));
+  Tensor scattered = zeros({count}, TensorOptions(DType::Float32).with_device(device));
+  Tensor spread = zeros({world * count}, TensorOptions(DType::Float32).with_device(device));
+  for (int g = 0; g < world; ++g) spread.narrow(0, g * count, count).copy_(values(me + g, count, device));
+  group.reduce_scatter_tensor(0, scattered, spread);
+  // A collective NCCL does not serve here: the MPI backend's, through host memory.
+  std::vector<Tensor> list;
+  for (int g = 0; g < world; ++g) list.push_back(zeros({count}, TensorOptions(DType::Float32).with_device(device)));
+  group.all_gather(0, list, values(me, count, device));
+
+  const std::vector<double> s = sum.to_vector<double>(), a = avg.to_vector<double>(), b = cast.to_vector<double>(),
+                            r = reduced.to_vector<double>(), all = gathered.to_vector<double>(),
+                            rs = scattered.to_vector<double>();
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_EQ(s[i], sum_over_world(i)) << "all_reduce element " << i;
+    ASSERT_FLOAT_EQ(a[i], sum_over_world(i) / world) << "all_reduce avg element " << i;
+    ASSERT_EQ(b[i], value(world - 1, i)) << "broadcast element " << i;
+    ASSERT_EQ(r[i], me == 0 ? sum_over_world(i) : value(me, i)) << "reduce element " << i;
+    for (int g = 0; g < world; ++g) ASSERT_EQ(all[g * count + i], value(g, i)) << "all_gather slot " << g;
+    double want = 0;  // slot `me` of every member's spread: value(member + me, i)
+    for (int g = 0; g < world; ++g) want += value(g + me, i);
+    ASSERT_EQ(rs[i], want) << "reduce_scatter element " << i;
+  }
+  for (int g = 0; g < world; ++g) EXPECT_TRUE(equal(list[g], values(g, count, device))) << "all_gather list " << g;
+}
+
+TEST(MpiNcclBackend, TwoRanksOnOneGpuAreRefusedNamingBoth) {
+  const collectives::ProcessPlace& place = MpiWorld::get().place();
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (place.size < 2) GTEST_SKIP() << "one process: no GPU can be shared";
+  // Every process on cuda:0 of its host: processes 0 and 1 share a GPU when they share a host.
+  const std::string e = error_of([] { ProcessGroup({Device::cuda(0)}, {.backend = CollectiveBackend::MpiNccl}); });
+  if (place.local_size < 2) GTEST_SKIP() << "processes 0 and 1 are on different hosts";
+  EXPECT_NE(e.find("ProcessGroup 'mpi-nccl': global ranks 0 (cuda:0 of process 0) and 1 (cuda:0 of process 1) are "
+                   "the same GPU ("), std::string::npos) << e;
+  EXPECT_NE(e.find("NCCL refuses one GPU as two ranks"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace dpe
