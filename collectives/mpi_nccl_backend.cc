@@ -1,6 +1,7 @@
 #include "collectives/mpi_nccl_backend.h"
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/cuda/cuda_check.h"
@@ -11,7 +12,9 @@ namespace dpe::collectives {
 
 namespace {
 
-// Where a member's GPU is: the host and the PCI bus id, as NCCL tells GPUs apart. Fixed size, for MPI.
+// Where a member's GPU is: the host and the PCI bus id, as NCCL tells GPUs apart (NCCL_HOSTID, when set, stands
+// for the host, as in NCCL: processes given different ids may share a GPU, their traffic going through NCCL's
+// network transport; that is how one GPU can test this backend). Fixed size, for MPI.
 struct GpuPlace {
   std::array<char, 64> host{};
   std::array<char, 32> bus_id{};
@@ -37,7 +40,8 @@ MpiNcclBackend::MpiNcclBackend(std::vector<Device> devices, std::chrono::millise
     : MpiBackend(std::move(devices), timeout), timeout_(timeout) {
   const int members = size(), world = processes() * members;
   // Every process learns every member's GPU and refuses the same pair, before NCCL would fail or hang.
-  const std::string host = MpiWorld::get().place().host;
+  const char* host_id = std::getenv("NCCL_HOSTID");
+  const std::string host = host_id != nullptr ? host_id : MpiWorld::get().place().host;
   std::vector<GpuPlace> mine, all(static_cast<size_t>(world));
   for (const Device& d : devices_) mine.push_back(gpu_place(d, host));
   cross_[0]->all_gather(mine.data(), all.data(), static_cast<int64_t>(mine.size() * sizeof(GpuPlace)),

@@ -1,7 +1,7 @@
 // The multi-process NCCL backend 'mpi-nccl' (internal to //collectives, CUDA builds only): one group over the
 // CUDA devices of every process of an MPI launch, one NCCL clique of P x T ranks (global rank r = p·T + t),
 // bootstrapped over MPI: construction checks that no two members of the world share a GPU (NCCL refuses one
-// GPU as two ranks; the error names both and points to 'mpi'), process 0 makes the unique id and broadcasts it
+// GPU as two ranks; the error names both and points to 'mpi'; NCCL_HOSTID counts as the host, as in NCCL), process 0 makes the unique id and broadcasts it
 // over MPI, and every process creates its members' communicators (ncclCommInitRank, in one NCCL group).
 //
 // all_reduce, broadcast, reduce, all_gather_into_tensor and reduce_scatter_tensor run as NCCL calls on each

@@ -1,10 +1,12 @@
 // ProcessGroup on the multi-process NCCL backend ('mpi-nccl'), run as every process of an mpirun launch
-// (mpirun_test.sh: 1 and 2 processes). Process p drives cuda:<local rank>, so the collectives run where every
-// process has a GPU of its own; where there are fewer GPUs than processes, the group must be refused naming
-// the two ranks on one GPU. Each case skips, saying why, where the machine cannot show it (no GPU: every case).
+// (mpirun_test.sh: 1 and 2 processes). Two processes on one GPU are refused, naming both ranks; then every
+// process drives cuda:<local rank>, or, with fewer GPUs than processes, shares one under NCCL_HOSTID (NCCL's
+// own way to let two ranks use one GPU: as two hosts, over its socket transport). Each case skips, saying
+// why, where the machine cannot show it (no GPU: every case).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -28,13 +30,29 @@ Tensor values(int g, int64_t count, Device device) {
   return Tensor::from_vector(v, {count}, TensorOptions(DType::Float32).with_device(device));
 }
 
+TEST(MpiNcclBackend, TwoRanksOnOneGpuAreRefusedNamingBoth) {
+  const collectives::ProcessPlace& place = MpiWorld::get().place();
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (place.size < 2) GTEST_SKIP() << "one process: no GPU can be shared";
+  // Every process on cuda:0 of its host: processes 0 and 1 share a GPU when they share a host.
+  const std::string e = error_of([] { ProcessGroup({Device::cuda(0)}, {.backend = CollectiveBackend::MpiNccl}); });
+  if (place.local_size < 2) GTEST_SKIP() << "processes 0 and 1 are on different hosts";
+  EXPECT_NE(e.find("ProcessGroup 'mpi-nccl': global ranks 0 (cuda:0 of process 0) and 1 (cuda:0 of process 1) are "
+                   "the same GPU ("), std::string::npos) << e;
+  EXPECT_NE(e.find("NCCL refuses one GPU as two ranks"), std::string::npos) << e;
+}
+
 TEST(MpiNcclBackend, CollectivesRunGpuToGpuAcrossProcesses) {
   const collectives::ProcessPlace& place = MpiWorld::get().place();
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  if (cuda_device_count() < place.local_size) {
-    GTEST_SKIP() << place.local_size << " processes on this host and " << cuda_device_count() << " GPUs: NCCL needs one each";
+  // Fewer GPUs than processes on this host: the processes share them as NCCL allows, each its own NCCL_HOSTID,
+  // their traffic through NCCL's socket transport over the loopback interface.
+  const bool shared = cuda_device_count() < place.local_size;
+  if (shared) {
+    ::setenv("NCCL_HOSTID", ("dpe-test-host-" + std::to_string(place.rank)).c_str(), 1);
+    ::setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   }
-  const Device device = Device::cuda(place.local_rank);
+  const Device device = Device::cuda(shared ? place.local_rank % cuda_device_count() : place.local_rank);
   ProcessGroup group({device}, {.backend = CollectiveBackend::MpiNccl, .timeout = std::chrono::seconds(60)});
   ASSERT_EQ(group.backend(), CollectiveBackend::MpiNccl);
   const int world = group.world_size(), me = group.global_rank(0);
@@ -77,18 +95,6 @@ TEST(MpiNcclBackend, CollectivesRunGpuToGpuAcrossProcesses) {
     ASSERT_EQ(rs[i], want) << "reduce_scatter element " << i;
   }
   for (int g = 0; g < world; ++g) EXPECT_TRUE(equal(list[g], values(g, count, device))) << "all_gather list " << g;
-}
-
-TEST(MpiNcclBackend, TwoRanksOnOneGpuAreRefusedNamingBoth) {
-  const collectives::ProcessPlace& place = MpiWorld::get().place();
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  if (place.size < 2) GTEST_SKIP() << "one process: no GPU can be shared";
-  // Every process on cuda:0 of its host: processes 0 and 1 share a GPU when they share a host.
-  const std::string e = error_of([] { ProcessGroup({Device::cuda(0)}, {.backend = CollectiveBackend::MpiNccl}); });
-  if (place.local_size < 2) GTEST_SKIP() << "processes 0 and 1 are on different hosts";
-  EXPECT_NE(e.find("ProcessGroup 'mpi-nccl': global ranks 0 (cuda:0 of process 0) and 1 (cuda:0 of process 1) are "
-                   "the same GPU ("), std::string::npos) << e;
-  EXPECT_NE(e.find("NCCL refuses one GPU as two ranks"), std::string::npos) << e;
 }
 
 }  // namespace

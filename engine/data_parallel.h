@@ -169,10 +169,11 @@ class DataParallel {
   // ---- The step API, identical in both modes (so DP and DDP are compared on exactly the same work) ----
   // Splits input and target along dim, runs forward, the loss, backward and the gradient reduction. DP: the
   // loss of the gathered output on output_device, gradients reduced into the master. DDP: each replica's
-  // loss on its own shard, gradients averaged over replicas (with uneven shards that is the mean of the
-  // replicas' means, where DP gives the full-batch mean). Gradients accumulate (call zero_grad between
-  // steps). Returns the batch loss (DDP: the shards' losses weighted by shard size; across processes,
-  // backend 'mpi': over every process's batch, outside no_sync, so that every process returns the same).
+  // loss on its own shard, gradients averaged over replicas, each weighted by its shard's share of the
+  // global batch (so uneven shards give the full-batch mean, as DP; PyTorch's DDP would average the replicas'
+  // means). Gradients accumulate (call zero_grad between steps). Returns the batch loss (DDP: the shards'
+  // losses weighted by shard size; across processes, backends 'mpi' and 'mpi-nccl': over every process's
+  // batch, outside no_sync, so that every process returns the same).
   double forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss);
   void set_optimizer(const OptimizerFactory& make);
   void optimizer_step();  // DP: the master's optimizer; DDP: every replica's, in parallel on the workers
@@ -186,7 +187,7 @@ class DataParallel {
   nn::Module& replica(size_t i) { return *replicas_.at(i); }
   optim::Optimizer& optimizer(size_t replica = 0);
   size_t num_optimizers() const { return optimizers_.size(); }  // DP: 1, DDP: one per replica
-  // DDP mode: the replicas' group; DP mode across processes (backend 'mpi'): the masters' (one member per
+  // DDP mode: the replicas' group; DP mode across processes (backends 'mpi', 'mpi-nccl'): the masters' (one member per
   // process); else null.
   ProcessGroup* process_group() { return group_ ? group_.get() : masters_.get(); }
   const DdpReducer* ddp_reducer() const { return ddp_reducer_.get(); }  // DDP mode; tests (engine/ddp_reducer.h)

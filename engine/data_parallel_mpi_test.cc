@@ -154,6 +154,53 @@ TEST(DdpAcrossProcesses, AnUnevenGlobalBatchTrainsLikeOneDevice) { expect_uneven
 
 TEST(DpAcrossProcesses, AnUnevenGlobalBatchTrainsLikeOneDevice) { expect_uneven_batch_trains_like_one_device(ParallelMode::DP); }
 
+// Its `skip` layer is in no replica's graph: DDP needs find_unused_parameters.
+class WithUnusedLayer : public nn::Cloneable<WithUnusedLayer> {
+ public:
+  WithUnusedLayer() : Cloneable("WithUnusedLayer") { reset(); }
+  void reset() override {
+    fc = register_module("fc", std::make_shared<nn::Linear>(12, 5));
+    skip = register_module("skip", std::make_shared<nn::Linear>(12, 5));
+  }
+  Tensor forward(const Tensor& x) override { return fc->forward(x); }
+  std::shared_ptr<nn::Linear> fc, skip;
+};
+
+// no_sync (two micro-batches accumulated locally, then a synchronised one) with find_unused_parameters,
+// across processes as in one process: the same gradients, and the unused layer's left undefined everywhere.
+TEST(DdpAcrossProcesses, NoSyncAndFindUnusedParametersWorkAsInOneProcess) {
+  const int p = process_rank(), processes = process_count();
+  const int64_t batch = 8 * processes;
+  const auto batches = global_batches(11, batch);
+  auto run = [&](DataParallel& ddp, int64_t offset, int64_t rows) {
+    {
+      auto guard = ddp.no_sync();
+      for (int k = 0; k < 2; ++k) ddp.forward_backward(batches[k].first.narrow(0, offset, rows), batches[k].second.narrow(0, offset, rows), mse);
+    }
+    ddp.forward_backward(batches[2].first.narrow(0, offset, rows), batches[2].second.narrow(0, offset, rows), mse);
+  };
+  manual_seed(500);
+  DataParallel across(std::make_shared<WithUnusedLayer>(), {.device_ids = cpus(0, 2), .mode = ParallelMode::DDP,
+                                                            .find_unused_parameters = true,
+                                                            .backend = CollectiveBackend::Mpi});
+  run(across, batch / processes * p, batch / processes);
+  manual_seed(500);
+  DataParallel one(std::make_shared<WithUnusedLayer>(), {.device_ids = cpus(0, 2 * processes), .mode = ParallelMode::DDP,
+                                                         .find_unused_parameters = true});
+  run(one, 0, batch);
+  const auto want = one.module().named_parameters(), got = across.replica(1).named_parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    const Tensor &g = got[k].second.grad(), &w = want[k].second.grad();
+    if (got[k].first.starts_with("skip.")) {
+      EXPECT_FALSE(g.defined()) << got[k].first;
+      continue;
+    }
+    ASSERT_TRUE(g.defined() && w.defined()) << got[k].first;
+    EXPECT_LE(max_abs_diff(g, w), 1e-6) << "process " << p << " " << got[k].first;
+  }
+}
+
 // Different models on two processes: the same named error on both, before any parameter moves.
 TEST(DdpAcrossProcesses, DifferentModelsAreRefusedNamingTheFirstDifference) {
   const int p = process_rank();

@@ -17,7 +17,7 @@
 #                (libcuda) and not the CUDA libraries (cudart, cuBLAS/cuBLASLt, cuDNN, NCCL: over 1 GiB, and
 #                the GPU image has them, see docs/GPU.md); run_suite.sh finds those there.
 #   lib/compat/  Debian 12's libstdc++/libgcc_s, used by run_suite.sh only if the machine's are too old
-#   sysdata/     files of the Debian data packages the tests read by absolute path (Fashion-MNIST, fortunes),
+#   sysdata/     files of the Debian packages the tests read by absolute path (Fashion-MNIST, fortunes, Open MPI),
 #                which run_suite.sh copies to / where missing
 #   MANIFEST.txt what was built from which commit, with which toolkit, and the CUDA sonames expected there
 # Binaries and dpe's libraries lose their debug info (strip --strip-debug), not their symbols.
@@ -181,8 +181,10 @@ log "$(wc -l <"$tests_tsv") tests listed in tests.tsv; $(find "$stage/runfiles" 
 # --- system data --------------------------------------------------------------------------------------------
 # Tests and tools read some data by absolute path from Debian data packages that tools/setup.sh installs
 # (data/fashion_mnist.h, data/text_corpus.h). The GPU machine has none of them: their files go to sysdata/
-# (sysdata/usr/share/...), which run_suite.sh copies to / where missing.
-sysdata_packages=(dataset-fashion-mnist fortunes-min)
+# (sysdata/usr/share/...), which run_suite.sh copies to / where missing. Open MPI too (the tests across
+# processes run under mpirun): its launcher, its components (dlopen'ed from its own directories), PMIx, the
+# help texts and configuration; the libraries they link come with lib/ like every other.
+sysdata_packages=(dataset-fashion-mnist fortunes-min openmpi-bin openmpi-common libopenmpi3 libpmix2)
 n_sys=0
 for pkg in "${sysdata_packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
