@@ -12,7 +12,14 @@
 
 namespace dpe {
 
-const char* mode_name(ParallelMode mode) { return mode == ParallelMode::DP ? "dp" : "ddp"; }
+const char* mode_name(ParallelMode mode) {
+  switch (mode) {
+    case ParallelMode::DP: return "dp";
+    case ParallelMode::DDP: return "ddp";
+    case ParallelMode::Auto: return "auto";
+  }
+  return "?";
+}
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, DataParallelOptions options)
     : options_(std::move(options)) {
@@ -31,6 +38,12 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<nn::Module>> replicas, Da
 
 // given: the master alone (replicas cloned from it), or one replica per device (DDP).
 void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
+  if (options_.mode == ParallelMode::Auto) {
+    DPE_CHECK(!spans_processes(options_.backend), "DataParallel: mode auto switches modes, which is not supported "
+              "across processes (backend '", backend_name(options_.backend), "'); expected dp or ddp");
+    auto_mode_ = std::make_unique<AutoModeState>();
+    options_.mode = ParallelMode::DP;  // measured first
+  }
   validate_devices();
   DPE_CHECK(given.size() == 1 || given.size() == device_ids_.size(), "DataParallel: ", given.size(),
             " replicas for ", device_ids_.size(), " devices; expected one per device_ids entry");

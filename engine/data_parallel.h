@@ -24,8 +24,8 @@
 // One DDP step (forward_backward in DDP mode; engine/ddp_reducer.h has the reduction's rules):
 //  1. Input and target are split by the same rule; every device must get at least one sample.
 //  2. On every worker at once: replica 0's buffers are broadcast (broadcast_buffers), the replica runs
-//     forward and the loss on its own shard, then backward; each gradient is pre-divided by the world size
-//     and all-reduced in buckets as soon as a bucket is complete, while backward goes on.
+//     forward and the loss on its own shard, then backward; each gradient is weighted by its shard's share of
+//     the batch and all-reduced in buckets as soon as a bucket is complete, while backward goes on.
 //  3. optimizer_step runs every replica's own optimizer on its worker; replicas stay bit-identical because
 //     they start identical (broadcast at construction) and see identical averaged gradients.
 //
@@ -62,7 +62,9 @@ namespace dpe {
 // DP: nn.DataParallel (master replica, per-step broadcast, reduce into the master, one optimizer).
 // DDP: DistributedDataParallel's algorithm over the same worker threads (persistent replicas, each computes
 // its own loss, bucketed all-reduce during backward, one optimizer per replica). See docs/DATA_PARALLEL.md.
-enum class ParallelMode { DP, DDP };
+// Auto (construction only): train_step times a few steps in DP mode, then as many in DDP mode, and keeps the
+// faster (StepReport::auto_mode says which, with both times). Switching is DataParallel::set_mode.
+enum class ParallelMode { DP, DDP, Auto };
 const char* mode_name(ParallelMode mode);
 enum class BufferPolicy { Replica0, Average };
 
@@ -110,6 +112,13 @@ struct StepReport {
   int64_t buckets = 0;
   int64_t buckets_reduced_during_backward = 0;
   double loss = std::numeric_limits<double>::quiet_NaN();  // forward_backward: the batch's loss
+  // ParallelMode::Auto: the median train_step time of each mode measured so far (0 before any), and the
+  // choice once both are measured.
+  struct AutoMode {
+    double dp_step_ms = 0, ddp_step_ms = 0;
+    std::optional<ParallelMode> chosen;
+  };
+  std::optional<AutoMode> auto_mode;
   std::vector<std::pair<Device, MemoryStats>> memory;  // per device_ids entry, after the step
 };
 
@@ -182,6 +191,15 @@ class DataParallel {
   double train_step(const Tensor& input, const Tensor& target, const LossFn& loss);
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
   bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
+
+  // The mode steps run in now (DP or DDP; with Auto, the one being measured or chosen).
+  ParallelMode mode() const { return options_.mode; }
+  // Switches between DP and DDP between steps, nothing lost: DP -> DDP copies the master's parameters,
+  // buffers and optimizer state to every replica (each replica gets an optimizer from the factory given to
+  // set_optimizer, loaded with the master's state); DDP -> DP keeps replica 0's, which every replica shares,
+  // and its optimizer. Gradients are dropped (a switch is between steps). Not inside no_sync, not across
+  // processes (backends 'mpi', 'mpi-nccl'); the same mode is a no-op.
+  void set_mode(ParallelMode mode);
 
   nn::Module& module() { return *replicas_[0]; }  // the master (DDP: replica 0)
   nn::Module& replica(size_t i) { return *replicas_.at(i); }
@@ -270,7 +288,18 @@ class DataParallel {
   std::shared_ptr<ProcessGroup> masters_;       // DP mode across processes: this process's master, one per process
   std::unique_ptr<DdpReducer> ddp_reducer_;     // DDP mode
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
+  OptimizerFactory optimizer_factory_;  // set_mode makes the replicas' optimizers with it
   bool require_backward_grad_sync_ = true;
+  // ParallelMode::Auto (mode_switch.cc): each mode's measured train_step times; null without Auto.
+  struct AutoModeState {
+    std::vector<double> dp_ms, ddp_ms;  // after each mode's warm-up step
+    bool warmed_up = false;             // the mode being measured has had its warm-up step
+    std::optional<ParallelMode> chosen;
+  };
+  std::unique_ptr<AutoModeState> auto_mode_;
+  // After a train_step of `step_ms` under Auto: records it, switches to DDP once DP is measured, and to the
+  // faster mode once both are.
+  void record_auto_step(double step_ms);
   int64_t replicas_created_ = 0;
   StepReport report_;
 };

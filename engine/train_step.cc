@@ -59,6 +59,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
 
 void DataParallel::set_optimizer(const OptimizerFactory& make) {
   DPE_CHECK(static_cast<bool>(make), "DataParallel::set_optimizer: no factory");
+  optimizer_factory_ = make;
   optimizers_.clear();
   size_t count = options_.mode == ParallelMode::DDP ? replicas_.size() : 1;
   for (size_t r = 0; r < count; ++r) {
@@ -93,9 +94,11 @@ void DataParallel::zero_grad() {
 double DataParallel::train_step(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
   DPE_CHECK(require_backward_grad_sync_, "DataParallel::train_step inside no_sync(): the optimizer would step on "
             "gradients that were not reduced; call forward_backward there and train_step (or optimizer_step) after");
+  const auto start = Clock::now();
   zero_grad();
   double loss = forward_backward(input, target, loss_fn);
   optimizer_step();
+  if (auto_mode_) record_auto_step(ms_since(start));
   return loss;
 }
 
