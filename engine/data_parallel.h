@@ -192,8 +192,10 @@ class DataParallel {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
   bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
 
-  // The mode steps run in now (DP or DDP; with Auto, the one being measured or chosen).
+  // The mode steps run in now (DP or DDP; with Auto, the one being measured or chosen), and whether it was
+  // constructed with Auto.
   ParallelMode mode() const { return options_.mode; }
+  bool mode_is_auto() const { return auto_mode_ != nullptr; }
   // Switches between DP and DDP between steps, nothing lost: DP -> DDP copies the master's parameters,
   // buffers and optimizer state to every replica (each replica gets an optimizer from the factory given to
   // set_optimizer, loaded with the master's state); DDP -> DP keeps replica 0's, which every replica shares,

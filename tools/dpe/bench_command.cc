@@ -146,7 +146,9 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
                      slice.of(data.train_targets.narrow(0, start, args.batch_size))};
   };
   auto run = [&] {
-    for (int64_t s = 0; s < args.warmup; ++s) {
+    // auto: the warm-up lasts until it has chosen, so that the timed steps are the chosen mode's.
+    auto chosen = [&] { return dp->last_step().auto_mode && dp->last_step().auto_mode->chosen; };
+    for (int64_t s = 0; s < args.warmup || (dp->mode_is_auto() && !chosen()); ++s) {
       auto [x, y] = batch_at(s);
       dp->train_step(x, y, loss);
     }
@@ -158,6 +160,7 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
       accumulate(row.phases, dp->last_step(), 1.0 / static_cast<double>(args.steps));
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (dp->mode_is_auto()) row.config = std::string("auto->") + mode_name(dp->mode());  // the row says the choice
     row.step_ms = seconds * 1e3 / static_cast<double>(args.steps);
     row.samples_per_s = static_cast<double>(args.batch_size * args.steps) / seconds;
   };
@@ -343,10 +346,11 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
   if (args.dist != "none") {
     dist_backend(args.dist, devices);  // its checks
     for (const std::string& mode : args.modes) {
-      DPE_CHECK(mode == "ddp" || mode == "dp", "--modes ", join_commas(args.modes), " with --dist mpi: ", mode,
-                " runs on one device; expected ddp and/or dp");
+      DPE_CHECK(mode == "ddp" || mode == "dp", "--modes ", join_commas(args.modes), " with --dist ", args.dist, ": ",
+                mode, mode == "auto" ? " switches modes, which it cannot across processes" : " runs on one device",
+                "; expected ddp and/or dp");
     }
-  } else if (std::find(args.modes.begin(), args.modes.end(), "ddp") != args.modes.end()) {
+  } else if (std::ranges::any_of(args.modes, needs_ddp_shards)) {
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(devices.size()));
   }
   if (args.compare_pytorch) {
@@ -408,7 +412,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--model", args->model, "model")->check(CLI::IsMember(models::kModelNames));
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
                                             "modes to run; single-all: one device on every core (--dist mpi: dp, ddp)",
-                                            {"single", "single-all", "dp", "ddp"});
+                                            {"single", "single-all", "dp", "ddp", "auto"});
   add_dist_option(*cmd, args->dist, "ddp and dp mode over the devices of every process of an MPI launch; rows "
                   "dp-mpi and ddp-mpi for the whole group; process 0 prints, writes and runs --compare-pytorch");
   CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,

@@ -4,16 +4,18 @@ set -uo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fail=0
-out=$("$bin" bench --model mlp --batch-size 64 --steps 2 --warmup 1 --modes single,single-all,dp,ddp \
+out=$("$bin" bench --model mlp --batch-size 64 --steps 2 --warmup 1 --modes single,single-all,dp,ddp,auto \
       --csv "$tmp/b.csv" --json "$tmp/b.json" 2>&1) || { echo "FAILED: $out"; exit 1; }
 echo "$out"
-rows=$(grep -cE '^dpe +(single|single-all|dp|ddp) ' <<<"$out")
-[[ $rows -eq 4 ]] || { echo "FAILED: $rows table rows (want 4)"; fail=1; }
-[[ $(wc -l < "$tmp/b.csv") -eq 5 ]] || { echo "FAILED: CSV lines"; fail=1; }
+# auto's row names the mode it chose
+rows=$(grep -cE '^dpe +(single|single-all|dp|ddp|auto->dp|auto->ddp) ' <<<"$out")
+[[ $rows -eq 5 ]] || { echo "FAILED: $rows table rows (want 5)"; fail=1; }
+[[ $(wc -l < "$tmp/b.csv") -eq 6 ]] || { echo "FAILED: CSV lines"; fail=1; }
 python3 - "$tmp/b.json" <<'PY' || fail=1
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
-assert [r["config"] for r in rows] == ["single", "single-all", "dp", "ddp"], rows
+assert [r["config"] for r in rows][:4] == ["single", "single-all", "dp", "ddp"], rows
+assert rows[4]["config"] in ("auto->dp", "auto->ddp"), rows
 for r in rows:
     assert r["samples_per_s"] > 0 and r["step_ms"] > 0, r
 ddp = rows[3]
@@ -112,7 +114,7 @@ expect 2 "--device-ids '': expected at least one device" --device-ids ""
 expect 2 "--device-ids 'cpu:0,,cpu:1': item 2 is empty" --device-ids cpu:0,,cpu:1
 expect 2 "--device-ids: cpu:4096 does not exist" --device-ids cpu:0,cpu:4096
 expect 2 "--device-ids lists cpu:0 more than once (items 1 and 2)" --device-ids cpu:0,cpu:0
-expect 2 "--modes 'frob': item 1 'frob' is not one of single,single-all,dp,ddp" --modes frob
+expect 2 "--modes 'frob': item 1 'frob' is not one of single,single-all,dp,ddp,auto" --modes frob
 expect 2 "--modes 'single,,dp': item 2 is empty" --modes single,,dp
 expect 2 "--modes 'single,': item 2 is empty" --modes single,
 expect 105 "--model: resnet not in" --model resnet

@@ -30,6 +30,15 @@ for mode in dp ddp single; do
   acc=$(python3 -c "import json; print(json.load(open('$tmp/$mode.json'))['final_test_accuracy'])")
   python3 -c "import sys; sys.exit(0 if $acc > 0.55 else 1)" || { echo "FAILED: $mode accuracy $acc <= 0.55"; fail=1; }
 done
+# --mode auto: times dp and ddp, says which it keeps, and reports it in the JSON; trains as well as either.
+check "auto" "$bin" train --model mlp --mode auto --epochs 1 --limit 1024 --batch-size 64 --lr 0.05 --json "$tmp/auto.json"
+grep -qE "^auto: (dp|ddp) \(dp [0-9.]+ ms/step, ddp [0-9.]+ ms/step\)" <<<"$out" || { echo "FAILED: no auto choice line: $out"; fail=1; }
+python3 - "$tmp/auto.json" <<'PY' || { echo "FAILED: the auto JSON report"; fail=1; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["mode"] == "auto" and r["auto"]["chosen"] == r["mode_used"] in ("dp", "ddp"), r
+assert r["auto"]["dp_step_ms"] > 0 and r["auto"]["ddp_step_ms"] > 0 and r["final_test_accuracy"] > 0.55, r
+PY
 check "save" "$bin" train --model cnn --mode ddp --sync-bn --epochs 1 --limit 256 --batch-size 64 --save-every 1 --checkpoint "$tmp/ck.safetensors"
 [[ -s "$tmp/ck.safetensors" ]] || { echo "FAILED: no checkpoint"; fail=1; }
 leftovers=("$tmp"/ck.safetensors.tmp*)
@@ -106,6 +115,7 @@ expect_error "the state belongs to a SGD optimizer, not Adam" "${common[@]}" --o
 
 # Bad options: refused at start-up, naming the option, the value and what was expected.
 expect_error "needs --mode ddp" --model cnn --mode dp --sync-bn --limit 64
+expect_error "--dist mpi needs --mode ddp or dp (--mode auto switches modes, which it cannot across processes)" --mode auto --dist mpi
 expect 105 "--mode: frob not in" --mode frob
 expect 105 "--model: resnet not in" --model resnet
 expect 105 "--optimizer: lbfgs not in" --optimizer lbfgs

@@ -50,7 +50,7 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   }
   args.engine.dist = dist_backend(args.dist, args.engine.devices);
   check_engine_options(args.engine);
-  if (args.engine.mode == "ddp" && !args.engine.dist) {  // across processes: in run_train
+  if (needs_ddp_shards(args.engine.mode) && !args.engine.dist) {  // across processes: in run_train
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(args.engine.devices.size()));
   }
   if (!args.json.empty()) check_output_path("--json", args.json);
@@ -71,11 +71,17 @@ void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes
                 const JsonReport& epochs) {
   JsonReport report = {{"model", args.engine.model},
                                    {"mode", args.engine.mode},
+                                   {"mode_used", mode_name(dp.mode())},
                                    {"devices", device_list_str(dp.device_ids())},
                                    {"processes", processes},
                                    {"batch_size", args.batch_size},
                                    {"final_test_accuracy", as_printed("%g", accuracy)},
                                    {"epochs", epochs}};
+  if (const auto& choice = dp.last_step().auto_mode; choice && choice->chosen) {
+    report["auto"] = {{"chosen", mode_name(*choice->chosen)},
+                      {"dp_step_ms", as_printed("%.3f", choice->dp_step_ms)},
+                      {"ddp_step_ms", as_printed("%.3f", choice->ddp_step_ms)}};
+  }
   write_json_report("--json", args.json, report);
 }
 
@@ -112,7 +118,7 @@ void run_train(TrainArgs args) {
   } else if (remainder != 0 && loader.last_batch_size() != remainder) {
     last_batch = ", last batch of " + std::to_string(remainder) + " padded to " +
                  std::to_string(loader.last_batch_size()) + " for " + std::to_string(replicas) +
-                 (args.engine.mode == "ddp" ? " DDP devices" : " processes");
+                 (needs_ddp_shards(args.engine.mode) ? " DDP devices" : " processes");
   }
   const std::string where = device_list_str(dp->device_ids()) +
                             (slice.count > 1 ? " in each of " + std::to_string(slice.count) + " processes" : "");
@@ -137,15 +143,21 @@ void run_train(TrainArgs args) {
   // One scheduler per optimizer (DDP: per replica, so every replica keeps the same learning rate), stepped
   // after every optimizer step; a resumed run jumps to where the checkpoint stopped (set_last_epoch: O(1),
   // bit-identical to stepping there, whatever the checkpoint's epoch).
+  // --mode auto: a switch replaces the optimizers of replicas 1.. (made afresh, loaded with the master's
+  // state), so the schedulers are made again, at the step reached.
   std::vector<std::unique_ptr<optim::LRScheduler>> schedulers;
-  if (args.schedule == "cosine") {
+  auto make_schedulers = [&](int64_t steps_done) {
+    schedulers.clear();
+    if (args.schedule != "cosine") return;
     for (size_t r = 0; r < dp->num_optimizers(); ++r) {
       // A resumed optimizer holds the decayed rate; the schedule starts from --lr.
       for (optim::ParamGroup& group : dp->optimizer(r).param_groups()) group.lr = args.optimizer.lr;
       schedulers.push_back(std::make_unique<optim::CosineWithWarmup>(dp->optimizer(r), 0, args.epochs * loader.num_batches()));
-      if (first_epoch > 0) schedulers.back()->set_last_epoch(first_epoch * loader.num_batches());
+      if (steps_done > 0) schedulers.back()->set_last_epoch(steps_done);
     }
-  }
+  };
+  make_schedulers(first_epoch * loader.num_batches());
+  bool auto_reported = false;
   JsonReport epochs_json = JsonReport::array();
   double accuracy = 0;
   for (int64_t epoch = first_epoch; epoch < args.epochs; ++epoch) {
@@ -156,8 +168,14 @@ void run_train(TrainArgs args) {
     double loss_sum = 0;
     int64_t samples = 0, steps = 0;
     while (std::optional<data::Batch> batch = loader.next()) {
+      const ParallelMode mode_before = dp->mode();
       double loss = dp->train_step(slice.of(batch->inputs), slice.of(batch->targets), loss_fn);
+      if (dp->mode() != mode_before) make_schedulers(epoch * loader.num_batches() + steps);
       for (auto& scheduler : schedulers) scheduler->step();
+      if (const std::string chosen = auto_mode_summary(dp->last_step()); !chosen.empty() && !auto_reported && prints) {
+        std::fprintf(stderr, "%s\n", chosen.c_str());
+        auto_reported = true;
+      }
       loss_sum += loss * static_cast<double>(batch->inputs.size(0));
       samples += batch->inputs.size(0);
       ++steps;

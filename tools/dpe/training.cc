@@ -85,13 +85,13 @@ void check_ddp_batch(const std::string& option, int64_t batch, int64_t devices) 
 
 void check_engine_options(const EngineOptions& options) {
   DPE_CHECK(std::find(kModes.begin(), kModes.end(), options.mode) != kModes.end(), "--mode ", options.mode,
-            ": expected single, dp or ddp");
+            ": expected single, dp, ddp or auto");
   models::check_model_name(options.model);
   DPE_CHECK(!options.devices.empty(), "no devices");
   DPE_CHECK(!options.sync_bn || options.mode == "ddp", "--sync-bn needs --mode ddp (SyncBatchNorm synchronises DDP "
             "replicas; DP computes BatchNorm statistics per replica, like PyTorch)");
-  DPE_CHECK(!options.dist || options.mode != "single", "--dist mpi needs --mode ddp or dp (--mode "
-            "single trains one device)");
+  DPE_CHECK(!options.dist || options.mode == "dp" || options.mode == "ddp", "--dist ", backend_name(*options.dist), " needs --mode ddp or dp (--mode ",
+            options.mode, options.mode == "single" ? " trains one device)" : " switches modes, which it cannot across processes)");
   DPE_CHECK(!options.output_device || options.mode == "dp", "--output-device ", *options.output_device,
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
 }
@@ -112,6 +112,14 @@ io::TrainingState read_checkpoint_state(const EngineOptions& options, const Opti
   return state;
 }
 
+std::string auto_mode_summary(const StepReport& step) {
+  if (!step.auto_mode || !step.auto_mode->chosen) return "";
+  char text[128];
+  std::snprintf(text, sizeof text, "auto: %s (dp %.2f ms/step, ddp %.2f ms/step)", mode_name(*step.auto_mode->chosen),
+                step.auto_mode->dp_step_ms, step.auto_mode->ddp_step_ms);
+  return text;
+}
+
 std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const OptimizerOptions& optimizer,
                                           int64_t* resumed_epoch) {
   check_engine_options(options);
@@ -126,6 +134,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
     dp_options.device_ids = options.devices;
     dp_options.output_device = options.output_device;
     if (options.mode == "ddp") dp_options.mode = ParallelMode::DDP;
+    if (options.mode == "auto") dp_options.mode = ParallelMode::Auto;
     if (options.dist) dp_options.backend = *options.dist;
   }
   io::TrainingState state;
@@ -142,7 +151,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
 
 ProcessSlice process_slice(DataParallel& dp, bool across_processes, int64_t batch_size) {
   const int64_t local = static_cast<int64_t>(dp.device_ids().size());
-  const bool ddp = dp.options().mode == ParallelMode::DDP;
+  const bool ddp = dp.mode() == ParallelMode::DDP || dp.mode_is_auto();  // auto runs DDP steps too
   ProcessSlice slice;
   if (across_processes) {
     const ProcessGroup& group = *dp.process_group();

@@ -13,7 +13,13 @@
 
 namespace dpe::tool {
 
-inline const std::vector<std::string> kModes = {"single", "dp", "ddp"};
+// auto: DataParallel's ParallelMode::Auto (times dp and ddp for a few steps, keeps the faster).
+inline const std::vector<std::string> kModes = {"single", "dp", "ddp", "auto"};
+// Modes whose steps split every batch over the devices' DDP replicas at least part of the time (every
+// replica needs a sample): ddp and auto.
+inline bool needs_ddp_shards(const std::string& mode) { return mode == "ddp" || mode == "auto"; }
+// "auto: ddp (dp 12.3 ms/step, ddp 9.8 ms/step)" once ParallelMode::Auto has chosen; "" before or without it.
+std::string auto_mode_summary(const StepReport& step);
 
 // Train and test tensors for a model: Fashion-MNIST for mlp/cnn (images, labels), the fortunes corpus for
 // tiny-llama (token sequences, next tokens; the last tenth of the records is the test split).
