@@ -163,6 +163,26 @@ void DataParallel::validate_devices() {
   DPE_CHECK(options_.split != SplitRule::Weighted || options_.split_weights.size() == device_ids_.size(),
             "DataParallel: the weighted split needs one weight per device (", device_ids_.size(), "), got ",
             options_.split_weights.size());
+  if (options_.split == SplitRule::Auto) auto_split_ = std::make_unique<AutoSplit>(static_cast<int>(device_ids_.size()));
+}
+
+std::vector<int64_t> DataParallel::chunk_sizes(int64_t batch) const {
+  const int64_t n = static_cast<int64_t>(device_ids_.size());
+  // The auto split keeps every device in use once the batch has a sample for each.
+  if (!auto_split_ || batch < n * AutoSplit::kMinChunk) {
+    return compute_chunk_sizes(batch, n, auto_split_ ? SplitRule::Chunk : options_.split, options_.split_weights);
+  }
+  return auto_split_->sizes(batch);
+}
+
+void DataParallel::observe_split() {
+  if (!auto_split_) return;
+  std::vector<int64_t> samples = report_.chunk_sizes;
+  samples.resize(device_ids_.size(), 0);
+  report_.device_compute_ms.resize(device_ids_.size(), 0.0);
+  auto_split_->observe(samples, report_.device_compute_ms);
+  report_.split_weights = auto_split_->weights();
+  report_.ms_per_sample = auto_split_->ms_per_sample();
 }
 
 void DataParallel::check_master_placement() const {

@@ -53,6 +53,7 @@
 #include "layers/loss.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
+#include "scatter_gather/auto_split.h"
 #include "scatter_gather/chunking.h"
 #include "scatter_gather/coalesced.h"
 #include "collectives/process_group.h"
@@ -119,6 +120,12 @@ struct StepReport {
     std::optional<ParallelMode> chosen;
   };
   std::optional<AutoMode> auto_mode;
+  // Per device_ids entry: its compute this step, forward + loss + backward without the time it waited in
+  // collectives (DDP) or for the reduction (DP), milliseconds (0 for an unused device); step API only.
+  std::vector<double> device_compute_ms;
+  // SplitRule::Auto: the weights the step's chunk sizes came from (updated after the step) and each
+  // device's smoothed time per sample in milliseconds; empty otherwise.
+  std::vector<double> split_weights, ms_per_sample;
   std::vector<std::pair<Device, MemoryStats>> memory;  // per device_ids entry, after the step
 };
 
@@ -196,6 +203,9 @@ class DataParallel {
   // constructed with Auto.
   ParallelMode mode() const { return options_.mode; }
   bool mode_is_auto() const { return auto_mode_ != nullptr; }
+  // The chunk sizes the next step gives a batch of `batch` (device order): the split rule's; SplitRule::Auto:
+  // by the devices' measured speeds (one per device, each at least one sample when there are enough).
+  std::vector<int64_t> chunk_sizes(int64_t batch) const;
   // Switches between DP and DDP between steps, nothing lost: DP -> DDP copies the master's parameters,
   // buffers and optimizer state to every replica (each replica gets an optimizer from the factory given to
   // set_optimizer, loaded with the master's state); DDP -> DP keeps replica 0's, which every replica shares,
@@ -299,6 +309,9 @@ class DataParallel {
     std::optional<ParallelMode> chosen;
   };
   std::unique_ptr<AutoModeState> auto_mode_;
+  std::unique_ptr<AutoSplit> auto_split_;  // SplitRule::Auto
+  // After a step-API step: the auto split's measurement of it.
+  void observe_split();
   // After a train_step of `step_ms` under Auto: records it, switches to DDP once DP is measured, and to the
   // faster mode once both are.
   void record_auto_step(double step_ms);

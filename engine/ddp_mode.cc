@@ -87,7 +87,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
   const int64_t batch = input.size(dim);
   DPE_CHECK(target.dim() > dim && target.size(dim) == batch, "DataParallel::forward_backward: target ",
             shape_str(target.shape()), " does not match the input's batch of ", batch, " along dim ", dim);
-  std::vector<int64_t> sizes = compute_chunk_sizes(batch, static_cast<int64_t>(n), options_.split, options_.split_weights);
+  std::vector<int64_t> sizes = chunk_sizes(batch);
   DPE_CHECK(sizes.size() == n, "DataParallel (DDP mode): a batch of ", batch, " gives ", sizes.size(),
             " non-empty shards for ", n, " devices; every replica needs at least one sample");
   report_.chunk_sizes = sizes;
@@ -169,6 +169,11 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
     report_.buckets_reduced_during_backward = ddp_reducer_->launched_during_backward() / static_cast<int64_t>(n);
   }
   report_.reduce.transfers = group_->calls(Collective::AllReduce) - allreduces_before;
+  report_.device_compute_ms.assign(n, 0.0);
+  for (size_t r = 0; r < n; ++r) {
+    const double waited = sync ? ddp_reducer_->allreduce_ms(r) : 0.0;
+    report_.device_compute_ms[r] = forward_ms[r] + loss_ms[r] + std::max(0.0, backward_ms[r] - waited);
+  }
   if (across_processes && sync) return global_loss[0];
   double total = 0;
   for (size_t r = 0; r < n; ++r) total += losses[r] * static_cast<double>(sizes[r]);

@@ -66,8 +66,12 @@ class DataParallelGatherNode final : public autograd::Node {
     auto start = Clock::now();
     if (dp_->reducer_) dp_->reducer_->prepare(used);
     try {
+      std::vector<double>& compute_ms = dp_->report_.device_compute_ms;
+      compute_ms.resize(dp_->device_ids_.size(), 0.0);
       dp_->pool_->run(used, [&](size_t i) {
+        const auto replica_start = Clock::now();
         if (!roots[i].empty()) autograd::backward(roots[i], root_grads[i]);
+        compute_ms[i] += ms_since(replica_start);
       });
     } catch (...) {
       if (dp_->reducer_) dp_->reducer_->finish();  // disarm; this step's master gradient is incomplete anyway
@@ -257,8 +261,7 @@ std::vector<Tensor> DataParallel::forward_on_master(const nn::ModuleInput& input
 DataParallel::ScatteredInputs DataParallel::scatter_inputs(const std::vector<Tensor>& tensors, int64_t dim,
                                                            int64_t batch) {
   auto start = Clock::now();
-  report_.chunk_sizes =
-      compute_chunk_sizes(batch, static_cast<int64_t>(device_ids_.size()), options_.split, options_.split_weights);
+  report_.chunk_sizes = chunk_sizes(batch);
   const size_t used = report_.chunk_sizes.size();
   report_.used_devices.assign(device_ids_.begin(), device_ids_.begin() + static_cast<int64_t>(used));
   const bool record = GradMode::is_enabled();
@@ -289,10 +292,13 @@ std::vector<std::vector<Tensor>> DataParallel::parallel_apply(const nn::ModuleIn
                                                               const ScatteredInputs& scattered, size_t used) {
   auto start = Clock::now();
   std::vector<std::vector<Tensor>> outputs(used);
+  report_.device_compute_ms.assign(device_ids_.size(), 0.0);
   pool_->run(used, [&](size_t i) {
+    const auto replica_start = Clock::now();
     std::vector<Tensor> mine;
     for (const auto& per_tensor : scattered.chunks) mine.push_back(per_tensor[i]);
     outputs[i] = replicas_[i]->forward_args(with_tensors(input, slots, mine));
+    report_.device_compute_ms[i] = ms_since(replica_start);
   });
   for (size_t i = 1; i < used; ++i) {
     DPE_CHECK(outputs[i].size() == outputs[0].size(), "DataParallel: replica ", i, " returned ", outputs[i].size(),

@@ -53,6 +53,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     }
   }
   report_.loss = loss_value;
+  observe_split();
   refresh_memory_report();
   return loss_value;
 }

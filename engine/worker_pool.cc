@@ -4,7 +4,11 @@
 #include <sched.h>
 #include <tbb/task_arena.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -12,6 +16,7 @@
 #include <thread>
 
 #include "core/autograd/grad_mode.h"
+#include "core/error.h"
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_device.h"
@@ -24,6 +29,38 @@ int usable_cores() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const bool known = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
+  std::vector<std::vector<int>> cores;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = std::min(text.find(';', begin), text.size());
+    const std::string entry = text.substr(begin, end - begin);
+    std::vector<int>& mine = cores.emplace_back();
+    size_t item = 0;
+    while (item < entry.size()) {
+      const size_t comma = std::min(entry.find(',', item), entry.size());
+      int core = -1;
+      const char* first = entry.data() + item;
+      const char* last = entry.data() + comma;
+      auto [ptr, ec] = std::from_chars(first, last, core);
+      DPE_CHECK(ec == std::errc() && ptr == last && core >= 0 && core < CPU_SETSIZE, "DPE_CPU_DEVICE_CORES='", text,
+                "': entry ", cores.size() - 1, " ('", entry, "', for cpu:", cores.size() - 1,
+                ") is not a comma list of core numbers; expected e.g. 0;0;0;1");
+      DPE_CHECK(!known || CPU_ISSET(core, &allowed), "DPE_CPU_DEVICE_CORES='", text, "': core ", core, " (for cpu:",
+                cores.size() - 1, ") is not one this process may run on (its affinity mask has ", CPU_COUNT(&allowed),
+                " cores)");
+      mine.push_back(core);
+      item = comma + 1;
+    }
+    if (end == text.size()) break;
+    begin = end + 1;
+  }
+  return cores;
 }
 
 namespace {
@@ -55,6 +92,7 @@ std::string message_of(const std::exception_ptr& e) {
 struct DeviceWorkerPool::Impl {
   struct Worker {
     Device device;
+    std::vector<int> cores;  // $DPE_CPU_DEVICE_CORES's entry for this CPU device: pinned there; empty: not
     std::thread thread;
     size_t index = 0;
     std::function<void()> task;  // set by run(), cleared by the worker when done
@@ -79,9 +117,16 @@ struct DeviceWorkerPool::Impl {
   void loop(Worker& w) {
     std::unique_ptr<tbb::task_arena> arena;
     if (w.device.is_cpu()) {
-      omp_set_num_threads(cpu_threads);
+      const int threads = w.cores.empty() ? cpu_threads : static_cast<int>(w.cores.size());
+      if (!w.cores.empty()) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int core : w.cores) CPU_SET(core, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // checked cores: it cannot fail usefully
+      }
+      omp_set_num_threads(threads);
       try {
-        arena = std::make_unique<tbb::task_arena>(cpu_threads);
+        arena = std::make_unique<tbb::task_arena>(threads);
       } catch (const std::bad_alloc&) {
         // Out of memory before the first task: run tasks in oneTBB's default arena (correct, only not
         // limited to this device's share of the cores) rather than end the thread with std::terminate.
@@ -139,9 +184,14 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices) : impl_(std::mak
       std::count_if(impl_->devices.begin(), impl_->devices.end(), [](const Device& d) { return d.is_cpu(); }));
   const int cores = usable_cores();
   impl_->cpu_threads = std::max(1, cpu_devices > 0 ? cores / cpu_devices : 1);
+  std::vector<std::vector<int>> pinned;
+  if (const char* env = std::getenv("DPE_CPU_DEVICE_CORES"); env != nullptr && *env != '\0') {
+    pinned = parse_cpu_device_cores(env);
+  }
   for (const Device& d : impl_->devices) {
     auto worker = std::make_unique<Impl::Worker>();
     worker->device = d;
+    if (d.is_cpu() && static_cast<size_t>(d.index) < pinned.size()) worker->cores = pinned[static_cast<size_t>(d.index)];
     worker->index = impl_->workers.size();
     impl_->workers.push_back(std::move(worker));
   }

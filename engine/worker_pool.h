@@ -13,6 +13,12 @@
 // number of CPU devices in the pool, at least 1) for intra-op parallelism: each runs its tasks inside its
 // own oneTBB task_arena of that size and sets its OpenMP thread count (oneDNN's runtime) to it, so devices do
 // not oversubscribe the machine.
+// Unequal CPU devices, for tests and demonstrations ($DPE_CPU_DEVICE_CORES, docs/DATA_PARALLEL.md "The auto
+// split"): "0;0;0;1" pins cpu:0, cpu:1 and cpu:2 to core 0 and cpu:3 to core 1 (entry i is cpu:i's cores, a
+// comma list; an empty or missing entry leaves that device unpinned), so cpu:3 runs three times as fast as
+// each of the others. A pinned worker uses as many intra-op threads as it has cores (its OpenMP threads
+// inherit its mask). Checked when a pool is built: a malformed entry or a core outside the process's
+// affinity mask is an error naming both.
 // The caller's grad mode is carried into the worker for the duration of the task.
 //
 // Thread-safety: run() may be called from one thread at a time, never from a worker of the same pool.
@@ -33,6 +39,10 @@ namespace dpe {
 // The cores this process may run on: its affinity mask (taskset, a cgroup cpuset, mpirun's --bind-to), so
 // that two processes bound to a core each do not both size their pools for the whole machine.
 int usable_cores();
+
+// $DPE_CPU_DEVICE_CORES's value parsed: entry i = the cores of cpu:i (empty: not pinned). Throws on a
+// malformed entry or a core this process may not run on, naming the value.
+std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text);
 
 class DeviceWorkerPool {
  public:

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@
 
 #include "core/autograd/grad_mode.h"
 #include "tests/testing/devices.h"
+#include "tests/testing/errors.h"
 
 namespace dpe {
 namespace {
@@ -152,6 +154,33 @@ TEST(WorkerPoolTest, ThreadCreationFailureIsAnErrorNotAnAbort) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status) << " (6: std::terminate)";
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: another exception; 2: no failure; 3: setrlimit failed";
+}
+
+// $DPE_CPU_DEVICE_CORES makes CPU devices unequal: each pinned worker runs on its cores only.
+TEST(WorkerPoolTest, PinsCpuDevicesToTheCoresDpeCpuDeviceCoresNames) {
+  EXPECT_EQ(parse_cpu_device_cores("0;0;;0"), (std::vector<std::vector<int>>{{0}, {0}, {}, {0}}));
+  EXPECT_NE(testing::error_of([] { parse_cpu_device_cores("0;x"); })
+                .find("DPE_CPU_DEVICE_CORES='0;x': entry 1 ('x', for cpu:1) is not a comma list of core numbers"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([] { parse_cpu_device_cores("0,1000"); })
+                .find("core 1000 (for cpu:0) is not one this process may run on"),
+            std::string::npos);
+  ::setenv("DPE_CPU_DEVICE_CORES", ";0", 1);
+  std::vector<int> cores(2, -1), count(2, -1);
+  {
+    DeviceWorkerPool pool(cpu_devices(2));
+    pool.run(2, [&](size_t i) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      sched_getaffinity(0, sizeof set, &set);
+      count[i] = CPU_COUNT(&set);
+      cores[i] = CPU_ISSET(0, &set) ? 0 : -1;
+    });
+  }
+  ::unsetenv("DPE_CPU_DEVICE_CORES");
+  EXPECT_EQ(count[1], 1);  // cpu:1 on core 0 alone
+  EXPECT_EQ(cores[1], 0);
+  EXPECT_EQ(count[0], usable_cores());  // cpu:0 not pinned
 }
 
 }  // namespace

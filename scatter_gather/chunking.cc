@@ -13,6 +13,7 @@ std::string split_rule_name(SplitRule rule) {
     case SplitRule::Chunk: return "chunk";
     case SplitRule::Balanced: return "balanced";
     case SplitRule::Weighted: return "weighted";
+    case SplitRule::Auto: return "auto";
   }
   return "?";
 }
@@ -91,6 +92,9 @@ std::vector<int64_t> compute_chunk_sizes(int64_t batch, int64_t num_devices, Spl
       }
       break;
     }
+    case SplitRule::Auto:
+      DPE_CHECK(false, "chunk sizes: the auto split is the engine's (its weights come from measuring the devices, "
+                "scatter_gather/auto_split.h); expected chunk, balanced or weighted here");
   }
   std::erase(sizes, 0);
   if (sizes.empty()) sizes.push_back(0);

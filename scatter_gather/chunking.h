@@ -5,6 +5,8 @@
 //   Balanced (tensor_split / MXNet even_split=False): the first B % n chunks get one more, no empty chunk
 //            when B >= n: 4/3 -> 2,1,1; 10/4 -> 3,3,2,2.
 //   Weighted: proportional to weights (largest remainders get the leftover items, ties to lower index).
+//   Auto:     the engine's: weights re-solved from each device's measured speed (scatter_gather/auto_split.h);
+//             compute_chunk_sizes refuses it.
 // Empty chunks are dropped (the devices after them are not used), except that B = 0 gives one empty chunk.
 // So the result has at most min(B, n) entries, and they sum to B exactly, for any B up to INT64_MAX (no
 // intermediate overflows; the weighted rule's floating-point shares are clamped and corrected so rounding
@@ -19,7 +21,7 @@
 
 namespace dpe {
 
-enum class SplitRule { Chunk, Balanced, Weighted };
+enum class SplitRule { Chunk, Balanced, Weighted, Auto };
 
 std::string split_rule_name(SplitRule rule);
 

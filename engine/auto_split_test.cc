@@ -1,0 +1,89 @@
+// SplitRule::Auto in the engine: devices made unequal on purpose get chunks that follow their speed, in DP and
+// DDP mode, and the training is still one device's on the full batch (DP's full-batch loss; DDP's gradients
+// weighted by shard size).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "core/ops.h"
+#include "engine/data_parallel.h"
+#include "layers/activation.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "optim/adam.h"
+#include "tests/testing/devices.h"
+
+namespace dpe {
+namespace {
+
+using testing::cpu_devices;
+
+// Sleeps 100 us per sample on cpu:0 and 300 us per sample on cpu:1: cpu:1 is a third as fast, so the auto
+// split should give it a quarter of the batch.
+class Unequal : public nn::Cloneable<Unequal> {
+ public:
+  Unequal() : Cloneable("Unequal") { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(6, 16));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 3));
+  }
+  Tensor forward(const Tensor& x) override {
+    const int64_t us_per_sample = x.device() == Device::cpu(1) ? 300 : 100;
+    std::this_thread::sleep_for(std::chrono::microseconds(us_per_sample * x.size(0)));
+    return fc2->forward(relu(fc1->forward(x)));
+  }
+  std::shared_ptr<nn::Linear> fc1, fc2;
+};
+
+Tensor mse(const Tensor& out, const Tensor& target) { return nn::functional::mse_loss(out, target); }
+
+OptimizerFactory adamw() {
+  return [](const std::vector<Tensor>& p) { return std::make_unique<optim::AdamW>(p, optim::AdamWOptions{.lr = 1e-2}); };
+}
+
+void expect_slow_device_gets_a_smaller_chunk(ParallelMode mode) {
+  manual_seed(71);
+  DataParallel dp(std::make_shared<Unequal>(), {.device_ids = cpu_devices(2), .split = SplitRule::Auto, .mode = mode});
+  dp.set_optimizer(adamw());
+  const int64_t batch = 40;
+  EXPECT_EQ(dp.chunk_sizes(batch), (std::vector<int64_t>{20, 20}));  // even until measured
+  for (int step = 0; step < 12; ++step) dp.train_step(randn({batch, 6}), randn({batch, 3}), mse);
+  const StepReport& step = dp.last_step();
+  ASSERT_EQ(step.split_weights.size(), 2u);
+  ASSERT_EQ(step.chunk_sizes.size(), 2u);
+  // A quarter for cpu:1 (10 of 40), with room for the sleeps' overshoot on a loaded machine.
+  EXPECT_GE(step.chunk_sizes[1], 6) << mode_name(mode);
+  EXPECT_LE(step.chunk_sizes[1], 14) << mode_name(mode);
+  EXPECT_GT(step.ms_per_sample[1], 2 * step.ms_per_sample[0]) << mode_name(mode);
+  EXPECT_GT(step.device_compute_ms[0], 0.0);
+}
+
+TEST(AutoSplit, ASlowedDeviceGetsASmallerChunkInDp) { expect_slow_device_gets_a_smaller_chunk(ParallelMode::DP); }
+
+TEST(AutoSplit, ASlowedDeviceGetsASmallerChunkInDdp) { expect_slow_device_gets_a_smaller_chunk(ParallelMode::DDP); }
+
+// Whatever the split does, the parameters stay one device's on the full batch.
+void expect_trains_like_one_device(ParallelMode mode) {
+  manual_seed(72);
+  auto model = std::make_shared<Unequal>();
+  DataParallel one(model->clone(Device::cpu(0)), {.device_ids = cpu_devices(1)});
+  DataParallel split(model, {.device_ids = cpu_devices(2), .split = SplitRule::Auto, .mode = mode});
+  one.set_optimizer(adamw());
+  split.set_optimizer(adamw());
+  for (int step = 0; step < 9; ++step) {
+    Tensor x = randn({40, 6}), y = randn({40, 3});
+    one.train_step(x, y, mse);
+    split.train_step(x, y, mse);
+  }
+  EXPECT_NE(split.last_step().chunk_sizes[0], split.last_step().chunk_sizes[1]) << "the split never moved";
+  const std::vector<Tensor> want = one.module().parameters(), got = split.module().parameters();
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_LE(max_abs_diff(got[k], want[k]), 1e-6) << mode_name(mode) << " " << k;
+}
+
+TEST(AutoSplit, TrainsLikeOneDeviceInDp) { expect_trains_like_one_device(ParallelMode::DP); }
+
+TEST(AutoSplit, TrainsLikeOneDeviceInDdp) { expect_trains_like_one_device(ParallelMode::DDP); }
+
+}  // namespace
+}  // namespace dpe
