@@ -49,6 +49,7 @@ struct BenchArgs {
   int cpu_devices = 2;
   bool compare_pytorch = false;
   std::string dist = "none";  // "mpi": DDP over the devices of every process of an MPI launch
+  std::string split = "chunk";  // dp and ddp's split rule: chunk, balanced, auto
 };
 
 // The PyTorch side runs Debian's interpreter (python3-torch is a Debian package), never a shell.
@@ -88,6 +89,7 @@ struct Row {
   std::vector<std::pair<Device, int64_t>> peak;  // peak allocated bytes per device during the timed steps
   std::string note;
   bool reports = true;  // --dist mpi: only process 0's rows are shown and written
+  std::vector<double> split_weights, ms_per_sample;  // --split auto: after the last timed step
 };
 
 // Runs fn on a thread limited to `threads` intra-op threads (oneTBB arena and OpenMP, as the engine's
@@ -130,7 +132,8 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
   const std::optional<CollectiveBackend> dist = dist_backend(args.dist, devices);
   const bool across_processes = dist.has_value();
   std::unique_ptr<DataParallel> dp = make_engine(
-      {.model = args.model, .mode = engine_mode, .devices = devices, .dist = dist, .seed = 1},
+      {.model = args.model, .mode = engine_mode, .devices = devices, .split = parse_split_rule(args.split),
+       .dist = dist, .seed = 1},
       {.lr = 0.01});
   // --dist mpi: every process takes its slice of each global batch (training.h, as dpe train does); the row
   // is the whole group's: its devices over every process, the global batch's samples/s.
@@ -161,6 +164,8 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (dp->mode_is_auto()) row.config = std::string("auto->") + mode_name(dp->mode());  // the row says the choice
+    row.split_weights = dp->last_step().split_weights;
+    row.ms_per_sample = dp->last_step().ms_per_sample;
     row.step_ms = seconds * 1e3 / static_cast<double>(args.steps);
     row.samples_per_s = static_cast<double>(args.batch_size * args.steps) / seconds;
   };
@@ -297,6 +302,14 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
                                  {"reduce", as_printed("%g", p.reduce_ms)},
                                  {"optimizer", as_printed("%g", p.optimizer_ms)}}},
                   {"peak_bytes", Json::object()}};
+      if (!r.split_weights.empty()) {
+        row["split_weights"] = Json::array();
+        row["ms_per_sample"] = Json::array();
+        for (size_t d = 0; d < r.split_weights.size(); ++d) {
+          row["split_weights"].push_back(as_printed("%.4f", r.split_weights[d]));
+          row["ms_per_sample"].push_back(as_printed("%.5f", r.ms_per_sample[d]));
+        }
+      }
       for (const auto& [device, bytes] : r.peak) row["peak_bytes"][device.str()] = bytes;
       if (!r.note.empty()) row["note"] = r.note;
       report["rows"].push_back(std::move(row));
@@ -401,6 +414,15 @@ void run_bench(const BenchArgs& args) {
     for (Row& r : bench_pytorch(args, data.train_inputs.size(0))) rows.push_back(std::move(r));
   }
   print_table(args, rows);
+  // --split auto: what it settled on, per device.
+  for (const Row& r : rows) {
+    if (r.split_weights.empty()) continue;
+    std::printf("# %s split auto:", r.config.c_str());
+    for (size_t d = 0; d < r.split_weights.size(); ++d) {
+      std::printf("  %s %.3f (%.4f ms/sample)", devices[d].str().c_str(), r.split_weights[d], r.ms_per_sample[d]);
+    }
+    std::printf("\n");
+  }
   write_outputs(args, rows);
 }
 
@@ -413,6 +435,9 @@ void add_bench_command(CLI::App& app) {
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
                                             "modes to run; single-all: one device on every core (--dist mpi: dp, ddp)",
                                             {"single", "single-all", "dp", "ddp", "auto"});
+  cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "
+                  "balanced, auto (chunks follow each device's measured speed)")
+      ->check(CLI::IsMember(kSplitRules));
   add_dist_option(*cmd, args->dist, "ddp and dp mode over the devices of every process of an MPI launch; rows "
                   "dp-mpi and ddp-mpi for the whole group; process 0 prints, writes and runs --compare-pytorch");
   CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,

@@ -21,6 +21,16 @@ for r in rows:
 ddp = rows[3]
 assert ddp["phases_ms"]["backward"] > 0 and ddp["devices"] == 2, ddp
 PY
+# --split auto: the weights it settled on and each device's time per sample, in the table's notes and the JSON.
+out=$("$bin" bench --model mlp --batch-size 64 --steps 6 --warmup 3 --modes ddp --split auto --json "$tmp/split.json" 2>&1) ||
+  { echo "FAILED: --split auto: $out"; fail=1; }
+grep -qE '^# ddp split auto:  cpu:0 0\.[0-9]+ \([0-9.]+ ms/sample\)  cpu:1 ' <<<"$out" || { echo "FAILED: no split line: $out"; fail=1; }
+python3 - "$tmp/split.json" <<'PY' || { echo "FAILED: the --split auto JSON"; fail=1; }
+import json, sys
+row = json.load(open(sys.argv[1]))["rows"][0]
+assert len(row["split_weights"]) == 2 and abs(sum(row["split_weights"]) - 1) < 1e-3, row
+assert all(t > 0 for t in row["ms_per_sample"]), row
+PY
 # expect STATUS PATTERN ARGS...: `dpe bench ARGS` exits with STATUS within 30 s, output containing PATTERN.
 expect() {
   local want_status="$1" pattern="$2"; shift 2
@@ -115,6 +125,7 @@ expect 2 "--device-ids 'cpu:0,,cpu:1': item 2 is empty" --device-ids cpu:0,,cpu:
 expect 2 "--device-ids: cpu:4096 does not exist" --device-ids cpu:0,cpu:4096
 expect 2 "--device-ids lists cpu:0 more than once (items 1 and 2)" --device-ids cpu:0,cpu:0
 expect 2 "--modes 'frob': item 1 'frob' is not one of single,single-all,dp,ddp,auto" --modes frob
+expect 105 "--split: frob not in {chunk,balanced,auto}" --split frob
 expect 2 "--modes 'single,,dp': item 2 is empty" --modes single,,dp
 expect 2 "--modes 'single,': item 2 is empty" --modes single,
 expect 105 "--model: resnet not in" --model resnet

@@ -30,6 +30,9 @@ for mode in dp ddp single; do
   acc=$(python3 -c "import json; print(json.load(open('$tmp/$mode.json'))['final_test_accuracy'])")
   python3 -c "import sys; sys.exit(0 if $acc > 0.55 else 1)" || { echo "FAILED: $mode accuracy $acc <= 0.55"; fail=1; }
 done
+# --split auto trains (uneven shards, gradients weighted by shard size).
+check "split auto" "$bin" train --model mlp --mode ddp --split auto --epochs 1 --limit 1024 --batch-size 64 --lr 0.05
+grep -q "final test accuracy 0\.[5-9]" <<<"$out" || { echo "FAILED: --split auto accuracy: $out"; fail=1; }
 # --mode auto: times dp and ddp, says which it keeps, and reports it in the JSON; trains as well as either.
 check "auto" "$bin" train --model mlp --mode auto --epochs 1 --limit 1024 --batch-size 64 --lr 0.05 --json "$tmp/auto.json"
 grep -qE "^auto: (dp|ddp) \(dp [0-9.]+ ms/step, ddp [0-9.]+ ms/step\)" <<<"$out" || { echo "FAILED: no auto choice line: $out"; fail=1; }

@@ -34,6 +34,7 @@ struct TrainArgs {
   bool drop_last = false;
   int cpu_devices = 2;
   std::string dist = "none";
+  std::string split = "chunk";
 };
 
 // Everything that can be refused without loading data or building the engine, in the order a user would
@@ -49,6 +50,7 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
     check_device_ids("--output-device", {*args.engine.output_device});
   }
   args.engine.dist = dist_backend(args.dist, args.engine.devices);
+  args.engine.split = parse_split_rule(args.split);
   check_engine_options(args.engine);
   if (needs_ddp_shards(args.engine.mode) && !args.engine.dist) {  // across processes: in run_train
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(args.engine.devices.size()));
@@ -235,6 +237,9 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
+  cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "
+                  "balanced, auto (chunks follow each device's measured speed; docs/DATA_PARALLEL.md)")
+      ->check(CLI::IsMember(kSplitRules));
   add_dist_option(*cmd, args->dist, "ddp or dp mode over the devices of every process of an MPI launch; "
                   "--batch-size is the global batch over all of them; process 0 prints, evaluates and writes "
                   "--checkpoint and --json");

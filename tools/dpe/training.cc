@@ -112,6 +112,13 @@ io::TrainingState read_checkpoint_state(const EngineOptions& options, const Opti
   return state;
 }
 
+SplitRule parse_split_rule(const std::string& name) {
+  if (name == "balanced") return SplitRule::Balanced;
+  if (name == "auto") return SplitRule::Auto;
+  DPE_CHECK(name == "chunk", "--split ", name, ": expected chunk, balanced or auto");
+  return SplitRule::Chunk;
+}
+
 std::string auto_mode_summary(const StepReport& step) {
   if (!step.auto_mode || !step.auto_mode->chosen) return "";
   char text[128];
@@ -133,6 +140,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
   } else {
     dp_options.device_ids = options.devices;
     dp_options.output_device = options.output_device;
+    dp_options.split = options.split;
     if (options.mode == "ddp") dp_options.mode = ParallelMode::DDP;
     if (options.mode == "auto") dp_options.mode = ParallelMode::Auto;
     if (options.dist) dp_options.backend = *options.dist;

@@ -18,6 +18,9 @@ inline const std::vector<std::string> kModes = {"single", "dp", "ddp", "auto"};
 // Modes whose steps split every batch over the devices' DDP replicas at least part of the time (every
 // replica needs a sample): ddp and auto.
 inline bool needs_ddp_shards(const std::string& mode) { return mode == "ddp" || mode == "auto"; }
+// --split's values: chunk (PyTorch's), balanced, auto (chunks follow the devices' measured speeds).
+inline const std::vector<std::string> kSplitRules = {"chunk", "balanced", "auto"};
+SplitRule parse_split_rule(const std::string& name);
 // "auto: ddp (dp 12.3 ms/step, ddp 9.8 ms/step)" once ParallelMode::Auto has chosen; "" before or without it.
 std::string auto_mode_summary(const StepReport& step);
 
@@ -41,6 +44,7 @@ struct EngineOptions {
   std::vector<Device> devices;          // all of them for dp/ddp; single uses devices[0]
   std::optional<Device> output_device;  // dp only
   bool sync_bn = false;                 // ddp: BatchNorm -> SyncBatchNorm
+  SplitRule split = SplitRule::Chunk;    // --split: dp/ddp's split rule (chunk, balanced, auto)
   std::optional<CollectiveBackend> dist;  // --dist mpi, mpi-nccl: dp/ddp over the devices of every process
   uint64_t seed = 0;                    // initial weights
   std::string resume;                   // checkpoint to start from (model and optimizer)
