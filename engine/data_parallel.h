@@ -22,7 +22,9 @@
 // With one device nothing is broadcast or reduced: forward is the module's own, bit for bit.
 //
 // One DDP step (forward_backward in DDP mode; engine/ddp_reducer.h has the reduction's rules):
-//  1. Input and target are split by the same rule; every device must get at least one sample.
+//  1. Input and target are split by the same rule; a device past the batch's chunks gets no sample: its
+//     replica runs no forward or backward but contributes zeros (weight 0) to every all-reduce, so PyTorch's
+//     uneven-inputs problem does not arise (not with SyncBatchNorm, which needs a sample on every replica).
 //  2. On every worker at once: replica 0's buffers are broadcast (broadcast_buffers), the replica runs
 //     forward and the loss on its own shard, then backward; each gradient is weighted by its shard's share of
 //     the batch and all-reduced in buckets as soon as a bucket is complete, while backward goes on.
@@ -310,6 +312,7 @@ class DataParallel {
   };
   std::unique_ptr<AutoModeState> auto_mode_;
   std::unique_ptr<AutoSplit> auto_split_;  // SplitRule::Auto
+  int sync_batchnorm_layers_ = 0;          // DDP mode: SyncBatchNorm layers per replica (they need samples)
   // After a step-API step: the auto split's measurement of it.
   void observe_split();
   // After a train_step of `step_ms` under Auto: records it, switches to DDP once DP is measured, and to the

@@ -57,7 +57,9 @@ void DataParallel::init_ddp() {
     NoGradGuard no_grad;
     for (const Tensor& t : replica_state_[r]) group_->broadcast(static_cast<int>(r), t, 0);
   });
-  for (size_t r = 0; r < replicas_.size(); ++r) nn::set_sync_batchnorm_group(*replicas_[r], group_, static_cast<int>(r));
+  for (size_t r = 0; r < replicas_.size(); ++r) {
+    sync_batchnorm_layers_ = nn::set_sync_batchnorm_group(*replicas_[r], group_, static_cast<int>(r));
+  }
 }
 
 void DataParallel::run_replicas(const std::function<void(size_t)>& fn) {
@@ -87,11 +89,24 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
   const int64_t batch = input.size(dim);
   DPE_CHECK(target.dim() > dim && target.size(dim) == batch, "DataParallel::forward_backward: target ",
             shape_str(target.shape()), " does not match the input's batch of ", batch, " along dim ", dim);
+  const bool across_processes = group_->world_size() > group_->size();
+  // Across processes another process may have the samples; in one, an empty batch has no loss.
+  DPE_CHECK(batch > 0 || across_processes, "DataParallel::forward_backward: the batch is empty (0 samples along "
+            "dim ", dim, "); expected at least one");
+  // A device past the batch's chunks gets no sample (PyTorch's uneven-inputs problem, solved here): its
+  // replica runs no forward or backward, contributes zeros with weight 0, and still takes part in every
+  // collective, so the other replicas' gradients are the batch's mean and every replica steps alike.
   std::vector<int64_t> sizes = chunk_sizes(batch);
-  DPE_CHECK(sizes.size() == n, "DataParallel (DDP mode): a batch of ", batch, " gives ", sizes.size(),
-            " non-empty shards for ", n, " devices; every replica needs at least one sample");
+  sizes.resize(n, 0);
+  const size_t empty = static_cast<size_t>(std::count(sizes.begin(), sizes.end(), int64_t{0}));
+  DPE_CHECK(empty == 0 || sync_batchnorm_layers_ == 0, "DataParallel (DDP mode): a batch of ", batch, " leaves ",
+            empty, " of ", n, " devices without a sample, and the model's SyncBatchNorm layers need one on every "
+            "replica; use a batch of at least ", n);
   report_.chunk_sizes = sizes;
-  report_.used_devices = device_ids_;
+  report_.used_devices.clear();
+  for (size_t r = 0; r < n; ++r) {
+    if (sizes[r] > 0) report_.used_devices.push_back(device_ids_[r]);
+  }
   std::vector<int64_t> offsets(n, 0);
   for (size_t r = 1; r < n; ++r) offsets[r] = offsets[r - 1] + sizes[r - 1];
 
@@ -101,7 +116,6 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
   const int64_t allreduces_before = group_->calls(Collective::AllReduce);
   std::vector<double> scatter_ms(n), broadcast_ms(n), forward_ms(n), loss_ms(n), backward_ms(n), losses(n);
   std::vector<int64_t> scatter_bytes(n, 0), broadcast_bytes(n, 0);
-  const bool across_processes = group_->world_size() > group_->size();
   std::vector<double> global_loss(n);
   try {
     run_replicas([&](size_t r) {
@@ -130,6 +144,14 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
         const double global_batch = across_processes ? samples_over_processes(*group_, rank, sizes[r]) : batch;
         ddp_reducer_->set_gradient_weight(r, static_cast<double>(sizes[r]) / global_batch);
         ddp_reducer_->attach_gradients(r);
+      }
+      if (sizes[r] == 0) {
+        if (sync) {
+          ddp_reducer_->contribute_nothing(r);
+          ddp_reducer_->finalize_backward(r);
+          if (across_processes) global_loss[r] = loss_over_processes(*group_, rank, 0.0, 0);
+        }
+        return;
       }
       start = Clock::now();
       Tensor out = replicas_[r]->forward(x);

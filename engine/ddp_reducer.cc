@@ -216,6 +216,13 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
   }
 }
 
+void DdpReducer::contribute_nothing(size_t replica) {
+  if (!armed_) return;
+  for (size_t p = 0; p < params_[replica].size(); ++p) {
+    if (!replicas_[replica]->ready[p]) mark_ready(replica, p, false);
+  }
+}
+
 void DdpReducer::mark_unused_parameters(size_t replica, const Tensor& loss) {
   if (!armed_ || !options_.find_unused_parameters) return;
   // Every leaf the loss's graph reaches, found by walking next_edges from its grad_fn.

@@ -84,6 +84,9 @@ class DdpReducer {
   // `weight` (in [0, 1]; kept until set again; 1 / world size at first). The weights of every replica of every
   // process should sum to 1.
   void set_gradient_weight(size_t replica, double weight);
+  // A replica without samples this step, on its worker, instead of its backward: every parameter is marked
+  // ready with a zero contribution, so its buckets take part in every all-reduce (finalize_backward follows).
+  void contribute_nothing(size_t replica);
   // With find_unused_parameters: marks replica r's parameters that `loss` does not depend on as ready.
   void mark_unused_parameters(size_t replica, const Tensor& loss);
   // After replica r's backward: checks every bucket was launched, all-reduces the used-map (find_unused),
