@@ -75,7 +75,8 @@ void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
     replica_params_.push_back(std::move(params));
     if (i == 0) check_master_placement();  // before cloning a misplaced master
   }
-  pool_ = std::make_unique<DeviceWorkerPool>(device_ids_);
+  check_deterministic_options();
+  pool_ = std::make_unique<DeviceWorkerPool>(device_ids_, options_.deterministic ? 1 : 0);
   if (options_.mode == ParallelMode::DDP) init_ddp();
   if (options_.mode == ParallelMode::DP && spans_processes(options_.backend)) init_dp_across_processes();
   build_reducer();

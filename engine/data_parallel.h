@@ -96,6 +96,12 @@ struct DataParallelOptions {
   // constructs its DataParallel at the same point.
   CollectiveBackend backend = CollectiveBackend::Auto;
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // a replica that never arrives
+  // Bitwise-reproducible steps whatever the device count and mode (engine/deterministic_step.cc,
+  // docs/DATA_PARALLEL.md "Deterministic mode"): the step API cuts every batch into virtual_shards fixed
+  // shards (0: max(8, devices)), runs each alone on whichever device, and sums their gradients in a fixed
+  // tree by shard index. CPU devices, one process.
+  bool deterministic = false;
+  int64_t virtual_shards = 0;
 };
 
 // What the last step did. Times are host wall-clock milliseconds per phase (on CUDA, work is asynchronous:
@@ -267,6 +273,8 @@ class DataParallel {
   // loss(output, target), checked to be one value.
   static Tensor checked_loss(const LossFn& loss, const Tensor& output, const Tensor& target);
   double forward_backward_ddp(const Tensor& input, const Tensor& target, const LossFn& loss);
+  double forward_backward_deterministic(const Tensor& input, const Tensor& target, const LossFn& loss);
+  void check_deterministic_options() const;
   void validate_devices();
   void check_master_placement() const;
   // The DP step's named parts (dp_mode.cc), in the order forward_args runs them.

@@ -57,8 +57,10 @@ void DataParallel::init_ddp() {
     NoGradGuard no_grad;
     for (const Tensor& t : replica_state_[r]) group_->broadcast(static_cast<int>(r), t, 0);
   });
+  // The deterministic mode's BatchNorm statistics are per virtual shard: SyncBatchNorm stays unsynchronised.
   for (size_t r = 0; r < replicas_.size(); ++r) {
-    sync_batchnorm_layers_ = nn::set_sync_batchnorm_group(*replicas_[r], group_, static_cast<int>(r));
+    sync_batchnorm_layers_ = nn::set_sync_batchnorm_group(*replicas_[r], options_.deterministic ? nullptr : group_,
+                                                          static_cast<int>(r));
   }
 }
 

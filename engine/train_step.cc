@@ -30,7 +30,9 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
             options_.dim);
   DPE_CHECK(static_cast<bool>(loss_fn), "DataParallel::forward_backward: no loss function");
   double loss_value = 0;
-  if (options_.mode == ParallelMode::DDP) {
+  if (options_.deterministic) {
+    loss_value = forward_backward_deterministic(input, target, loss_fn);
+  } else if (options_.mode == ParallelMode::DDP) {
     report_ = StepReport{.mode = ParallelMode::DDP};
     loss_value = forward_backward_ddp(input, target, loss_fn);
   } else {

@@ -177,13 +177,13 @@ struct DeviceWorkerPool::Impl {
   }
 };
 
-DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices) : impl_(std::make_unique<Impl>()) {
+DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices, int cpu_threads) : impl_(std::make_unique<Impl>()) {
   DPE_CHECK(!devices.empty(), "DeviceWorkerPool: no devices");
   impl_->devices = std::move(devices);
   int cpu_devices = static_cast<int>(
       std::count_if(impl_->devices.begin(), impl_->devices.end(), [](const Device& d) { return d.is_cpu(); }));
   const int cores = usable_cores();
-  impl_->cpu_threads = std::max(1, cpu_devices > 0 ? cores / cpu_devices : 1);
+  impl_->cpu_threads = cpu_threads > 0 ? cpu_threads : std::max(1, cpu_devices > 0 ? cores / cpu_devices : 1);
   std::vector<std::vector<int>> pinned;
   if (const char* env = std::getenv("DPE_CPU_DEVICE_CORES"); env != nullptr && *env != '\0') {
     pinned = parse_cpu_device_cores(env);

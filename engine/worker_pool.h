@@ -46,7 +46,9 @@ std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text);
 
 class DeviceWorkerPool {
  public:
-  explicit DeviceWorkerPool(std::vector<Device> devices);
+  // cpu_threads > 0: every unpinned CPU worker uses exactly that many intra-op threads (the deterministic
+  // mode's 1: results that do not depend on how many devices share the cores).
+  explicit DeviceWorkerPool(std::vector<Device> devices, int cpu_threads = 0);
   ~DeviceWorkerPool();
   DeviceWorkerPool(const DeviceWorkerPool&) = delete;
   DeviceWorkerPool& operator=(const DeviceWorkerPool&) = delete;

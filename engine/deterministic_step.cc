@@ -1,0 +1,161 @@
+// The deterministic step (DataParallelOptions::deterministic): the same bits whatever the device count and
+// whichever mode, because nothing a device computes depends on which device it is or how many there are.
+//
+//  1. The batch is cut into K virtual shards by the balanced rule (K = virtual_shards), the same cut for any
+//     device count; the devices take contiguous runs of shards (balanced over the devices).
+//  2. Each shard runs alone on its device's replica, whose parameters are the master's (DP: copied from it;
+//     DDP: kept identical) and whose buffers are reset to the step's starting buffers S: forward, the loss
+//     (the shard's mean) times n_k / N, backward into gradients that start undefined, so that each shard's
+//     gradient is its own, computed by the same kernels on the same shapes with one intra-op thread (the
+//     pool's workers run with one in this mode) wherever it runs.
+//  3. The shards' gradients are summed in a fixed binary tree by shard index, and their buffers (BatchNorm's
+//     running statistics after the shard's forward from S) averaged the same way: statistics are per
+//     virtual shard, and the step's update is the mean of the shards' (integer buffers take shard 0's).
+//  4. DP: the master's .grad gets the sum (accumulating onto a defined one) and its buffers the mean; DDP:
+//     every replica's. The optimizers then do the same arithmetic in either mode.
+#include <algorithm>
+
+#include "core/autograd/grad_mode.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "engine/data_parallel.h"
+#include "engine/timing.h"
+#include "engine/worker_pool.h"
+
+namespace dpe {
+
+using detail::Clock;
+using detail::ms_since;
+
+namespace {
+
+// v[lo] + ... + v[hi - 1] in a fixed tree (the left part takes the larger half), so the order of every
+// addition depends on the shard indices alone.
+Tensor tree_sum(const std::vector<Tensor>& v, size_t lo, size_t hi) {
+  if (hi - lo == 1) return v[lo];
+  const size_t mid = lo + (hi - lo + 1) / 2;
+  return add(tree_sum(v, lo, mid), tree_sum(v, mid, hi));
+}
+
+}  // namespace
+
+void DataParallel::check_deterministic_options() const {
+  if (!options_.deterministic) {
+    DPE_CHECK(options_.virtual_shards == 0, "DataParallel: virtual_shards = ", options_.virtual_shards,
+              " is the deterministic mode's; set deterministic = true or leave it 0");
+    return;
+  }
+  DPE_CHECK(options_.virtual_shards >= 0, "DataParallel: virtual_shards must be >= 0 (0: the default), got ",
+            options_.virtual_shards);
+  for (const Device& d : device_ids_) {
+    DPE_CHECK(d.is_cpu(), "DataParallel: the deterministic mode runs on CPU devices for now, got ", d,
+              " (docs/DATA_PARALLEL.md, \"Deterministic mode\")");
+  }
+  DPE_CHECK(!spans_processes(options_.backend), "DataParallel: the deterministic mode runs in one process; backend '",
+            backend_name(options_.backend), "' spans processes");
+  DPE_CHECK(options_.split != SplitRule::Auto && options_.split != SplitRule::Weighted, "DataParallel: the "
+            "deterministic mode cuts batches into its own virtual shards; split ", split_rule_name(options_.split),
+            " does not apply (use chunk)");
+}
+
+double DataParallel::forward_backward_deterministic(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
+  const size_t n = device_ids_.size();
+  const int64_t dim = normalize_dim(options_.dim, input.dim(), "DataParallel::forward_backward");
+  const int64_t batch = input.size(dim);
+  DPE_CHECK(target.dim() > dim && target.size(dim) == batch, "DataParallel::forward_backward: target ",
+            shape_str(target.shape()), " does not match the input's batch of ", batch, " along dim ", dim);
+  DPE_CHECK(batch > 0, "DataParallel::forward_backward: the batch is empty; expected at least one sample");
+  report_ = StepReport{.mode = options_.mode};
+  const int64_t k_wanted = options_.virtual_shards > 0 ? options_.virtual_shards : std::max<int64_t>(8, static_cast<int64_t>(n));
+  const std::vector<int64_t> shard_rows = compute_chunk_sizes(batch, k_wanted, SplitRule::Balanced);
+  const size_t shards = shard_rows.size();
+  std::vector<int64_t> shard_offset(shards, 0);
+  for (size_t k = 1; k < shards; ++k) shard_offset[k] = shard_offset[k - 1] + shard_rows[k - 1];
+  // Devices take contiguous runs of shards.
+  const std::vector<int64_t> per_device = compute_chunk_sizes(static_cast<int64_t>(shards), static_cast<int64_t>(n),
+                                                              SplitRule::Balanced);
+  const size_t used = per_device.size();
+  std::vector<size_t> first_shard(used + 1, 0);
+  for (size_t d = 0; d < used; ++d) first_shard[d + 1] = first_shard[d] + static_cast<size_t>(per_device[d]);
+  report_.used_devices.assign(device_ids_.begin(), device_ids_.begin() + static_cast<int64_t>(used));
+  for (size_t d = 0; d < used; ++d) {
+    report_.chunk_sizes.push_back(0);
+    for (size_t k = first_shard[d]; k < first_shard[d + 1]; ++k) report_.chunk_sizes.back() += shard_rows[k];
+  }
+
+  refresh_trainable();
+  auto start = Clock::now();
+  if (options_.mode == ParallelMode::DP) sync_replicas(used);  // the replicas compute with the master's values
+  report_.broadcast_ms = ms_since(start);
+  // The step's starting buffers: the master's, cloned (replica 0 runs shards too and overwrites its own).
+  std::vector<Tensor> start_buffers;
+  for (const Tensor& b : replica_buffers_[0]) start_buffers.push_back(b.detach().clone());
+
+  // Per shard: its gradient of each parameter (undefined: none reached it), its buffers, its loss.
+  std::vector<std::vector<Tensor>> grads(shards), buffers(shards);
+  std::vector<double> losses(shards, 0.0);
+  std::vector<double> forward_ms(used, 0), backward_ms(used, 0);
+  report_.device_compute_ms.assign(n, 0.0);
+  run_replicas([&](size_t d) {
+    if (d >= used) return;
+    nn::Module& replica = *replicas_[d];
+    for (size_t k = first_shard[d]; k < first_shard[d + 1]; ++k) {
+      auto phase = Clock::now();
+      {
+        NoGradGuard no_grad;
+        for (size_t b = 0; b < start_buffers.size(); ++b) replica_buffers_[d][b].copy_(start_buffers[b]);
+      }
+      for (const Tensor& p : replica_params_[d]) p.set_grad({});
+      Tensor x = input.narrow(dim, shard_offset[k], shard_rows[k]).to(device_ids_[d]).contiguous();
+      Tensor y = target.narrow(dim, shard_offset[k], shard_rows[k]).to(device_ids_[d]).contiguous();
+      Tensor loss = checked_loss(loss_fn, replica.forward(x), y);
+      forward_ms[d] += ms_since(phase);
+      phase = Clock::now();
+      (loss * (static_cast<double>(shard_rows[k]) / static_cast<double>(batch))).backward();
+      backward_ms[d] += ms_since(phase);
+      losses[k] = loss.item();
+      for (size_t p = 0; p < replica_params_[d].size(); ++p) {
+        grads[k].push_back(trainable_[p] ? replica_params_[d][p].grad() : Tensor());
+        replica_params_[d][p].set_grad({});
+      }
+      for (const Tensor& b : replica_buffers_[d]) buffers[k].push_back(b.detach().clone());
+    }
+    report_.device_compute_ms[d] = forward_ms[d] + backward_ms[d];
+  });
+  report_.forward_ms = *std::max_element(forward_ms.begin(), forward_ms.end());
+  report_.backward_ms = *std::max_element(backward_ms.begin(), backward_ms.end());
+
+  start = Clock::now();
+  NoGradGuard no_grad;
+  const size_t owners = options_.mode == ParallelMode::DDP ? n : 1;  // whose .grad and buffers get the result
+  for (size_t p = 0; p < replica_params_[0].size(); ++p) {
+    if (!trainable_[p]) continue;
+    std::vector<Tensor> parts;
+    for (size_t k = 0; k < shards; ++k) {
+      parts.push_back(grads[k][p].defined() ? grads[k][p].to(device_ids_[0]) : zeros_like(replica_params_[0][p]));
+    }
+    const Tensor sum = tree_sum(parts, 0, shards);
+    for (size_t r = 0; r < owners; ++r) {
+      const Tensor& param = replica_params_[r][p];
+      const Tensor mine = sum.to(device_ids_[r]).clone();
+      param.set_grad(param.grad().defined() ? param.grad() + mine : mine);
+    }
+  }
+  for (size_t b = 0; b < start_buffers.size(); ++b) {
+    Tensor value;
+    if (is_floating_point(start_buffers[b].dtype())) {
+      std::vector<Tensor> parts;
+      for (size_t k = 0; k < shards; ++k) parts.push_back(buffers[k][b].to(device_ids_[0]));
+      value = tree_sum(parts, 0, shards) * (1.0 / static_cast<double>(shards));
+    } else {
+      value = buffers[0][b].to(device_ids_[0]);
+    }
+    for (size_t r = 0; r < n; ++r) replica_buffers_[r][b].copy_(value);  // every replica: the master's
+  }
+  report_.reduce_ms = ms_since(start);
+  double total = 0;
+  for (size_t k = 0; k < shards; ++k) total += losses[k] * static_cast<double>(shard_rows[k]);
+  return total / static_cast<double>(batch);
+}
+
+}  // namespace dpe

@@ -1,0 +1,101 @@
+// The deterministic mode: the same bits after many steps for 1, 2, 3 and 4 devices, DP and DDP, the MLP and
+// the CNN (BatchNorm: statistics per virtual shard), SGD with momentum and AdamW, even and uneven batches.
+#include <gtest/gtest.h>
+
+#include "core/ops.h"
+#include "engine/data_parallel.h"
+#include "models/models.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "tests/testing/devices.h"
+#include "tests/testing/errors.h"
+
+namespace dpe {
+namespace {
+
+using testing::cpu_devices;
+using testing::error_of;
+
+struct Run {
+  std::string model;
+  bool adamw;
+  int64_t batch;
+  int steps;
+};
+
+// Random Fashion-MNIST-shaped batches (images in [0, 1), labels 0..9), the same for every configuration.
+std::vector<std::pair<Tensor, Tensor>> batches(const Run& run) {
+  manual_seed(81);
+  std::vector<std::pair<Tensor, Tensor>> out;
+  for (int s = 0; s < run.steps; ++s) {
+    Tensor x = run.model == "cnn" ? rand({run.batch, 1, 28, 28}) : rand({run.batch, 784});
+    Tensor y = (rand({run.batch}) * 10.0).to(DType::Int64);  // truncated: 0..9
+    out.emplace_back(x, y);
+  }
+  return out;
+}
+
+nn::StateDict train(const Run& run, int devices, ParallelMode mode) {
+  manual_seed(80);
+  DataParallel dp(models::make_model(run.model), {.device_ids = cpu_devices(devices), .mode = mode, .deterministic = true});
+  dp.set_optimizer([&](const std::vector<Tensor>& p) -> std::unique_ptr<optim::Optimizer> {
+    if (run.adamw) return std::make_unique<optim::AdamW>(p, optim::AdamWOptions{.lr = 1e-3});
+    return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  });
+  const LossFn loss = models::model_loss(run.model);
+  for (const auto& [x, y] : batches(run)) dp.train_step(x, y, loss);
+  return dp.module().state_dict();
+}
+
+void expect_bitwise_the_same_everywhere(const Run& run) {
+  const nn::StateDict want = train(run, 1, ParallelMode::DP);
+  for (int devices : {1, 2, 3, 4}) {
+    for (ParallelMode mode : {ParallelMode::DP, ParallelMode::DDP}) {
+      if (devices == 1 && mode == ParallelMode::DP) continue;
+      const nn::StateDict got = train(run, devices, mode);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        EXPECT_TRUE(equal(got[k].second, want[k].second))
+            << run.model << (run.adamw ? " adamw" : " sgd") << " batch " << run.batch << ", " << devices << " devices "
+            << mode_name(mode) << ": " << got[k].first << " differs by " << max_abs_diff(got[k].second, want[k].second);
+      }
+    }
+  }
+}
+
+TEST(Deterministic, MlpIsBitwiseTheSameForAnyDeviceCountAndModeWithSgd) { expect_bitwise_the_same_everywhere({"mlp", false, 32, 20}); }
+TEST(Deterministic, MlpIsBitwiseTheSameForAnyDeviceCountAndModeWithAdamW) { expect_bitwise_the_same_everywhere({"mlp", true, 32, 20}); }
+TEST(Deterministic, CnnIsBitwiseTheSameForAnyDeviceCountAndModeWithSgd) { expect_bitwise_the_same_everywhere({"cnn", false, 16, 20}); }
+TEST(Deterministic, CnnIsBitwiseTheSameForAnyDeviceCountAndModeWithAdamW) { expect_bitwise_the_same_everywhere({"cnn", true, 16, 20}); }
+// 30 rows: shards of 4, 4, 4, 4, 4, 4, 3, 3; 3 devices take 3, 3 and 2 shards.
+TEST(Deterministic, AnUnevenBatchIsBitwiseTheSameToo) { expect_bitwise_the_same_everywhere({"mlp", true, 30, 20}); }
+TEST(Deterministic, AnUnevenCnnBatchIsBitwiseTheSameToo) { expect_bitwise_the_same_everywhere({"cnn", false, 13, 20}); }
+
+// Without the mode, device counts give different bits (the sums run in another order): the test above is not
+// vacuous.
+TEST(Deterministic, TheDefaultModeDiffersAcrossDeviceCounts) {
+  auto run = [](int devices) {
+    manual_seed(80);
+    DataParallel dp(models::make_model("mlp"), {.device_ids = cpu_devices(devices), .mode = ParallelMode::DDP});
+    dp.set_optimizer([](const std::vector<Tensor>& p) { return std::make_unique<optim::AdamW>(p, optim::AdamWOptions{}); });
+    for (const auto& [x, y] : batches({"mlp", true, 32, 5})) dp.train_step(x, y, models::model_loss("mlp"));
+    return dp.module().state_dict();
+  };
+  const nn::StateDict one = run(1), two = run(2);
+  bool any_differs = false;
+  for (size_t k = 0; k < one.size(); ++k) any_differs = any_differs || !equal(one[k].second, two[k].second);
+  EXPECT_TRUE(any_differs);
+}
+
+TEST(Deterministic, RefusesWhatItCannotMakeDeterministic) {
+  auto make = [](DataParallelOptions options) { DataParallel(models::make_model("mlp"), std::move(options)); };
+  EXPECT_NE(error_of([&] { make({.device_ids = cpu_devices(2), .virtual_shards = 4}); })
+                .find("virtual_shards = 4 is the deterministic mode's"), std::string::npos);
+  EXPECT_NE(error_of([&] { make({.device_ids = cpu_devices(2), .split = SplitRule::Auto, .deterministic = true}); })
+                .find("split auto does not apply"), std::string::npos);
+  EXPECT_NE(error_of([&] { make({.device_ids = cpu_devices(2), .backend = CollectiveBackend::Mpi, .deterministic = true}); })
+                .find("the deterministic mode runs in one process"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dpe
