@@ -14,6 +14,7 @@
 //  4. DP: the master's .grad gets the sum (accumulating onto a defined one) and its buffers the mean; DDP:
 //     every replica's. The optimizers then do the same arithmetic in either mode.
 #include <algorithm>
+#include <functional>
 
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
@@ -29,11 +30,23 @@ using detail::ms_since;
 
 namespace {
 
-// v[lo] + ... + v[hi - 1] in a fixed tree (the left part takes the larger half), so the order of every
-// addition depends on the shard indices alone.
+// The fixed tree over shards [lo, hi): the left child takes the larger half. Every addition's order depends on
+// the shard indices alone.
+size_t tree_split(size_t lo, size_t hi) { return lo + (hi - lo + 1) / 2; }
+
+// grads[lo][p] + ... + grads[hi - 1][p] in the fixed tree, summed into grads[lo][p] (the shards' own
+// gradients, which nothing else holds).
+Tensor tree_sum(std::vector<std::vector<Tensor>>& grads, size_t p, size_t lo, size_t hi) {
+  if (hi - lo == 1) return grads[lo][p];
+  const size_t mid = tree_split(lo, hi);
+  Tensor left = tree_sum(grads, p, lo, mid);
+  return left.add_(tree_sum(grads, p, mid, hi));
+}
+
+// The buffers' tree: the same shape over freshly cloned tensors.
 Tensor tree_sum(const std::vector<Tensor>& v, size_t lo, size_t hi) {
   if (hi - lo == 1) return v[lo];
-  const size_t mid = lo + (hi - lo + 1) / 2;
+  const size_t mid = tree_split(lo, hi);
   return add(tree_sum(v, lo, mid), tree_sum(v, mid, hi));
 }
 
@@ -91,10 +104,29 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
   std::vector<Tensor> start_buffers;
   for (const Tensor& b : replica_buffers_[0]) start_buffers.push_back(b.detach().clone());
 
-  // Per shard: its gradient of each parameter (undefined: none reached it), its buffers, its loss.
-  std::vector<std::vector<Tensor>> grads(shards), buffers(shards);
+  // The fixed tree over the shards: each maximal node whose shards all ran on one device is summed by that
+  // device (the same additions, in the same order), and the rest of the tree joins those sums.
+  std::vector<size_t> owner(shards);
+  for (size_t d = 0; d < used; ++d) {
+    for (size_t k = first_shard[d]; k < first_shard[d + 1]; ++k) owner[k] = d;
+  }
+  std::vector<std::vector<std::pair<size_t, size_t>>> owned(used);  // per device: its maximal nodes [lo, hi)
+  std::function<void(size_t, size_t)> find_owned = [&](size_t lo, size_t hi) {
+    if (owner[lo] == owner[hi - 1]) {
+      owned[owner[lo]].emplace_back(lo, hi);
+      return;
+    }
+    const size_t mid = tree_split(lo, hi);
+    find_owned(lo, mid);
+    find_owned(mid, hi);
+  };
+  find_owned(0, shards);
+
+  // Per shard: its gradient of each parameter (undefined: none reached it, or frozen), its buffers, its loss;
+  // per owned node (by its first shard): the sum of its shards' gradients.
+  std::vector<std::vector<Tensor>> grads(shards), buffers(shards), node_sums(shards);
   std::vector<double> losses(shards, 0.0);
-  std::vector<double> forward_ms(used, 0), backward_ms(used, 0);
+  std::vector<double> forward_ms(used, 0), backward_ms(used, 0), reduce_ms(used, 0);
   report_.device_compute_ms.assign(n, 0.0);
   run_replicas([&](size_t d) {
     if (d >= used) return;
@@ -115,32 +147,47 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
       backward_ms[d] += ms_since(phase);
       losses[k] = loss.item();
       for (size_t p = 0; p < replica_params_[d].size(); ++p) {
-        grads[k].push_back(trainable_[p] ? replica_params_[d][p].grad() : Tensor());
-        replica_params_[d][p].set_grad({});
+        const Tensor& param = replica_params_[d][p];
+        grads[k].push_back(!trainable_[p] ? Tensor() : param.grad().defined() ? param.grad() : zeros_like(param));
+        param.set_grad({});
       }
       for (const Tensor& b : replica_buffers_[d]) buffers[k].push_back(b.detach().clone());
     }
     report_.device_compute_ms[d] = forward_ms[d] + backward_ms[d];
+    const auto phase = Clock::now();
+    NoGradGuard no_grad;
+    for (const auto& [lo, hi] : owned[d]) {
+      for (size_t p = 0; p < replica_params_[d].size(); ++p) node_sums[lo].push_back(trainable_[p] ? tree_sum(grads, p, lo, hi) : Tensor());
+    }
+    reduce_ms[d] = ms_since(phase);
   });
   report_.forward_ms = *std::max_element(forward_ms.begin(), forward_ms.end());
   report_.backward_ms = *std::max_element(backward_ms.begin(), backward_ms.end());
 
   start = Clock::now();
   NoGradGuard no_grad;
-  const size_t owners = options_.mode == ParallelMode::DDP ? n : 1;  // whose .grad and buffers get the result
-  for (size_t p = 0; p < replica_params_[0].size(); ++p) {
-    if (!trainable_[p]) continue;
-    std::vector<Tensor> parts;
-    for (size_t k = 0; k < shards; ++k) {
-      parts.push_back(grads[k][p].defined() ? grads[k][p].to(device_ids_[0]) : zeros_like(replica_params_[0][p]));
-    }
-    const Tensor sum = tree_sum(parts, 0, shards);
-    for (size_t r = 0; r < owners; ++r) {
+  // The tree's root, from the owned nodes' sums.
+  std::function<Tensor(size_t, size_t, size_t)> join = [&](size_t p, size_t lo, size_t hi) -> Tensor {
+    if (owner[lo] == owner[hi - 1]) return node_sums[lo][p].to(device_ids_[0]);
+    const size_t mid = tree_split(lo, hi);
+    return add(join(p, lo, mid), join(p, mid, hi));
+  };
+  std::vector<Tensor> sums(replica_params_[0].size());
+  for (size_t p = 0; p < sums.size(); ++p) {
+    if (trainable_[p]) sums[p] = join(p, 0, shards);
+  }
+  // DP: the master's .grad; DDP: every replica's (each its own copy, made on its worker).
+  const size_t owners = options_.mode == ParallelMode::DDP ? n : 1;
+  run_replicas([&](size_t r) {
+    if (r >= owners) return;
+    NoGradGuard no_grad;
+    for (size_t p = 0; p < sums.size(); ++p) {
+      if (!trainable_[p]) continue;
       const Tensor& param = replica_params_[r][p];
-      const Tensor mine = sum.to(device_ids_[r]).clone();
+      const Tensor mine = r == 0 ? sums[p] : sums[p].to(device_ids_[r]).clone();
       param.set_grad(param.grad().defined() ? param.grad() + mine : mine);
     }
-  }
+  });
   for (size_t b = 0; b < start_buffers.size(); ++b) {
     Tensor value;
     if (is_floating_point(start_buffers[b].dtype())) {
@@ -152,7 +199,7 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
     }
     for (size_t r = 0; r < n; ++r) replica_buffers_[r][b].copy_(value);  // every replica: the master's
   }
-  report_.reduce_ms = ms_since(start);
+  report_.reduce_ms = ms_since(start) + *std::max_element(reduce_ms.begin(), reduce_ms.end());
   double total = 0;
   for (size_t k = 0; k < shards; ++k) total += losses[k] * static_cast<double>(shard_rows[k]);
   return total / static_cast<double>(batch);

@@ -10,6 +10,8 @@ targets=(
   //engine:worker_pool_test
   //engine:data_parallel_test
   //engine:ddp_test
+  //engine:mode_switch_test
+  //engine:auto_split_test
   //scatter_gather/...
   //collectives/...
   //layers:sync_batchnorm_test
@@ -20,6 +22,8 @@ targets=(
 excluded=(
   //collectives:mpi_world_test
   //collectives:mpi_backend_test
+  //collectives:mpi_nccl_backend_test
+  //collectives:mpi_nccl_backend_one_process_test
 )
 bazel test --config=tsan "$@" -- "${targets[@]}" "${excluded[@]/#/-}"
 status=$?

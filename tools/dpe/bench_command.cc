@@ -50,6 +50,8 @@ struct BenchArgs {
   bool compare_pytorch = false;
   std::string dist = "none";  // "mpi": DDP over the devices of every process of an MPI launch
   std::string split = "chunk";  // dp and ddp's split rule: chunk, balanced, auto
+  bool deterministic = false;   // dp and ddp in the deterministic mode (rows dp-det, ddp-det)
+  int64_t virtual_shards = 0;
 };
 
 // The PyTorch side runs Debian's interpreter (python3-torch is a Debian package), never a shell.
@@ -133,6 +135,7 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
   const bool across_processes = dist.has_value();
   std::unique_ptr<DataParallel> dp = make_engine(
       {.model = args.model, .mode = engine_mode, .devices = devices, .split = parse_split_rule(args.split),
+       .deterministic = args.deterministic, .virtual_shards = args.virtual_shards,
        .dist = dist, .seed = 1},
       {.lr = 0.01});
   // --dist mpi: every process takes its slice of each global batch (training.h, as dpe train does); the row
@@ -141,6 +144,7 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
   row.devices = static_cast<int>(slice.devices);
   row.reports = slice.reports();
   if (across_processes) row.config = mode + "-" + args.dist;  // ddp-mpi, ddp-mpi-nccl
+  if (args.deterministic) row.config += "-det";
   LossFn loss = models::model_loss(args.model);
   const int64_t n = data.train_inputs.size(0);
   auto batch_at = [&](int64_t step) {
@@ -435,6 +439,11 @@ void add_bench_command(CLI::App& app) {
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
                                             "modes to run; single-all: one device on every core (--dist mpi: dp, ddp)",
                                             {"single", "single-all", "dp", "ddp", "auto"});
+  cmd->add_flag("--deterministic", args->deterministic, "every mode in the deterministic mode (rows single-det, dp-det, ...): "
+                "bitwise the same for any device count; compare with a run without it for its cost");
+  add_int_option(*cmd, "--virtual-shards", args->virtual_shards,
+                 "--deterministic: virtual shards per batch (default max(8, devices))", 1, 1 << 20)
+      ->needs("--deterministic");
   cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "
                   "balanced, auto (chunks follow each device's measured speed)")
       ->check(CLI::IsMember(kSplitRules));

@@ -237,6 +237,11 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
+  cmd->add_flag("--deterministic", args->engine.deterministic, "dp/ddp: bitwise the same training for any device "
+                "count and either mode (virtual shards summed in a fixed order; docs/DATA_PARALLEL.md)");
+  add_int_option(*cmd, "--virtual-shards", args->engine.virtual_shards,
+                 "--deterministic: virtual shards per batch (default max(8, devices))", 1, 1 << 20)
+      ->needs("--deterministic");
   cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "
                   "balanced, auto (chunks follow each device's measured speed; docs/DATA_PARALLEL.md)")
       ->check(CLI::IsMember(kSplitRules));

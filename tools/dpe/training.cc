@@ -92,6 +92,14 @@ void check_engine_options(const EngineOptions& options) {
             "replicas; DP computes BatchNorm statistics per replica, like PyTorch)");
   DPE_CHECK(!options.dist || options.mode == "dp" || options.mode == "ddp", "--dist ", backend_name(*options.dist), " needs --mode ddp or dp (--mode ",
             options.mode, options.mode == "single" ? " trains one device)" : " switches modes, which it cannot across processes)");
+  if (options.deterministic) {
+    DPE_CHECK(options.split == SplitRule::Chunk, "--deterministic cuts every batch into its own virtual shards; "
+              "--split ", split_rule_name(options.split), " does not apply");
+    DPE_CHECK(!options.dist, "--deterministic runs in one process; it cannot be combined with --dist");
+    for (const Device& d : options.devices) {
+      DPE_CHECK(d.is_cpu(), "--deterministic runs on CPU devices for now, got ", d);
+    }
+  }
   DPE_CHECK(!options.output_device || options.mode == "dp", "--output-device ", *options.output_device,
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
 }
@@ -135,6 +143,8 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
   if (options.sync_bn) model = nn::convert_sync_batchnorm(model);
   model->to(options.devices[0]);
   DataParallelOptions dp_options;
+  dp_options.deterministic = options.deterministic;
+  dp_options.virtual_shards = options.virtual_shards;
   if (options.mode == "single") {
     dp_options.device_ids = std::vector<Device>{options.devices[0]};
   } else {

@@ -45,6 +45,8 @@ struct EngineOptions {
   std::optional<Device> output_device;  // dp only
   bool sync_bn = false;                 // ddp: BatchNorm -> SyncBatchNorm
   SplitRule split = SplitRule::Chunk;    // --split: dp/ddp's split rule (chunk, balanced, auto)
+  bool deterministic = false;            // --deterministic: dp/ddp's deterministic mode
+  int64_t virtual_shards = 0;            // --virtual-shards (0: the engine's default)
   std::optional<CollectiveBackend> dist;  // --dist mpi, mpi-nccl: dp/ddp over the devices of every process
   uint64_t seed = 0;                    // initial weights
   std::string resume;                   // checkpoint to start from (model and optimizer)
