@@ -30,6 +30,14 @@ for mode in dp ddp single; do
   acc=$(python3 -c "import json; print(json.load(open('$tmp/$mode.json'))['final_test_accuracy'])")
   python3 -c "import sys; sys.exit(0 if $acc > 0.55 else 1)" || { echo "FAILED: $mode accuracy $acc <= 0.55"; fail=1; }
 done
+# --deterministic: one device in DDP mode and two in DP mode write the same checkpoint, byte for byte.
+check "det ddp 1" "$bin" train --model cnn --mode ddp --device-ids cpu:0 --deterministic --epochs 1 --limit 256 --batch-size 32 \
+  --save-every 1 --checkpoint "$tmp/det1.safetensors"
+check "det dp 2" "$bin" train --model cnn --mode dp --device-ids cpu:0,cpu:1 --deterministic --epochs 1 --limit 256 --batch-size 32 \
+  --save-every 1 --checkpoint "$tmp/det2.safetensors"
+cmp -s "$tmp/det1.safetensors" "$tmp/det2.safetensors" || { echo "FAILED: --deterministic checkpoints differ"; fail=1; }
+expect_error "--deterministic cuts every batch into its own virtual shards; --split auto does not apply" --deterministic --split auto
+expect 107 "--virtual-shards requires --deterministic" --virtual-shards 4
 # --split auto trains (uneven shards, gradients weighted by shard size).
 check "split auto" "$bin" train --model mlp --mode ddp --split auto --epochs 1 --limit 1024 --batch-size 64 --lr 0.05
 grep -q "final test accuracy 0\.[5-9]" <<<"$out" || { echo "FAILED: --split auto accuracy: $out"; fail=1; }
