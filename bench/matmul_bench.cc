@@ -13,7 +13,6 @@
 //
 // Usage: bazel run //bench:matmul_bench [-- --min_seconds=0.3]
 #include <cblas.h>
-#include <immintrin.h>
 #include <omp.h>
 #include <tbb/task_arena.h>
 
@@ -27,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/fma_peak.h"
 #include "core/kernels/matmul.h"
 
 namespace {
@@ -35,57 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// Note [FMA peak probe]
-// Peak = FMA instructions per second on one core x lanes x 2 flops, measured by kAccumulators independent
-// FMA chains (enough to cover FMA latency x pipes on current x86 cores), so the loop is bound by FMA
-// throughput alone. It is a probe of the core, not a GEMM. AVX-512 is probed only where the CPU has it
-// (Zen 4 runs 512-bit FMAs at half rate, Zen 5 at full rate: the probe tells which).
-constexpr int kAccumulators = 12;
-
-__attribute__((target("avx2,fma"))) double fma_gflops_avx2(int64_t iterations) {
-  __m256 acc[kAccumulators];
-  for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_set1_ps(1.0f + j * 1e-3f);
-  const __m256 mul = _mm256_set1_ps(0.9999999f), add = _mm256_set1_ps(1e-7f);
-  const auto start = Clock::now();
-  for (int64_t i = 0; i < iterations; ++i) {
-#pragma GCC unroll 12
-    for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_fmadd_ps(acc[j], mul, add);
-  }
-  const double t = seconds_since(start);
-  __m256 sum = acc[0];
-  for (int j = 1; j < kAccumulators; ++j) sum = _mm256_add_ps(sum, acc[j]);
-  volatile float sink = _mm256_cvtss_f32(sum);
-  (void)sink;
-  return iterations * kAccumulators * 8.0 * 2.0 / t * 1e-9;
-}
-
-__attribute__((target("avx512f"))) double fma_gflops_avx512(int64_t iterations) {
-  __m512 acc[kAccumulators];
-  for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_set1_ps(1.0f + j * 1e-3f);
-  const __m512 mul = _mm512_set1_ps(0.9999999f), add = _mm512_set1_ps(1e-7f);
-  const auto start = Clock::now();
-  for (int64_t i = 0; i < iterations; ++i) {
-#pragma GCC unroll 12
-    for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_fmadd_ps(acc[j], mul, add);
-  }
-  const double t = seconds_since(start);
-  __m512 sum = acc[0];
-  for (int j = 1; j < kAccumulators; ++j) sum = _mm512_add_ps(sum, acc[j]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);  // (_mm512_reduce_add_ps trips -Wuninitialized in GCC 12's header)
-  volatile float sink = lanes[0];
-  (void)sink;
-  return iterations * kAccumulators * 16.0 * 2.0 / t * 1e-9;
-}
-
-// Best of a few runs of ~0.2 s each (the first also warms the clock up).
-template <typename F>
-double best_of(F probe) {
-  double best = 0;
-  for (int r = 0; r < 5; ++r) best = std::max(best, probe(int64_t{20'000'000}));
-  return best;
 }
 
 struct Shape {
@@ -165,17 +114,15 @@ int main(int argc, char** argv) {
   }
   const int all_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
-  // Peak: one core's FMA throughput, with the widest vectors the CPU has (Note [FMA peak probe]).
-  const double avx2 = best_of(fma_gflops_avx2);
-  const bool has_avx512 = __builtin_cpu_supports("avx512f");
-  const double avx512 = has_avx512 ? best_of(fma_gflops_avx512) : 0.0;
-  const double peak = std::max(avx2, avx512);
-  std::printf("FMA peak probe, one core: AVX2 %.1f GFLOP/s", avx2);
-  if (has_avx512) std::printf(", AVX-512 %.1f GFLOP/s", avx512);
-  else std::printf(", AVX-512 not available");
-  std::printf("\n  -> single-core FP32 peak used below: %.1f GFLOP/s (%d threads: %.1f GFLOP/s = threads x peak;\n"
-              "     docs/DESIGN.md's 235 GFLOP/s is the AVX-512 Zen 5 figure, for comparison)\n",
-              peak, all_threads, peak * all_threads);
+  // Peak: one core's FMA throughput, with the widest vectors the CPU has (Note [FMA peak probe] in
+  // bench/fma_peak.cc).
+  const std::vector<dpe::bench::FmaPeak> peaks = dpe::bench::probe_fma_peaks();
+  std::printf("FMA peak probe, one core:");
+  for (const dpe::bench::FmaPeak& p : peaks) std::printf(" %s %.1f GFLOP/s", p.isa.c_str(), p.gflops);
+  const dpe::bench::FmaPeak widest = dpe::bench::widest(peaks);
+  const double peak = widest.gflops;
+  std::printf("\n  -> single-core FP32 peak used below: %.1f GFLOP/s (%s; %d threads: %.1f GFLOP/s = threads x peak)\n",
+              peak, widest.isa.c_str(), all_threads, peak * all_threads);
   std::printf("OpenBLAS core: %s (OPENBLAS_CORETYPE=%s); oneDNN picks its own ISA\n\n", openblas_get_corename(),
               std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset");
 

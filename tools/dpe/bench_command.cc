@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include <thread>
 
 
+#include "bench/fma_peak.h"
 #include "core/allocator.h"
 #include "engine/worker_pool.h"
 #include "models/models.h"
@@ -226,6 +228,39 @@ std::string mb(int64_t bytes) {
   return buf;
 }
 
+// DPE_PEAK_GFLOPS: the machine's FMA peak in GFLOP/s, all cores together, where the user states it (a
+// figure from the CPU's data sheet, say); unset: measured (machine_peak). Set but not a positive number:
+// an error naming the value.
+std::optional<double> peak_override() {
+  const char* env = std::getenv("DPE_PEAK_GFLOPS");
+  if (env == nullptr) return std::nullopt;
+  char* end = nullptr;
+  const double gflops = std::strtod(env, &end);
+  DPE_CHECK(*env != '\0' && *end == '\0' && std::isfinite(gflops) && gflops > 0, "DPE_PEAK_GFLOPS='", env,
+            "' is not a positive number of GFLOP/s (the machine's FMA peak, all cores; unset it to measure)");
+  return gflops;
+}
+
+struct PeakFlops {
+  double gflops;       // all cores
+  std::string source;  // how it was found, for the table
+};
+
+// The FMA peak of the machine: DPE_PEAK_GFLOPS, else one core's measured peak with the widest vectors it has
+// (bench/fma_peak.h: AVX-512 where the CPU has it, though dpe is compiled for AVX2) times the cores.
+PeakFlops machine_peak() {
+  char text[160];
+  if (std::optional<double> gflops = peak_override()) {
+    std::snprintf(text, sizeof text, "%.1f GFLOP/s from DPE_PEAK_GFLOPS", *gflops);
+    return {*gflops, text};
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const bench::FmaPeak core = bench::widest(bench::probe_fma_peaks());
+  std::snprintf(text, sizeof text, "%s FMA probe: %.1f GFLOP/s per core x %d cores = %.1f GFLOP/s", core.isa.c_str(),
+                core.gflops, cores, core.gflops * cores);
+  return {core.gflops * cores, text};
+}
+
 void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   std::printf("\n# dpe bench: %s, global batch %lld, %lld timed steps after %lld warm-up, ms per step and phase\n",
               args.model.c_str(), static_cast<long long>(args.batch_size), static_cast<long long>(args.steps),
@@ -252,15 +287,14 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
                   r.samples_per_s, "", r.step_ms);
     }
   }
-  double peak_flops = 0;
-  const char* env = std::getenv("DPE_PEAK_GFLOPS");  // the machine's FMA peak, GFLOP/s (docs/BENCHMARKS.md)
-  if (env) peak_flops = std::strtod(env, nullptr) * 1e9;
-  double flops = models::train_flops_per_sample(args.model);
-  if (peak_flops > 0) {
-    std::printf("# FMA-peak limit: %.0f samples/s (%.1f GFLOP/s / %.2f MFLOP per sample)\n", peak_flops / flops,
-                peak_flops / 1e9, flops / 1e6);
-    for (const Row& r : rows) {
-      if (r.note.empty()) std::printf("#   %s %s: %.0f%% of it\n", r.framework.c_str(), r.config.c_str(), 100 * r.samples_per_s * flops / peak_flops);
+  const double flops = models::train_flops_per_sample(args.model);
+  const PeakFlops peak = machine_peak();
+  std::printf("# FMA-peak limit: %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
+              peak.source.c_str(), flops / 1e6);
+  for (const Row& r : rows) {
+    if (r.note.empty()) {
+      std::printf("#   %s %s: %.0f%% of it\n", r.framework.c_str(), r.config.c_str(),
+                  100 * r.samples_per_s * flops / (peak.gflops * 1e9));
     }
   }
 }
@@ -382,6 +416,7 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
     DPE_CHECK(access(kPython, X_OK) == 0, "--compare-pytorch needs ", kPython,
               " (Debian's python3 with python3-torch: apt-get install python3-torch)");
   }
+  peak_override();  // a bad DPE_PEAK_GFLOPS is refused now, not after the runs
   if (!args.json.empty()) check_output_path("--json", args.json);
   if (!args.csv.empty()) check_output_path("--csv", args.csv);
   if (!args.png.empty()) {

@@ -21,6 +21,9 @@ for r in rows:
 ddp = rows[3]
 assert ddp["phases_ms"]["backward"] > 0 and ddp["devices"] == 2, ddp
 PY
+# The FMA-peak limit: measured with the widest vectors the CPU has (the ISA is named), or DPE_PEAK_GFLOPS.
+grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe: [0-9.]+ GFLOP/s per core x [0-9]+ cores' \
+  <<<"$out" || { echo "FAILED: no measured FMA-peak limit line"; fail=1; }
 # --split auto: the weights it settled on and each device's time per sample, in the table's notes and the JSON.
 out=$("$bin" bench --model mlp --batch-size 64 --steps 6 --warmup 3 --modes ddp --split auto --json "$tmp/split.json" 2>&1) ||
   { echo "FAILED: --split auto: $out"; fail=1; }
@@ -98,6 +101,13 @@ expect 107 "--pytorch-configs requires --compare-pytorch" --pytorch-configs dp
 expect 107 "--pytorch-script requires --compare-pytorch" --pytorch-script "$script"
 ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
 # Outputs are checked before benchmarking.
+export DPE_PEAK_GFLOPS=100
+expect 0 "samples/s (100.0 GFLOP/s from DPE_PEAK_GFLOPS / 3.21 MFLOP per sample)" "${quick[@]}"
+for bad in abc 0 -5 '' 1e999 '100 '; do
+  export DPE_PEAK_GFLOPS="$bad"
+  expect 2 "DPE_PEAK_GFLOPS='$bad' is not a positive number of GFLOP/s" "${quick[@]}"
+done
+unset DPE_PEAK_GFLOPS
 expect 2 "--json $tmp/no/b.json: the directory $tmp/no does not exist" "${quick[@]}" --json "$tmp/no/b.json"
 expect 2 "--csv $tmp: is a directory" "${quick[@]}" --csv "$tmp"
 expect 2 "--png $tmp/no/b.png: the directory $tmp/no does not exist" "${quick[@]}" --png "$tmp/no/b.png"
