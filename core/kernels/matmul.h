@@ -1,6 +1,6 @@
-// GEMM: the only matrix multiply in dpe. CPU: oneDNN's JIT sgemm for float32 (it picks its kernels for
-// the CPU it finds, no environment variable needed), OpenBLAS dgemm for float64 (gradient checks only).
-// CUDA: cuBLAS. Nothing here is hand-written.
+// GEMM: the only matrix multiply in dpe. CPU: float32 on oneDNN (dnnl_sgemm or its matmul primitive) or
+// OpenBLAS, whichever measured fastest for the shape (core/kernels/sgemm_choice.h), OpenBLAS dgemm for
+// float64 (gradient checks only). CUDA: cuBLAS. Nothing here is hand-written.
 #pragma once
 
 #include <cstdint>

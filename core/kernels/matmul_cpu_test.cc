@@ -1,13 +1,23 @@
 // gemm_cpu against a triple loop in double: every transpose combination, padded leading dimensions,
-// alpha/beta, empty sizes, batches with broadcast (stride 0) operands, and BLAS's beta == 0 / k == 0 rules.
+// alpha/beta, empty sizes, batches with broadcast (stride 0) operands, and BLAS's beta == 0 / k == 0 rules;
+// float32 with each library forced and with the measured choice (core/kernels/sgemm_choice.h), and
+// DPE_CPU_SGEMM's parsing.
 #include <gtest/gtest.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include <cblas.h>
 
 #include <cmath>
 #include <limits>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "core/kernels/matmul.h"
+#include "core/kernels/sgemm_choice.h"
+#include "tests/testing/errors.h"
 #include "tests/testing/kernel_test_util.h"
 
 namespace dpe::kernels {
@@ -105,7 +115,7 @@ TYPED_TEST(GemmCpu, AllTransposesSizesAndScalars) {
           for (int64_t pad : {0, 3}) {
             Problem<TypeParam> p(s.m, s.n, s.k, ta, tb, ab[0], ab[1], pad);
             gemm_cpu(p.args);
-            p.check(testing::PrintToString(std::vector<int64_t>{s.m, s.n, s.k, ta == Transpose::Yes,
+            p.check(::testing::PrintToString(std::vector<int64_t>{s.m, s.n, s.k, ta == Transpose::Yes,
                                                                 tb == Transpose::Yes, pad}));
           }
         }
@@ -217,6 +227,164 @@ TEST(GemmCpuErrors, RejectsBadArguments) {
   g.batch = 2;
   g.stride_c = 0;  // both batches would write the same C
   EXPECT_THROW(gemm_cpu(g), Error);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// float32: which library runs the product (Note [float32 GEMM choice] in sgemm_cpu.cc).
+
+// Forces `backend` for the scope (nullopt: the measured choice), then goes back to DPE_CPU_SGEMM / auto.
+struct ForcedSgemm {
+  explicit ForcedSgemm(std::optional<SgemmBackend> backend) { force_sgemm_backend(backend); }
+  ~ForcedSgemm() { force_sgemm_backend(std::nullopt); }
+};
+
+std::string policy_label(std::optional<SgemmBackend> backend) {
+  return backend ? std::string(sgemm_backend_name(*backend)) : "auto";
+}
+
+// Every library, forced, and the measured choice keep the tolerances every float32 test here uses.
+TEST(SgemmBackends, EachForcedBackendAndAutoMeetTheTolerance) {
+  std::vector<std::optional<SgemmBackend>> policies = {std::nullopt};
+  for (SgemmBackend b : kSgemmBackends) policies.push_back(b);
+  struct Size {
+    int64_t m, n, k;
+  };
+  const Size sizes[] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {128, 96, 200}, {5, 300, 1}, {64, 10, 256}};
+  const double scalars[][2] = {{1, 0}, {0.5, 2}, {-1.5, 1}};
+  for (const auto& policy : policies) {
+    ForcedSgemm forced(policy);
+    for (const Size& s : sizes) {
+      for (Transpose ta : kTrans) {
+        for (Transpose tb : kTrans) {
+          for (const auto& ab : scalars) {
+            for (int64_t pad : {0, 3}) {
+              Problem<float> p(s.m, s.n, s.k, ta, tb, ab[0], ab[1], pad, /*batch=*/2, false, pad == 3);
+              gemm_cpu(p.args);
+              p.check(policy_label(policy) + " " +
+                      ::testing::PrintToString(std::vector<int64_t>{s.m, s.n, s.k, ta == Transpose::Yes,
+                                                                  tb == Transpose::Yes, pad}));
+            }
+          }
+        }
+      }
+    }
+    Problem<float> nan_c(9, 7, 64, Transpose::No, Transpose::Yes, 1.0, 0.0);
+    std::fill(nan_c.c.begin(), nan_c.c.end(), std::numeric_limits<float>::quiet_NaN());
+    nan_c.c_initial = nan_c.c;
+    gemm_cpu(nan_c.args);
+    nan_c.check(policy_label(policy) + ": beta 0 ignores NaN in C");
+  }
+}
+
+// The libraries agree with each other on the MLP's shapes (forward, weight and input gradients) within the
+// float32 bound: the same check against double, so any two differ by at most twice it.
+TEST(SgemmBackends, ForcedBackendsAgreeOnTheMlpShapes) {
+  struct Shape {
+    int64_t m, n, k;
+    Transpose ta, tb;
+    double beta;
+  };
+  const Shape shapes[] = {{256, 512, 784, Transpose::No, Transpose::No, 0.0},
+                          {784, 512, 256, Transpose::Yes, Transpose::No, 1.0},
+                          {256, 784, 512, Transpose::No, Transpose::Yes, 0.0},
+                          {256, 10, 512, Transpose::No, Transpose::No, 0.0}};
+  for (const Shape& s : shapes) {
+    std::vector<std::vector<float>> results;
+    for (SgemmBackend b : kSgemmBackends) {
+      ForcedSgemm forced(b);
+      Problem<float> p(s.m, s.n, s.k, s.ta, s.tb, 1.0, s.beta);
+      gemm_cpu(p.args);
+      p.check(std::string(sgemm_backend_name(b)) + " " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+              std::to_string(s.k));
+      results.push_back(p.c);
+    }
+    // Each against the first library: within 1e-3 relative (the double-reference bound above is the strict
+    // check; this one says the libraries answer the same question).
+    for (size_t r = 1; r < results.size(); ++r) {
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        ASSERT_NEAR(results[r][i], results[0][i], 1e-3 * (1 + std::fabs(results[0][i])))
+            << sgemm_backend_name(kSgemmBackends[r]) << " vs " << sgemm_backend_name(kSgemmBackends[0]) << " at "
+            << i;
+      }
+    }
+  }
+}
+
+TEST(SgemmBackends, PolicyParsing) {
+  EXPECT_EQ(parse_sgemm_policy("auto"), std::nullopt);
+  for (SgemmBackend b : kSgemmBackends) EXPECT_EQ(parse_sgemm_policy(sgemm_backend_name(b)), b);
+  EXPECT_EQ(sgemm_backend_name(SgemmBackend::OnednnSgemm), "onednn-sgemm");
+  EXPECT_EQ(sgemm_backend_name(SgemmBackend::OnednnMatmul), "onednn-matmul");
+  EXPECT_EQ(sgemm_backend_name(SgemmBackend::OpenBlas), "openblas");
+  for (const char* bad : {"", "Auto", "onednn", "OpenBLAS", "mkl", "openblas ", "auto,openblas"}) {
+    const std::string want = std::string("DPE_CPU_SGEMM='") + bad +
+                             "' is not a float32 GEMM policy; expected auto, onednn-sgemm, onednn-matmul or openblas";
+    const std::string got = dpe::testing::error_of([&] { parse_sgemm_policy(bad); });
+    EXPECT_NE(got.find(want), std::string::npos) << got;
+  }
+}
+
+// DPE_CPU_SGEMM is read on every product: a bad value fails the float32 GEMM naming it (float64 does not
+// read it); unset or empty is auto.
+TEST(SgemmBackends, EnvironmentVariable) {
+  Problem<float> p(4, 5, 6, Transpose::No, Transpose::No, 1.0, 0.0);
+  ASSERT_EQ(setenv("DPE_CPU_SGEMM", "fastest", 1), 0);
+  const std::string got = dpe::testing::error_of([&] { gemm_cpu(p.args); });
+  EXPECT_NE(got.find("DPE_CPU_SGEMM='fastest' is not a float32 GEMM policy"), std::string::npos) << got;
+  Problem<double> d(4, 5, 6, Transpose::No, Transpose::No, 1.0, 0.0);
+  gemm_cpu(d.args);
+  d.check("float64 ignores DPE_CPU_SGEMM");
+  {
+    ForcedSgemm forced(SgemmBackend::OnednnMatmul);  // force_sgemm_backend wins over the variable
+    gemm_cpu(p.args);
+    p.check("forced over a bad DPE_CPU_SGEMM");
+  }
+  for (SgemmBackend b : kSgemmBackends) {
+    ASSERT_EQ(setenv("DPE_CPU_SGEMM", std::string(sgemm_backend_name(b)).c_str(), 1), 0);
+    EXPECT_EQ(sgemm_policy_from_env(), b);
+    gemm_cpu(p.args);
+    p.check(std::string("DPE_CPU_SGEMM=") + std::string(sgemm_backend_name(b)));
+  }
+  ASSERT_EQ(setenv("DPE_CPU_SGEMM", "", 1), 0);
+  EXPECT_EQ(sgemm_policy_from_env(), std::nullopt);
+  ASSERT_EQ(unsetenv("DPE_CPU_SGEMM"), 0);
+  EXPECT_EQ(sgemm_policy_from_env(), std::nullopt);
+}
+
+// The measured choice is recorded once per (shape, thread share), names every eligible candidate with a
+// positive figure, and OpenBLAS only where it would run on the calling thread. Many threads meeting a new
+// shape at once wait for one measurement and all get correct products.
+TEST(SgemmBackends, ChoiceIsMeasuredOncePerShapeAndRecorded) {
+  ForcedSgemm automatic(std::nullopt);
+  const int64_t m = 37, n = 41, k = 43;  // a shape no other test uses
+  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<Problem<float>>> problems;
+  for (int t = 0; t < 4; ++t) {
+    problems.push_back(std::make_unique<Problem<float>>(m, n, k, Transpose::Yes, Transpose::No, 1.0, 0.0));
+  }
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      omp_set_num_threads(1);
+      gemm_cpu(problems[t]->args);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& p : problems) p->check("concurrent first use");
+  int found = 0;
+  for (const SgemmChoice& c : sgemm_choices()) {
+    if (c.m != m || c.n != n || c.k != k || c.trans_a != Transpose::Yes || c.trans_b != Transpose::No) continue;
+    ++found;
+    EXPECT_EQ(c.threads, 1);
+    std::set<SgemmBackend> measured;
+    for (const auto& [backend, gflops] : c.gflops) {
+      EXPECT_GT(gflops, 0) << sgemm_backend_name(backend);
+      measured.insert(backend);
+    }
+    EXPECT_TRUE(measured.count(SgemmBackend::OnednnSgemm) && measured.count(SgemmBackend::OnednnMatmul));
+    EXPECT_EQ(measured.count(SgemmBackend::OpenBlas), openblas_get_num_threads() == 1 ? 1u : 0u);
+    EXPECT_TRUE(measured.count(c.backend)) << "chose " << sgemm_backend_name(c.backend) << ", not measured";
+  }
+  EXPECT_EQ(found, 1) << "one measurement for the shape";
 }
 
 }  // namespace

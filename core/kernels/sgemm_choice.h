@@ -1,0 +1,64 @@
+// Which library runs a float32 GEMM on CPU (Note [float32 GEMM choice] in core/kernels/sgemm_cpu.cc): by
+// default each (m, n, k, transposes, threads) is measured once on every candidate and the fastest is kept;
+// DPE_CPU_SGEMM or force_sgemm_backend() runs one candidate for every shape instead.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "core/kernels/matmul.h"
+
+namespace dpe::kernels {
+
+enum class SgemmBackend : uint8_t {
+  OnednnSgemm,   // "onednn-sgemm": oneDNN's dnnl_sgemm (JIT for the CPU it finds); dpe's default before
+  OnednnMatmul,  // "onednn-matmul": oneDNN's matmul primitive (brgemm kernels), one built per shape
+  OpenBlas,      // "openblas": OpenBLAS's cblas_sgemm, with the kernel OpenBLAS chose when it was loaded
+};
+
+inline constexpr SgemmBackend kSgemmBackends[] = {SgemmBackend::OnednnSgemm, SgemmBackend::OnednnMatmul,
+                                                  SgemmBackend::OpenBlas};
+
+// "onednn-sgemm", "onednn-matmul" or "openblas": the words DPE_CPU_SGEMM accepts.
+std::string_view sgemm_backend_name(SgemmBackend backend);
+
+// The value of DPE_CPU_SGEMM: "auto" (measure per shape) gives nullopt, a backend's name that backend.
+// Anything else throws a dpe::Error naming `text` and the accepted words.
+std::optional<SgemmBackend> parse_sgemm_policy(std::string_view text);
+
+// DPE_CPU_SGEMM, read on every call (unset or empty: auto). Throws as parse_sgemm_policy does.
+std::optional<SgemmBackend> sgemm_policy_from_env();
+
+// For code that must pin the library (tests, an application wanting bit-for-bit reproducible runs):
+// `backend` runs every float32 GEMM from now on, whatever DPE_CPU_SGEMM says; nullopt goes back to it.
+// Thread-safe; a GEMM already running finishes with the library it started with.
+void force_sgemm_backend(std::optional<SgemmBackend> backend);
+
+// One measured choice: the shape, the caller's thread share (omp_get_max_threads()), what won, and what each
+// eligible candidate reached (GFLOP/s, best of the measured calls).
+struct SgemmChoice {
+  int64_t m = 0, n = 0, k = 0;
+  Transpose trans_a = Transpose::No, trans_b = Transpose::No;
+  int threads = 1;
+  SgemmBackend backend = SgemmBackend::OnednnSgemm;
+  std::vector<std::pair<SgemmBackend, double>> gflops;
+};
+
+// Every choice measured in this process so far, in the order made (none while a backend is forced).
+std::vector<SgemmChoice> sgemm_choices();
+
+}  // namespace dpe::kernels
+
+namespace dpe::kernels::detail {
+
+// For gemm_cpu (matmul_cpu.cc) only. The backend for float32 `g` (m, n, k > 0, alpha != 0; arguments already
+// checked): the forced one, DPE_CPU_SGEMM's, or the measured choice, measuring on g.a and g.b into a scratch
+// C the first time this shape and thread share are seen.
+SgemmBackend choose_sgemm(const GemmArgs& g);
+
+// One product of `g`'s shape and scalars on a, b, c with `backend`.
+void run_sgemm(SgemmBackend backend, const GemmArgs& g, const float* a, const float* b, float* c);
+
+}  // namespace dpe::kernels::detail

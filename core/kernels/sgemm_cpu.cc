@@ -1,0 +1,352 @@
+// float32 GEMM on CPU: three libraries, and the choice between them (core/kernels/sgemm_choice.h).
+//
+// Note [float32 GEMM choice]
+// Candidates (all maintained libraries, nothing hand-written):
+//  - onednn-sgemm: oneDNN's dnnl_sgemm. JIT-compiled for the CPU it finds (AVX-512 here, though dpe is built
+//    for AVX2), so no environment variable decides its speed. dpe's only float32 GEMM before the choice.
+//  - onednn-matmul: oneDNN's matmul primitive (brgemm kernels), built once per shape, scalars and thread
+//    share, and cached. Also JIT, also environment-proof. Measured 2026-11-25 on the 2-core AVX-512 VM, it
+//    beats dnnl_sgemm on two threads where dnnl_sgemm does not use them well (B transposed, n = 10).
+//  - openblas: cblas_sgemm. OpenBLAS (Debian's DYNAMIC_ARCH build) picks its kernel once, when it is loaded,
+//    from OPENBLAS_CORETYPE if that is set, else from cpuid; there is no call to change it afterwards
+//    (OpenBLAS's FAQ: the variable and openblas_get_corename() are the interface), and Debian ships no
+//    per-CPU builds for amd64. These machines set OPENBLAS_CORETYPE=Haswell, which halves it on AVX-512
+//    cores; dpe does not override another library's process-wide setting (an application embedding dpe may
+//    rely on it). So OpenBLAS is one candidate among three, measured as it was loaded: it wins where it is
+//    faster and loses where the environment made it slow.
+//    Threads: OpenBLAS's thread count is process-wide (openblas_set_num_threads), not the calling thread's,
+//    so it is a candidate only where the caller's share is one thread and OpenBLAS's pool is one thread
+//    (`dpe` sets OPENBLAS_NUM_THREADS=1): it then runs on the calling worker, as a device's GEMM must.
+//
+// The choice (policy "auto", the default): the first time a (m, n, k, trans_a, trans_b, threads) is seen,
+// every eligible candidate runs it on the caller's A and B into a scratch C, interleaved, 3 to 10 rounds
+// (each round >= 0.2 ms of calls per candidate, until the rounds took >= 30 ms), and the best time of each
+// counts. The fastest wins, except that onednn-sgemm keeps the shape unless another candidate is at least
+// 10% faster: closer than that is within this machine's run-to-run noise, and keeping dnnl_sgemm keeps the
+// results bit-for-bit what they were. The choice is kept for the process (a map behind a mutex, one
+// std::once_flag per shape: threads needing the same shape wait for one measurement; different shapes
+// measure in parallel). Cost: ~3-10 calls per candidate, once per shape.
+// Reproducibility: a choice made by timing can differ between two runs on a busy machine, and two libraries
+// round differently; runs that must match bit for bit force one backend (DPE_CPU_SGEMM or
+// force_sgemm_backend()).
+// What was chosen: sgemm_choices() (`dpe bench` prints them; so does bench/matmul_bench).
+//
+// Threads: oneDNN parallelises with OpenMP using omp_get_max_threads() of the *calling* thread (each device
+// worker sets its share once, docs/DESIGN.md); the matmul primitives are cached per share. Primitives are
+// immutable and their scratchpad is allocated per call (scratchpad_mode::user), so one may run on several
+// workers at once. Calls on distinct C matrices are safe from any number of threads.
+#include "core/kernels/sgemm_choice.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+#include "core/kernels/onednn.h"
+
+namespace dpe::kernels {
+
+std::string_view sgemm_backend_name(SgemmBackend backend) {
+  switch (backend) {
+    case SgemmBackend::OnednnSgemm:
+      return "onednn-sgemm";
+    case SgemmBackend::OnednnMatmul:
+      return "onednn-matmul";
+    case SgemmBackend::OpenBlas:
+      return "openblas";
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown SgemmBackend ", static_cast<int>(backend));
+}
+
+std::optional<SgemmBackend> parse_sgemm_policy(std::string_view text) {
+  if (text == "auto") return std::nullopt;
+  for (SgemmBackend b : kSgemmBackends) {
+    if (text == sgemm_backend_name(b)) return b;
+  }
+  DPE_CHECK(false, "DPE_CPU_SGEMM='", text,
+            "' is not a float32 GEMM policy; expected auto, onednn-sgemm, onednn-matmul or openblas");
+  return std::nullopt;  // not reached
+}
+
+std::optional<SgemmBackend> sgemm_policy_from_env() {
+  const char* env = std::getenv("DPE_CPU_SGEMM");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  return parse_sgemm_policy(env);
+}
+
+namespace {
+
+constexpr int kNotForced = -1;
+std::atomic<int> forced_backend{kNotForced};
+
+char trans_char(Transpose t) { return t == Transpose::Yes ? 'T' : 'N'; }
+CBLAS_TRANSPOSE cblas_trans(Transpose t) { return t == Transpose::Yes ? CblasTrans : CblasNoTrans; }
+
+// ---------------------------------------------------------------------------------------------------------
+// The candidates. a: op -> (m, k)  b: op -> (k, n)  c: (m, n), all row-major with the given row strides.
+
+void onednn_sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
+  // A C API, but C++ inside: what it throws (out of memory in its lazy initialisation or JIT buffers) is
+  // turned into a dpe::Error here, and its status is checked after it returns (Note [Exceptions and oneDNN]).
+  dnnl_status_t status = dnnl_success;
+  try {
+    status = dnnl_sgemm(trans_char(g.trans_a), trans_char(g.trans_b), g.m, g.n, g.k, static_cast<float>(g.alpha), a,
+                        g.lda, b, g.ldb, static_cast<float>(g.beta), c, g.ldc);
+  } catch (...) {
+    detail::rethrow_onednn_failure("gemm_cpu",
+                                   dpe::detail::str_cat("in dnnl_sgemm (m ", g.m, ", n ", g.n, ", k ", g.k, ")"));
+  }
+  // The arguments were validated by gemm_cpu, so oneDNN rejecting them is our bug; anything else (out of
+  // memory) is reported as an error.
+  DPE_INTERNAL_ASSERT(status != dnnl_invalid_arguments, "dnnl_sgemm rejected m ", g.m, ", n ", g.n, ", k ", g.k,
+                      ", lda ", g.lda, ", ldb ", g.ldb, ", ldc ", g.ldc);
+  DPE_CHECK(status != dnnl_out_of_memory, "gemm_cpu: out of memory inside oneDNN (dnnl_sgemm returned ",
+            dnnl_status2str(status), ") for m ", g.m, ", n ", g.n, ", k ", g.k);
+  DPE_CHECK(status == dnnl_success, "dnnl_sgemm failed: ", dnnl_status2str(status), " (m ", g.m, ", n ", g.n,
+            ", k ", g.k, ")");
+}
+
+bool fits_int(const GemmArgs& g) {
+  for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc}) {
+    if (v > INT_MAX) return false;
+  }
+  return true;
+}
+
+void openblas_sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
+  // cblas takes 32-bit ints (Debian's libopenblas0 is the LP64 build).
+  DPE_CHECK(fits_int(g), "gemm_cpu: OpenBLAS needs sizes and leading dimensions that fit in int; got m ", g.m,
+            ", n ", g.n, ", k ", g.k, ", lda ", g.lda, ", ldb ", g.ldb, ", ldc ", g.ldc);
+  cblas_sgemm(CblasRowMajor, cblas_trans(g.trans_a), cblas_trans(g.trans_b), static_cast<int>(g.m),
+              static_cast<int>(g.n), static_cast<int>(g.k), static_cast<float>(g.alpha), a, static_cast<int>(g.lda),
+              b, static_cast<int>(g.ldb), static_cast<float>(g.beta), c, static_cast<int>(g.ldc));
+}
+
+// onednn-matmul: a primitive per (shape, strides, scalars, thread share), cached like conv_cpu.cc's (Note
+// [oneDNN primitive cache] there): alpha is the output scale, beta != 0 a sum post-op (beta == 0 writes C
+// without reading it, NaN included, as BLAS does).
+using MatmulKey = std::tuple<int64_t, int64_t, int64_t, int, int, int64_t, int64_t, int64_t, double, double, int>;
+
+struct CachedMatmul {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c;
+  size_t scratchpad_bytes = 0;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed
+  return *engine;
+}
+
+CachedMatmul build_matmul(const GemmArgs& g) {
+  using dims = dnnl::memory::dims;
+  const auto f32 = dnnl::memory::data_type::f32;
+  CachedMatmul built;
+  // op(A) (m, k) over A stored (m, k) or, transposed, (k, m): element (i, q) at i * lda + q or q * lda + i.
+  built.a = dnnl::memory::desc({g.m, g.k}, f32, g.trans_a == Transpose::No ? dims{g.lda, 1} : dims{1, g.lda});
+  built.b = dnnl::memory::desc({g.k, g.n}, f32, g.trans_b == Transpose::No ? dims{g.ldb, 1} : dims{1, g.ldb});
+  built.c = dnnl::memory::desc({g.m, g.n}, f32, dims{g.ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (g.alpha != 1.0) attr.set_output_scales(0, {static_cast<float>(g.alpha)});
+  if (g.beta != 0.0) {
+    dnnl::post_ops ops;
+    ops.append_sum(static_cast<float>(g.beta));
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.a, built.b, built.c), attr, cpu_engine());
+  built.scratchpad_bytes = pd.scratchpad_desc().get_size();
+  built.primitive = dnnl::matmul(pd);
+  return built;
+}
+
+std::shared_ptr<const CachedMatmul> matmul_for(const GemmArgs& g) {
+  static std::mutex mutex;
+  static auto* cache = new std::map<MatmulKey, std::shared_ptr<const CachedMatmul>>;  // never destroyed
+  const MatmulKey key{g.m,   g.n,   g.k,    static_cast<int>(g.trans_a), static_cast<int>(g.trans_b),
+                      g.lda, g.ldb, g.ldc, g.alpha,                     g.beta,
+                      omp_get_max_threads()};
+  {
+    std::lock_guard lock(mutex);
+    auto it = cache->find(key);
+    if (it != cache->end()) return it->second;
+  }
+  // Built outside the lock (JIT compilation is slow); a race builds twice and keeps the first.
+  auto built = std::make_shared<const CachedMatmul>(build_matmul(g));
+  std::lock_guard lock(mutex);
+  return cache->emplace(key, std::move(built)).first->second;
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+void onednn_matmul(const GemmArgs& g, const float* a, const float* b, float* c) {
+  try {
+    std::shared_ptr<const CachedMatmul> prim = matmul_for(g);
+    std::unique_ptr<void, FreeDeleter> scratchpad;
+    const dnnl::engine& engine = cpu_engine();
+    std::unordered_map<int, dnnl::memory> args = {
+        {DNNL_ARG_SRC, dnnl::memory(prim->a, engine, const_cast<float*>(a))},
+        {DNNL_ARG_WEIGHTS, dnnl::memory(prim->b, engine, const_cast<float*>(b))},
+        {DNNL_ARG_DST, dnnl::memory(prim->c, engine, c)}};
+    if (prim->scratchpad_bytes > 0) {
+      const size_t bytes = (prim->scratchpad_bytes + 63) / 64 * 64;
+      scratchpad.reset(std::aligned_alloc(64, bytes));
+      DPE_CHECK(scratchpad != nullptr, "gemm_cpu: out of memory allocating the ", prim->scratchpad_bytes,
+                "-byte oneDNN matmul scratchpad for m ", g.m, ", n ", g.n, ", k ", g.k);
+      args.emplace(DNNL_ARG_SCRATCHPAD,
+                   dnnl::memory(dnnl::memory::desc({static_cast<int64_t>(prim->scratchpad_bytes)},
+                                                   dnnl::memory::data_type::u8, dnnl::memory::format_tag::x),
+                                engine, scratchpad.get()));
+    }
+    dnnl::stream stream(engine);
+    prim->primitive.execute(stream, args);
+    stream.wait();
+  } catch (...) {
+    detail::rethrow_onednn_failure(
+        "gemm_cpu", dpe::detail::str_cat("in oneDNN's matmul primitive (m ", g.m, ", n ", g.n, ", k ", g.k, ")"));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The measured choice (Note [float32 GEMM choice]).
+
+using ChoiceKey = std::tuple<int64_t, int64_t, int64_t, int, int, int>;
+
+struct ChoiceEntry {
+  std::once_flag measured;
+  SgemmBackend backend = SgemmBackend::OnednnSgemm;
+};
+
+struct ChoiceTable {
+  std::mutex mutex;
+  std::map<ChoiceKey, std::unique_ptr<ChoiceEntry>> entries;  // entries are never removed: pointers stay valid
+  std::vector<SgemmChoice> made;                              // in the order measured
+};
+
+ChoiceTable& choice_table() {
+  static auto* table = new ChoiceTable;  // never destroyed: workers may still run at exit
+  return *table;
+}
+
+bool eligible(SgemmBackend backend, const GemmArgs& g, int threads) {
+  if (backend != SgemmBackend::OpenBlas) return true;
+  return threads == 1 && openblas_get_num_threads() == 1 && fits_int(g);
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+SgemmChoice measure(const GemmArgs& g, int threads) {
+  SgemmChoice choice{g.m, g.n, g.k, g.trans_a, g.trans_b, threads, SgemmBackend::OnednnSgemm, {}};
+  // The products go to a scratch C (beta 0: never read); A and B are the caller's.
+  GemmArgs s = g;
+  s.beta = 0.0;
+  s.ldc = g.n;
+  const size_t bytes = (static_cast<size_t>(g.m) * static_cast<size_t>(g.n) * sizeof(float) + 63) / 64 * 64;
+  std::unique_ptr<void, FreeDeleter> scratch(std::aligned_alloc(64, bytes));
+  DPE_CHECK(scratch != nullptr, "gemm_cpu: out of memory allocating ", bytes, " bytes to time m ", g.m, ", n ",
+            g.n, ", k ", g.k, " on each float32 GEMM library");
+  float* c = static_cast<float*>(scratch.get());
+  const auto* a = static_cast<const float*>(g.a);
+  const auto* b = static_cast<const float*>(g.b);
+
+  std::vector<SgemmBackend> candidates;
+  for (SgemmBackend backend : kSgemmBackends) {
+    if (eligible(backend, g, threads)) candidates.push_back(backend);
+  }
+  std::vector<double> best(candidates.size(), 1e300);  // seconds per call
+  for (SgemmBackend backend : candidates) detail::run_sgemm(backend, s, a, b, c);  // warm-up: JIT, primitive creation, caches
+  const auto start = Clock::now();
+  for (int round = 0; round < 10 && (round < 3 || seconds_since(start) < 0.03); ++round) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      int64_t calls = 0;
+      const auto t0 = Clock::now();
+      double t = 0;
+      do {
+        detail::run_sgemm(candidates[i], s, a, b, c);
+        ++calls;
+        t = seconds_since(t0);
+      } while (t < 2e-4);
+      best[i] = std::min(best[i], t / static_cast<double>(calls));
+    }
+  }
+  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  size_t winner = 0;  // candidates[0] is onednn-sgemm
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    choice.gflops.emplace_back(candidates[i], flops / best[i] * 1e-9);
+    if (best[i] < best[winner]) winner = i;
+  }
+  if (winner != 0 && best[winner] * 1.10 > best[0]) winner = 0;  // not 10% faster than dnnl_sgemm: keep it
+  choice.backend = candidates[winner];
+  return choice;
+}
+
+}  // namespace
+
+void force_sgemm_backend(std::optional<SgemmBackend> backend) {
+  forced_backend.store(backend ? static_cast<int>(*backend) : kNotForced);
+}
+
+std::vector<SgemmChoice> sgemm_choices() {
+  ChoiceTable& table = choice_table();
+  std::lock_guard lock(table.mutex);
+  return table.made;
+}
+
+namespace detail {
+
+SgemmBackend choose_sgemm(const GemmArgs& g) {
+  if (int forced = forced_backend.load(); forced != kNotForced) return static_cast<SgemmBackend>(forced);
+  if (std::optional<SgemmBackend> backend = sgemm_policy_from_env()) return *backend;
+  const int threads = omp_get_max_threads();
+  const ChoiceKey key{g.m, g.n, g.k, static_cast<int>(g.trans_a), static_cast<int>(g.trans_b), threads};
+  ChoiceTable& table = choice_table();
+  ChoiceEntry* entry;
+  {
+    std::lock_guard lock(table.mutex);
+    std::unique_ptr<ChoiceEntry>& slot = table.entries[key];
+    if (!slot) slot = std::make_unique<ChoiceEntry>();
+    entry = slot.get();
+  }
+  // A measurement that throws (out of memory) leaves the flag unset: the next call measures again.
+  std::call_once(entry->measured, [&] {
+    SgemmChoice choice = measure(g, threads);
+    entry->backend = choice.backend;
+    std::lock_guard lock(table.mutex);
+    table.made.push_back(std::move(choice));
+  });
+  return entry->backend;
+}
+
+void run_sgemm(SgemmBackend backend, const GemmArgs& g, const float* a, const float* b, float* c) {
+  switch (backend) {
+    case SgemmBackend::OnednnSgemm:
+      return onednn_sgemm(g, a, b, c);
+    case SgemmBackend::OnednnMatmul:
+      return onednn_matmul(g, a, b, c);
+    case SgemmBackend::OpenBlas:
+      return openblas_sgemm(g, a, b, c);
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown SgemmBackend ", static_cast<int>(backend));
+}
+
+}  // namespace detail
+}  // namespace dpe::kernels
