@@ -1,17 +1,17 @@
-// Times gemm_cpu (float32: oneDNN dnnl_sgemm) on square sizes and on the MLP's forward/backward shapes,
-// single-threaded and with every hardware thread, and reports GFLOP/s as a percentage of the FMA peak
-// measured here. OpenBLAS cblas_sgemm runs the same shapes for comparison (it is not what dpe uses for
-// float32; it follows OPENBLAS_CORETYPE, which oneDNN ignores).
+// Times gemm_cpu (float32) on square sizes and on the MLP's forward/backward shapes, single-threaded and
+// with every hardware thread, against the FMA peak measured here with the widest vectors the CPU has
+// (bench/fma_peak.h): once with the measured per-shape choice ("auto", what dpe runs, and what it chose) and
+// once with each library forced (Note [float32 GEMM choice] in core/kernels/sgemm_cpu.cc). OpenBLAS follows
+// OPENBLAS_CORETYPE, which oneDNN ignores; the header line says which kernel OpenBLAS loaded.
 //
-// Threads: dnnl_sgemm uses OpenMP with omp_get_max_threads() of the calling thread, so each
-// configuration sets omp_set_num_threads(t) and openblas_set_num_threads(t), inside a tbb::task_arena(t)
-// as the engine's CPU device workers will.
+// Threads: oneDNN uses OpenMP with omp_get_max_threads() of the calling thread, so each configuration sets
+// omp_set_num_threads(t) and openblas_set_num_threads(t), inside a tbb::task_arena(t) as the engine's CPU
+// device workers will. (The forced OpenBLAS column on t > 1 threads uses OpenBLAS's own pool; "auto" only
+// considers OpenBLAS for one-thread shares.)
 //
-// Buffers are 64-byte aligned, as core/allocator.cc allocates them. A second gemm_cpu column moves B 16
-// bytes off that alignment: oneDNN 2.6's sgemm picks a different (copy vs no-copy) path from B's
-// alignment, and on some shapes the two differ by a third on Zen 3.
+// Buffers are 64-byte aligned, as core/allocator.cc allocates them.
 //
-// Usage: bazel run //bench:matmul_bench [-- --min_seconds=0.3]
+// Usage: bazel run --config=cpu_only //bench:matmul_bench [-- --min_seconds=0.3]
 #include <cblas.h>
 #include <omp.h>
 #include <tbb/task_arena.h>
@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 
 #include "bench/fma_peak.h"
 #include "core/kernels/matmul.h"
+#include "core/kernels/sgemm_choice.h"
 
 namespace {
 
@@ -42,8 +44,6 @@ struct Shape {
   int64_t m, n, k;
   dpe::kernels::Transpose ta, tb;
 };
-
-enum class Library { Dpe, OpenBlas };
 
 // n floats at `offset_bytes` past a 64-byte boundary.
 class Buffer {
@@ -61,12 +61,23 @@ class Buffer {
   float* data_;
 };
 
+// What the measured choice picked for this shape on `threads` threads.
+std::string chosen(const Shape& s, int threads) {
+  for (const dpe::kernels::SgemmChoice& c : dpe::kernels::sgemm_choices()) {
+    if (c.m == s.m && c.n == s.n && c.k == s.k && c.trans_a == s.ta && c.trans_b == s.tb && c.threads == threads) {
+      return std::string(dpe::kernels::sgemm_backend_name(c.backend));
+    }
+  }
+  return "(forced)";  // DPE_CPU_SGEMM is set: nothing was measured
+}
+
 // Median GFLOP/s over >= 5 samples of >= min_seconds / 5 each, after one warm-up call (oneDNN JIT).
-double time_gemm(Library lib, const Shape& s, double min_seconds, size_t b_offset_bytes = 0) {
+// policy: a forced library, or nullopt for the measured choice (made on the warm-up call).
+double time_gemm(std::optional<dpe::kernels::SgemmBackend> policy, const Shape& s, double min_seconds) {
   using dpe::kernels::Transpose;
   const int64_t a_cols = s.ta == Transpose::No ? s.k : s.m, a_rows = s.ta == Transpose::No ? s.m : s.k;
   const int64_t b_cols = s.tb == Transpose::No ? s.n : s.k, b_rows = s.tb == Transpose::No ? s.k : s.n;
-  Buffer a(a_rows * a_cols, 0), b(b_rows * b_cols, b_offset_bytes), c(s.m * s.n, 0);
+  Buffer a(a_rows * a_cols, 0), b(b_rows * b_cols, 0), c(s.m * s.n, 0);
   std::mt19937 gen(1);
   std::uniform_real_distribution<float> dist(-1, 1);
   for (int64_t i = 0; i < a_rows * a_cols; ++i) a.data()[i] = dist(gen);
@@ -78,15 +89,8 @@ double time_gemm(Library lib, const Shape& s, double min_seconds, size_t b_offse
   g.a = a.data(), g.lda = a_cols;
   g.b = b.data(), g.ldb = b_cols;
   g.c = c.data(), g.ldc = s.n;
-  auto call = [&] {
-    if (lib == Library::Dpe) {
-      dpe::kernels::gemm_cpu(g);
-    } else {
-      cblas_sgemm(CblasRowMajor, s.ta == Transpose::Yes ? CblasTrans : CblasNoTrans,
-                  s.tb == Transpose::Yes ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0f, a.data(), a_cols,
-                  b.data(), b_cols, 0.0f, c.data(), s.n);
-    }
-  };
+  dpe::kernels::force_sgemm_backend(policy);
+  auto call = [&] { dpe::kernels::gemm_cpu(g); };
   call();
   const double flops = 2.0 * s.m * s.n * s.k;
   std::vector<double> samples;
@@ -100,6 +104,7 @@ double time_gemm(Library lib, const Shape& s, double min_seconds, size_t b_offse
     } while (seconds_since(start) < min_seconds / 5);
     samples.push_back(flops * calls / seconds_since(start) * 1e-9);
   }
+  dpe::kernels::force_sgemm_backend(std::nullopt);
   std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
   return samples[samples.size() / 2];
 }
@@ -138,24 +143,32 @@ int main(int argc, char** argv) {
       {"fc2 fwd  h@W     256x512 @ 512x512", 256, 512, 512, Transpose::No, Transpose::No},
       {"fc2 dW   h^T@dy  512x256 @ 256x512", 512, 512, 256, Transpose::Yes, Transpose::No},
       {"fc2 dx   dy@W^T  256x512 @ 512x512", 256, 512, 512, Transpose::No, Transpose::Yes},
+      {"fc3 fwd  h@W     256x512 @ 512x10", 256, 10, 512, Transpose::No, Transpose::No},
+      {"fc3 dW   h^T@dy  512x256 @ 256x10", 512, 10, 256, Transpose::Yes, Transpose::No},
+      {"fc3 dx   dy@W^T  256x10 @ 10x512", 256, 512, 10, Transpose::No, Transpose::Yes},
   };
 
   std::vector<int> thread_counts = {1};
   if (all_threads > 1) thread_counts.push_back(all_threads);
-  std::printf("%-36s %7s %14s %7s %18s %7s %14s\n", "shape (m x k @ k x n)", "threads", "gemm_cpu GF/s", "% peak",
-              "B 16 B off: GF/s", "% peak", "OpenBLAS GF/s");
+  using dpe::kernels::SgemmBackend;
+  std::printf("GF/s (%% of threads x peak); auto: the measured choice, then each library forced\n");
+  std::printf("%-36s %7s %23s %16s %16s %16s\n", "shape (m x k @ k x n)", "threads", "auto [choice]",
+              "onednn-sgemm", "onednn-matmul", "openblas");
   for (int threads : thread_counts) {
     tbb::task_arena arena(threads);
     arena.execute([&] {
       omp_set_num_threads(threads);
       openblas_set_num_threads(threads);
       for (const Shape& s : shapes) {
-        const double dpe_gflops = time_gemm(Library::Dpe, s, min_seconds);
-        const double dpe_offset_gflops = time_gemm(Library::Dpe, s, min_seconds, 16);
-        const double blas_gflops = time_gemm(Library::OpenBlas, s, min_seconds);
-        std::printf("%-36s %7d %14.1f %6.1f%% %18.1f %6.1f%% %14.1f\n", s.name, threads, dpe_gflops,
-                    100.0 * dpe_gflops / (peak * threads), dpe_offset_gflops,
-                    100.0 * dpe_offset_gflops / (peak * threads), blas_gflops);
+        const double full = peak * threads / 100.0;
+        const double automatic = time_gemm(std::nullopt, s, min_seconds);
+        std::printf("%-36s %7d %6.1f (%3.0f%%) %-13s", s.name, threads, automatic, automatic / full,
+                    ("[" + chosen(s, threads) + "]").c_str());
+        for (SgemmBackend b : dpe::kernels::kSgemmBackends) {
+          const double gflops = time_gemm(b, s, min_seconds);
+          std::printf(" %8.1f (%3.0f%%)", gflops, gflops / full);
+        }
+        std::printf("\n");
         std::fflush(stdout);
       }
     });

@@ -9,6 +9,7 @@
 // "One device" gets one device's share of the machine: on CPU devices, cores / number of devices threads,
 // the share each device has in DP and DDP mode, so the scaling efficiency compares like with like. The
 // "single-all" mode runs one device on every core.
+#include <cblas.h>
 #include <omp.h>
 #include <tbb/task_arena.h>
 #include <unistd.h>
@@ -29,6 +30,7 @@
 
 #include "bench/fma_peak.h"
 #include "core/allocator.h"
+#include "core/kernels/sgemm_choice.h"
 #include "engine/worker_pool.h"
 #include "models/models.h"
 #include "tools/dpe/cli_util.h"
@@ -261,6 +263,29 @@ PeakFlops machine_peak() {
   return {core.gflops * cores, text};
 }
 
+// Which library ran each float32 GEMM shape of this process's devices (Note [float32 GEMM choice] in
+// core/kernels/sgemm_cpu.cc), with what each candidate measured.
+void print_sgemm_choices() {
+  if (std::optional<kernels::SgemmBackend> forced = kernels::sgemm_policy_from_env()) {
+    std::printf("# float32 GEMM: %s for every shape (DPE_CPU_SGEMM)\n",
+                std::string(kernels::sgemm_backend_name(*forced)).c_str());
+    return;
+  }
+  std::printf("# float32 GEMM per shape (measured once; DPE_CPU_SGEMM=<library> forces one; OpenBLAS core %s):\n",
+              openblas_get_corename());
+  for (const kernels::SgemmChoice& c : kernels::sgemm_choices()) {
+    std::printf("#   m %lld n %lld k %lld%s%s, %d thread%s: %s (", static_cast<long long>(c.m),
+                static_cast<long long>(c.n), static_cast<long long>(c.k),
+                c.trans_a == kernels::Transpose::Yes ? " A^T" : "", c.trans_b == kernels::Transpose::Yes ? " B^T" : "",
+                c.threads, c.threads == 1 ? "" : "s", std::string(kernels::sgemm_backend_name(c.backend)).c_str());
+    for (size_t i = 0; i < c.gflops.size(); ++i) {
+      std::printf("%s%s %.0f", i ? ", " : "", std::string(kernels::sgemm_backend_name(c.gflops[i].first)).c_str(),
+                  c.gflops[i].second);
+    }
+    std::printf(" GFLOP/s)\n");
+  }
+}
+
 void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   std::printf("\n# dpe bench: %s, global batch %lld, %lld timed steps after %lld warm-up, ms per step and phase\n",
               args.model.c_str(), static_cast<long long>(args.batch_size), static_cast<long long>(args.steps),
@@ -297,6 +322,7 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
                   100 * r.samples_per_s * flops / (peak.gflops * 1e9));
     }
   }
+  print_sgemm_choices();
 }
 
 void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
@@ -417,6 +443,7 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
               " (Debian's python3 with python3-torch: apt-get install python3-torch)");
   }
   peak_override();  // a bad DPE_PEAK_GFLOPS is refused now, not after the runs
+  kernels::sgemm_policy_from_env();  // and a bad DPE_CPU_SGEMM
   if (!args.json.empty()) check_output_path("--json", args.json);
   if (!args.csv.empty()) check_output_path("--csv", args.csv);
   if (!args.png.empty()) {

@@ -24,6 +24,9 @@ PY
 # The FMA-peak limit: measured with the widest vectors the CPU has (the ISA is named), or DPE_PEAK_GFLOPS.
 grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe: [0-9.]+ GFLOP/s per core x [0-9]+ cores' \
   <<<"$out" || { echo "FAILED: no measured FMA-peak limit line"; fail=1; }
+# Which library ran each float32 GEMM shape, measured (core/kernels/sgemm_choice.h).
+grep -qE '^#   m 64 n 512 k 784 B\^T, 1 thread: (onednn-sgemm|onednn-matmul|openblas) \(onednn-sgemm [0-9]+, ' <<<"$out" ||
+  { echo "FAILED: no float32 GEMM choice for the MLP's first layer"; fail=1; }
 # --split auto: the weights it settled on and each device's time per sample, in the table's notes and the JSON.
 out=$("$bin" bench --model mlp --batch-size 64 --steps 6 --warmup 3 --modes ddp --split auto --json "$tmp/split.json" 2>&1) ||
   { echo "FAILED: --split auto: $out"; fail=1; }
@@ -108,6 +111,12 @@ for bad in abc 0 -5 '' 1e999 '100 '; do
   expect 2 "DPE_PEAK_GFLOPS='$bad' is not a positive number of GFLOP/s" "${quick[@]}"
 done
 unset DPE_PEAK_GFLOPS
+export DPE_CPU_SGEMM=openblas
+expect 0 "# float32 GEMM: openblas for every shape (DPE_CPU_SGEMM)" "${quick[@]}"
+export DPE_CPU_SGEMM=fastest
+expect 2 "DPE_CPU_SGEMM='fastest' is not a float32 GEMM policy; expected auto, onednn-sgemm, onednn-matmul or openblas" \
+  "${quick[@]}"
+unset DPE_CPU_SGEMM
 expect 2 "--json $tmp/no/b.json: the directory $tmp/no does not exist" "${quick[@]}" --json "$tmp/no/b.json"
 expect 2 "--csv $tmp: is a directory" "${quick[@]}" --csv "$tmp"
 expect 2 "--png $tmp/no/b.png: the directory $tmp/no does not exist" "${quick[@]}" --png "$tmp/no/b.png"
