@@ -39,6 +39,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sys/mman.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -128,13 +129,37 @@ bool fits_int(const GemmArgs& g) {
   return true;
 }
 
+// Note [OpenBLAS and address-space limits]
+// OpenBLAS (0.3.21) maps a 128 MiB work buffer (BUFFER_SIZE) the first time a thread needs one and keeps it
+// for the process; when that mmap fails, blas_memory_alloc retries forever (a busy loop: `dpe train` under
+// `ulimit -v` hung there, tools/dpe/dpe_errors_test.sh). So before a thread's first OpenBLAS product dpe
+// reserves twice that much address space itself (PROT_NONE, nothing committed) and releases it: where that
+// fails, OpenBLAS is not used on this thread (the measured choice falls back to onednn-sgemm, a forced
+// openblas is an out-of-memory error). Another thread could take the space in between; the check makes the
+// hang unlikely, not impossible, which is one more reason OpenBLAS is never the default for a shape
+// unless it measured clearly faster.
+thread_local bool openblas_ran_here = false;  // an OpenBLAS product finished on this thread: it has a buffer
+
+bool openblas_buffer_mappable() {
+  if (openblas_ran_here) return true;
+  constexpr size_t kTwoBuffers = size_t{2} << 27;
+  void* p = mmap(nullptr, kTwoBuffers, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  munmap(p, kTwoBuffers);
+  return true;
+}
+
 void openblas_sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
+  DPE_CHECK(openblas_buffer_mappable(), "gemm_cpu: out of memory: OpenBLAS needs a 128 MiB work buffer per thread "
+            "and the address space for it cannot be mapped (m ", g.m, ", n ", g.n, ", k ", g.k,
+            "; Note [OpenBLAS and address-space limits])");
   // cblas takes 32-bit ints (Debian's libopenblas0 is the LP64 build).
   DPE_CHECK(fits_int(g), "gemm_cpu: OpenBLAS needs sizes and leading dimensions that fit in int; got m ", g.m,
             ", n ", g.n, ", k ", g.k, ", lda ", g.lda, ", ldb ", g.ldb, ", ldc ", g.ldc);
   cblas_sgemm(CblasRowMajor, cblas_trans(g.trans_a), cblas_trans(g.trans_b), static_cast<int>(g.m),
               static_cast<int>(g.n), static_cast<int>(g.k), static_cast<float>(g.alpha), a, static_cast<int>(g.lda),
               b, static_cast<int>(g.ldb), static_cast<float>(g.beta), c, static_cast<int>(g.ldc));
+  openblas_ran_here = true;
 }
 
 // onednn-matmul: a primitive per (shape, strides, scalars, thread share), cached like conv_cpu.cc's (Note
@@ -247,7 +272,7 @@ ChoiceTable& choice_table() {
 
 bool eligible(SgemmBackend backend, const GemmArgs& g, int threads) {
   if (backend != SgemmBackend::OpenBlas) return true;
-  return threads == 1 && openblas_get_num_threads() == 1 && fits_int(g);
+  return threads == 1 && openblas_get_num_threads() == 1 && fits_int(g) && openblas_buffer_mappable();
 }
 
 using Clock = std::chrono::steady_clock;
@@ -333,6 +358,8 @@ SgemmBackend choose_sgemm(const GemmArgs& g) {
     std::lock_guard lock(table.mutex);
     table.made.push_back(std::move(choice));
   });
+  // Chosen on another thread: this one may not get OpenBLAS's buffer (Note [OpenBLAS and address-space limits]).
+  if (entry->backend == SgemmBackend::OpenBlas && !openblas_buffer_mappable()) return SgemmBackend::OnednnSgemm;
   return entry->backend;
 }
 
