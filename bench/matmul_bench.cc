@@ -173,5 +173,9 @@ int main(int argc, char** argv) {
       }
     });
   }
+  std::printf("\nThe measured choices (core/kernels/sgemm_cpu.cc, Note [float32 GEMM choice]):\n");
+  for (const dpe::kernels::SgemmChoice& c : dpe::kernels::sgemm_choices()) {
+    std::printf("  %s\n", dpe::kernels::describe(c).c_str());
+  }
   return 0;
 }

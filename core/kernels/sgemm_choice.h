@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -48,6 +49,9 @@ struct SgemmChoice {
 
 // Every choice measured in this process so far, in the order made (none while a backend is forced).
 std::vector<SgemmChoice> sgemm_choices();
+
+// "m 256 n 512 k 784 B^T, 1 thread: onednn-sgemm (onednn-sgemm 238, onednn-matmul 236, openblas 117 GFLOP/s)"
+std::string describe(const SgemmChoice& choice);
 
 }  // namespace dpe::kernels
 

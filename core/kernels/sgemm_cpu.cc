@@ -336,6 +336,18 @@ std::vector<SgemmChoice> sgemm_choices() {
   return table.made;
 }
 
+std::string describe(const SgemmChoice& c) {
+  std::string text = dpe::detail::str_cat("m ", c.m, " n ", c.n, " k ", c.k, c.trans_a == Transpose::Yes ? " A^T" : "",
+                                          c.trans_b == Transpose::Yes ? " B^T" : "", ", ", c.threads,
+                                          c.threads == 1 ? " thread: " : " threads: ", sgemm_backend_name(c.backend),
+                                          " (");
+  for (size_t i = 0; i < c.gflops.size(); ++i) {
+    text += dpe::detail::str_cat(i ? ", " : "", sgemm_backend_name(c.gflops[i].first), " ",
+                                 static_cast<int64_t>(c.gflops[i].second + 0.5));
+  }
+  return text + " GFLOP/s)";
+}
+
 namespace detail {
 
 SgemmBackend choose_sgemm(const GemmArgs& g) {

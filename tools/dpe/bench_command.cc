@@ -273,17 +273,7 @@ void print_sgemm_choices() {
   }
   std::printf("# float32 GEMM per shape (measured once; DPE_CPU_SGEMM=<library> forces one; OpenBLAS core %s):\n",
               openblas_get_corename());
-  for (const kernels::SgemmChoice& c : kernels::sgemm_choices()) {
-    std::printf("#   m %lld n %lld k %lld%s%s, %d thread%s: %s (", static_cast<long long>(c.m),
-                static_cast<long long>(c.n), static_cast<long long>(c.k),
-                c.trans_a == kernels::Transpose::Yes ? " A^T" : "", c.trans_b == kernels::Transpose::Yes ? " B^T" : "",
-                c.threads, c.threads == 1 ? "" : "s", std::string(kernels::sgemm_backend_name(c.backend)).c_str());
-    for (size_t i = 0; i < c.gflops.size(); ++i) {
-      std::printf("%s%s %.0f", i ? ", " : "", std::string(kernels::sgemm_backend_name(c.gflops[i].first)).c_str(),
-                  c.gflops[i].second);
-    }
-    std::printf(" GFLOP/s)\n");
-  }
+  for (const kernels::SgemmChoice& c : kernels::sgemm_choices()) std::printf("#   %s\n", kernels::describe(c).c_str());
 }
 
 void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
