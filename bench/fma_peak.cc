@@ -23,9 +23,11 @@ double seconds_since(Clock::time_point start) {
 // runs only where the CPU has it (__builtin_cpu_supports): the figure is for the widest vectors the CPU
 // runs, which is what oneDNN's JIT kernels and OpenBLAS's SkylakeX/Cooperlake kernels use. (Zen 4 runs
 // 512-bit FMAs at half rate, Zen 5 at full rate: the probe tells which.)
+// noinline: inlined into probe_fma_peaks, GCC 12 stored the 12 AVX2 accumulators to the stack on every
+// iteration, and the probe measured half the AVX2 peak.
 constexpr int kAccumulators = 12;
 
-__attribute__((target("avx2,fma"))) double fma_gflops_avx2(int64_t iterations) {
+__attribute__((target("avx2,fma"), noinline)) double fma_gflops_avx2(int64_t iterations) {
   __m256 acc[kAccumulators];
   for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_set1_ps(1.0f + j * 1e-3f);
   const __m256 mul = _mm256_set1_ps(0.9999999f), add = _mm256_set1_ps(1e-7f);
@@ -42,7 +44,7 @@ __attribute__((target("avx2,fma"))) double fma_gflops_avx2(int64_t iterations) {
   return iterations * kAccumulators * 8.0 * 2.0 / t * 1e-9;
 }
 
-__attribute__((target("avx512f"))) double fma_gflops_avx512(int64_t iterations) {
+__attribute__((target("avx512f"), noinline)) double fma_gflops_avx512(int64_t iterations) {
   __m512 acc[kAccumulators];
   for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_set1_ps(1.0f + j * 1e-3f);
   const __m512 mul = _mm512_set1_ps(0.9999999f), add = _mm512_set1_ps(1e-7f);

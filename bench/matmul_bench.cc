@@ -1,7 +1,7 @@
 // Times gemm_cpu (float32) on square sizes and on the MLP's forward/backward shapes, single-threaded and
 // with every hardware thread, against the FMA peak measured here with the widest vectors the CPU has
-// (bench/fma_peak.h): once with the measured per-shape choice ("auto", what dpe runs, and what it chose) and
-// once with each library forced (Note [float32 GEMM choice] in core/kernels/sgemm_cpu.cc). OpenBLAS follows
+// (bench/fma_peak.h): once with the measured per-shape choice (policy "auto", and what it chose) and once
+// with each library forced (onednn-sgemm is dpe's default) (Note [float32 GEMM choice] in core/kernels/sgemm_cpu.cc). OpenBLAS follows
 // OPENBLAS_CORETYPE, which oneDNN ignores; the header line says which kernel OpenBLAS loaded.
 //
 // Threads: oneDNN uses OpenMP with omp_get_max_threads() of the calling thread, so each configuration sets
@@ -68,12 +68,12 @@ std::string chosen(const Shape& s, int threads) {
       return std::string(dpe::kernels::sgemm_backend_name(c.backend));
     }
   }
-  return "(forced)";  // DPE_CPU_SGEMM is set: nothing was measured
+  return "?";  // not measured
 }
 
 // Median GFLOP/s over >= 5 samples of >= min_seconds / 5 each, after one warm-up call (oneDNN JIT).
 // policy: a forced library, or nullopt for the measured choice (made on the warm-up call).
-double time_gemm(std::optional<dpe::kernels::SgemmBackend> policy, const Shape& s, double min_seconds) {
+double time_gemm(dpe::kernels::SgemmPolicy policy, const Shape& s, double min_seconds) {
   using dpe::kernels::Transpose;
   const int64_t a_cols = s.ta == Transpose::No ? s.k : s.m, a_rows = s.ta == Transpose::No ? s.m : s.k;
   const int64_t b_cols = s.tb == Transpose::No ? s.n : s.k, b_rows = s.tb == Transpose::No ? s.k : s.n;
@@ -89,7 +89,7 @@ double time_gemm(std::optional<dpe::kernels::SgemmBackend> policy, const Shape& 
   g.a = a.data(), g.lda = a_cols;
   g.b = b.data(), g.ldb = b_cols;
   g.c = c.data(), g.ldc = s.n;
-  dpe::kernels::force_sgemm_backend(policy);
+  dpe::kernels::set_sgemm_policy(policy);
   auto call = [&] { dpe::kernels::gemm_cpu(g); };
   call();
   const double flops = 2.0 * s.m * s.n * s.k;
@@ -104,7 +104,7 @@ double time_gemm(std::optional<dpe::kernels::SgemmBackend> policy, const Shape& 
     } while (seconds_since(start) < min_seconds / 5);
     samples.push_back(flops * calls / seconds_since(start) * 1e-9);
   }
-  dpe::kernels::force_sgemm_backend(std::nullopt);
+  dpe::kernels::clear_sgemm_policy();
   std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
   return samples[samples.size() / 2];
 }

@@ -232,19 +232,19 @@ TEST(GemmCpuErrors, RejectsBadArguments) {
 // ---------------------------------------------------------------------------------------------------------
 // float32: which library runs the product (Note [float32 GEMM choice] in sgemm_cpu.cc).
 
-// Forces `backend` for the scope (nullopt: the measured choice), then goes back to DPE_CPU_SGEMM / auto.
+// `policy` for the scope (nullopt: "auto", the measured choice), then DPE_CPU_SGEMM's again.
 struct ForcedSgemm {
-  explicit ForcedSgemm(std::optional<SgemmBackend> backend) { force_sgemm_backend(backend); }
-  ~ForcedSgemm() { force_sgemm_backend(std::nullopt); }
+  explicit ForcedSgemm(SgemmPolicy policy) { set_sgemm_policy(policy); }
+  ~ForcedSgemm() { clear_sgemm_policy(); }
 };
 
-std::string policy_label(std::optional<SgemmBackend> backend) {
+std::string policy_label(SgemmPolicy backend) {
   return backend ? std::string(sgemm_backend_name(*backend)) : "auto";
 }
 
 // Every library, forced, and the measured choice keep the tolerances every float32 test here uses.
 TEST(SgemmBackends, EachForcedBackendAndAutoMeetTheTolerance) {
-  std::vector<std::optional<SgemmBackend>> policies = {std::nullopt};
+  std::vector<SgemmPolicy> policies = {std::nullopt};
   for (SgemmBackend b : kSgemmBackends) policies.push_back(b);
   struct Size {
     int64_t m, n, k;
@@ -325,7 +325,7 @@ TEST(SgemmBackends, PolicyParsing) {
 }
 
 // DPE_CPU_SGEMM is read on every product: a bad value fails the float32 GEMM naming it (float64 does not
-// read it); unset or empty is auto.
+// read it); unset or empty is the default, dnnl_sgemm for every shape.
 TEST(SgemmBackends, EnvironmentVariable) {
   Problem<float> p(4, 5, 6, Transpose::No, Transpose::No, 1.0, 0.0);
   ASSERT_EQ(setenv("DPE_CPU_SGEMM", "fastest", 1), 0);
@@ -335,7 +335,7 @@ TEST(SgemmBackends, EnvironmentVariable) {
   gemm_cpu(d.args);
   d.check("float64 ignores DPE_CPU_SGEMM");
   {
-    ForcedSgemm forced(SgemmBackend::OnednnMatmul);  // force_sgemm_backend wins over the variable
+    ForcedSgemm forced(SgemmBackend::OnednnMatmul);  // set_sgemm_policy wins over the variable
     gemm_cpu(p.args);
     p.check("forced over a bad DPE_CPU_SGEMM");
   }
@@ -345,10 +345,15 @@ TEST(SgemmBackends, EnvironmentVariable) {
     gemm_cpu(p.args);
     p.check(std::string("DPE_CPU_SGEMM=") + std::string(sgemm_backend_name(b)));
   }
+  ASSERT_EQ(setenv("DPE_CPU_SGEMM", "auto", 1), 0);
+  EXPECT_EQ(sgemm_policy_from_env(), std::nullopt);
+  EXPECT_EQ(current_sgemm_policy(), std::nullopt);
   ASSERT_EQ(setenv("DPE_CPU_SGEMM", "", 1), 0);
-  EXPECT_EQ(sgemm_policy_from_env(), std::nullopt);
+  EXPECT_EQ(sgemm_policy_from_env(), SgemmBackend::OnednnSgemm);
   ASSERT_EQ(unsetenv("DPE_CPU_SGEMM"), 0);
-  EXPECT_EQ(sgemm_policy_from_env(), std::nullopt);
+  EXPECT_EQ(sgemm_policy_from_env(), SgemmBackend::OnednnSgemm);
+  EXPECT_EQ(kDefaultSgemmPolicy, SgemmBackend::OnednnSgemm);
+  EXPECT_EQ(current_sgemm_policy(), SgemmBackend::OnednnSgemm);
 }
 
 // The measured choice is recorded once per (shape, thread share), names every eligible candidate with a

@@ -18,17 +18,20 @@
 //    so it is a candidate only where the caller's share is one thread and OpenBLAS's pool is one thread
 //    (`dpe` sets OPENBLAS_NUM_THREADS=1): it then runs on the calling worker, as a device's GEMM must.
 //
-// The choice (policy "auto", the default): the first time a (m, n, k, trans_a, trans_b, threads) is seen,
-// every eligible candidate runs it on the caller's A and B into a scratch C, interleaved, 3 to 10 rounds
-// (each round >= 0.2 ms of calls per candidate, until the rounds took >= 30 ms), and the best time of each
-// counts. The fastest wins, except that onednn-sgemm keeps the shape unless another candidate is at least
-// 10% faster: closer than that is within this machine's run-to-run noise, and keeping dnnl_sgemm keeps the
-// results bit-for-bit what they were. The choice is kept for the process (a map behind a mutex, one
+// The policy (DPE_CPU_SGEMM, set_sgemm_policy()): one library for every shape, by default onednn-sgemm, or
+// "auto": the first time a (m, n, k, trans_a, trans_b, threads) is seen, every eligible candidate runs it on
+// the caller's A and B into a scratch C, interleaved, 3 to 10 rounds (each round >= 0.2 ms of calls per
+// candidate, until the rounds took >= 30 ms), and the best time of each counts. The fastest wins, except
+// that onednn-sgemm keeps the shape unless another candidate is at least 10% faster: closer than that is
+// within this machine's run-to-run noise. The choice is kept for the process (a map behind a mutex, one
 // std::once_flag per shape: threads needing the same shape wait for one measurement; different shapes
 // measure in parallel). Cost: ~3-10 calls per candidate, once per shape.
-// Reproducibility: a choice made by timing can differ between two runs on a busy machine, and two libraries
-// round differently; runs that must match bit for bit force one backend (DPE_CPU_SGEMM or
-// force_sgemm_backend()).
+// Why "auto" is not the default: a choice made by timing can differ between two runs on a busy machine (and
+// between the processes of one MPI run), and two libraries round differently, so a checkpoint resumed under
+// "auto" did not repeat the uninterrupted run byte for byte (tools/dpe/dpe_train_mpi_test.sh failed so,
+// 2026-11-25), which docs/RELIABILITY.md promises. PyTorch keeps cudnn.benchmark off by default for the same
+// reason. Measured on the 2-core AVX-512 VM (docs/BENCHMARKS.md), dnnl_sgemm is within 10% of the best
+// candidate on every one-thread shape of the MLP, so the default costs DP and DDP nothing there.
 // What was chosen: sgemm_choices() (`dpe bench` prints them; so does bench/matmul_bench).
 //
 // Threads: oneDNN parallelises with OpenMP using omp_get_max_threads() of the *calling* thread (each device
@@ -74,7 +77,7 @@ std::string_view sgemm_backend_name(SgemmBackend backend) {
   DPE_INTERNAL_ASSERT(false, "unknown SgemmBackend ", static_cast<int>(backend));
 }
 
-std::optional<SgemmBackend> parse_sgemm_policy(std::string_view text) {
+SgemmPolicy parse_sgemm_policy(std::string_view text) {
   if (text == "auto") return std::nullopt;
   for (SgemmBackend b : kSgemmBackends) {
     if (text == sgemm_backend_name(b)) return b;
@@ -84,16 +87,17 @@ std::optional<SgemmBackend> parse_sgemm_policy(std::string_view text) {
   return std::nullopt;  // not reached
 }
 
-std::optional<SgemmBackend> sgemm_policy_from_env() {
+SgemmPolicy sgemm_policy_from_env() {
   const char* env = std::getenv("DPE_CPU_SGEMM");
-  if (env == nullptr || *env == '\0') return std::nullopt;
+  if (env == nullptr || *env == '\0') return kDefaultSgemmPolicy;
   return parse_sgemm_policy(env);
 }
 
 namespace {
 
-constexpr int kNotForced = -1;
-std::atomic<int> forced_backend{kNotForced};
+// set_sgemm_policy's policy: kNoPolicySet (follow DPE_CPU_SGEMM), kAuto, or a backend's value.
+constexpr int kNoPolicySet = -2, kAuto = -1;
+std::atomic<int> policy_set{kNoPolicySet};
 
 char trans_char(Transpose t) { return t == Transpose::Yes ? 'T' : 'N'; }
 CBLAS_TRANSPOSE cblas_trans(Transpose t) { return t == Transpose::Yes ? CblasTrans : CblasNoTrans; }
@@ -326,8 +330,15 @@ SgemmChoice measure(const GemmArgs& g, int threads) {
 
 }  // namespace
 
-void force_sgemm_backend(std::optional<SgemmBackend> backend) {
-  forced_backend.store(backend ? static_cast<int>(*backend) : kNotForced);
+void set_sgemm_policy(SgemmPolicy policy) { policy_set.store(policy ? static_cast<int>(*policy) : kAuto); }
+
+void clear_sgemm_policy() { policy_set.store(kNoPolicySet); }
+
+SgemmPolicy current_sgemm_policy() {
+  const int set = policy_set.load();
+  if (set == kNoPolicySet) return sgemm_policy_from_env();
+  if (set == kAuto) return std::nullopt;
+  return static_cast<SgemmBackend>(set);
 }
 
 std::vector<SgemmChoice> sgemm_choices() {
@@ -351,8 +362,7 @@ std::string describe(const SgemmChoice& c) {
 namespace detail {
 
 SgemmBackend choose_sgemm(const GemmArgs& g) {
-  if (int forced = forced_backend.load(); forced != kNotForced) return static_cast<SgemmBackend>(forced);
-  if (std::optional<SgemmBackend> backend = sgemm_policy_from_env()) return *backend;
+  if (SgemmPolicy policy = current_sgemm_policy()) return *policy;
   const int threads = omp_get_max_threads();
   const ChoiceKey key{g.m, g.n, g.k, static_cast<int>(g.trans_a), static_cast<int>(g.trans_b), threads};
   ChoiceTable& table = choice_table();

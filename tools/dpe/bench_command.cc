@@ -266,12 +266,13 @@ PeakFlops machine_peak() {
 // Which library ran each float32 GEMM shape of this process's devices (Note [float32 GEMM choice] in
 // core/kernels/sgemm_cpu.cc), with what each candidate measured.
 void print_sgemm_choices() {
-  if (std::optional<kernels::SgemmBackend> forced = kernels::sgemm_policy_from_env()) {
-    std::printf("# float32 GEMM: %s for every shape (DPE_CPU_SGEMM)\n",
-                std::string(kernels::sgemm_backend_name(*forced)).c_str());
+  if (kernels::SgemmPolicy policy = kernels::sgemm_policy_from_env()) {
+    std::printf("# float32 GEMM: %s for every shape (%s; DPE_CPU_SGEMM=auto measures each shape)\n",
+                std::string(kernels::sgemm_backend_name(*policy)).c_str(),
+                std::getenv("DPE_CPU_SGEMM") && *std::getenv("DPE_CPU_SGEMM") ? "DPE_CPU_SGEMM" : "the default");
     return;
   }
-  std::printf("# float32 GEMM per shape (measured once; DPE_CPU_SGEMM=<library> forces one; OpenBLAS core %s):\n",
+  std::printf("# float32 GEMM per shape (DPE_CPU_SGEMM=auto: measured once per shape; OpenBLAS core %s):\n",
               openblas_get_corename());
   for (const kernels::SgemmChoice& c : kernels::sgemm_choices()) std::printf("#   %s\n", kernels::describe(c).c_str());
 }

@@ -4,7 +4,8 @@ set -uo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fail=0
-out=$("$bin" bench --model mlp --batch-size 64 --steps 2 --warmup 1 --modes single,single-all,dp,ddp,auto \
+out=$(DPE_CPU_SGEMM=auto "$bin" bench --model mlp --batch-size 64 --steps 2 --warmup 1 \
+      --modes single,single-all,dp,ddp,auto \
       --csv "$tmp/b.csv" --json "$tmp/b.json" 2>&1) || { echo "FAILED: $out"; exit 1; }
 echo "$out"
 # auto's row names the mode it chose
@@ -24,7 +25,7 @@ PY
 # The FMA-peak limit: measured with the widest vectors the CPU has (the ISA is named), or DPE_PEAK_GFLOPS.
 grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe: [0-9.]+ GFLOP/s per core x [0-9]+ cores' \
   <<<"$out" || { echo "FAILED: no measured FMA-peak limit line"; fail=1; }
-# Which library ran each float32 GEMM shape, measured (core/kernels/sgemm_choice.h).
+# Which library ran each float32 GEMM shape, measured under DPE_CPU_SGEMM=auto (core/kernels/sgemm_choice.h).
 grep -qE '^#   m 64 n 512 k 784 B\^T, 1 thread: (onednn-sgemm|onednn-matmul|openblas) \(onednn-sgemm [0-9]+, ' <<<"$out" ||
   { echo "FAILED: no float32 GEMM choice for the MLP's first layer"; fail=1; }
 # --split auto: the weights it settled on and each device's time per sample, in the table's notes and the JSON.
@@ -111,8 +112,11 @@ for bad in abc 0 -5 '' 1e999 '100 '; do
   expect 2 "DPE_PEAK_GFLOPS='$bad' is not a positive number of GFLOP/s" "${quick[@]}"
 done
 unset DPE_PEAK_GFLOPS
+expect 0 "# float32 GEMM: onednn-sgemm for every shape (the default; DPE_CPU_SGEMM=auto measures each shape)" \
+  "${quick[@]}"
 export DPE_CPU_SGEMM=openblas
-expect 0 "# float32 GEMM: openblas for every shape (DPE_CPU_SGEMM)" "${quick[@]}"
+expect 0 "# float32 GEMM: openblas for every shape (DPE_CPU_SGEMM; DPE_CPU_SGEMM=auto measures each shape)" \
+  "${quick[@]}"
 export DPE_CPU_SGEMM=fastest
 expect 2 "DPE_CPU_SGEMM='fastest' is not a float32 GEMM policy; expected auto, onednn-sgemm, onednn-matmul or openblas" \
   "${quick[@]}"
