@@ -302,7 +302,8 @@ SgemmChoice measure(const GemmArgs& g, int threads) {
     if (eligible(backend, g, threads)) candidates.push_back(backend);
   }
   std::vector<double> best(candidates.size(), 1e300);  // seconds per call
-  for (SgemmBackend backend : candidates) detail::run_sgemm(backend, s, a, b, c);  // warm-up: JIT, primitive creation, caches
+  // Warm-up: JIT compilation, primitive creation, caches.
+  for (SgemmBackend backend : candidates) detail::run_sgemm(backend, s, a, b, c);
   const auto start = Clock::now();
   for (int round = 0; round < 10 && (round < 3 || seconds_since(start) < 0.03); ++round) {
     for (size_t i = 0; i < candidates.size(); ++i) {

@@ -16,8 +16,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -266,7 +266,7 @@ PeakFlops machine_peak() {
 // Which library ran each float32 GEMM shape of this process's devices (Note [float32 GEMM choice] in
 // core/kernels/sgemm_cpu.cc), with what each candidate measured.
 void print_sgemm_choices() {
-  if (kernels::SgemmPolicy policy = kernels::sgemm_policy_from_env()) {
+  if (kernels::SgemmPolicy policy = kernels::current_sgemm_policy()) {
     std::printf("# float32 GEMM: %s for every shape (%s; DPE_CPU_SGEMM=auto measures each shape)\n",
                 std::string(kernels::sgemm_backend_name(*policy)).c_str(),
                 std::getenv("DPE_CPU_SGEMM") && *std::getenv("DPE_CPU_SGEMM") ? "DPE_CPU_SGEMM" : "the default");
@@ -274,7 +274,9 @@ void print_sgemm_choices() {
   }
   std::printf("# float32 GEMM per shape (DPE_CPU_SGEMM=auto: measured once per shape; OpenBLAS core %s):\n",
               openblas_get_corename());
-  for (const kernels::SgemmChoice& c : kernels::sgemm_choices()) std::printf("#   %s\n", kernels::describe(c).c_str());
+  for (const kernels::SgemmChoice& c : kernels::sgemm_choices()) {
+    std::printf("#   %s\n", kernels::describe(c).c_str());
+  }
 }
 
 void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
