@@ -70,6 +70,14 @@ namespace dpe {
 enum class ParallelMode { DP, DDP, Auto };
 const char* mode_name(ParallelMode mode);
 enum class BufferPolicy { Replica0, Average };
+// What the step API does when one replica fails (docs/DATA_PARALLEL.md "A failed device"):
+//   Fail               rethrow its ReplicaError (PyTorch's behaviour);
+//   DropDevice         drop that device (its replica, optimizer, worker), rebuild the group over the
+//                      survivors, and redo the same step on them: nothing rolls back, since the optimizer has
+//                      not run and DP's master / DDP's identical replicas hold the parameters;
+//   RetrySmallerChunk  on an out-of-memory error, halve that device's share of the batch and redo the step
+//                      (other errors are rethrown).
+enum class DeviceFailurePolicy { Fail, DropDevice, RetrySmallerChunk };
 
 struct DataParallelOptions {
   // Default (nullopt): every CUDA device if there is one, else every CPU device. An explicit list must be
@@ -102,6 +110,7 @@ struct DataParallelOptions {
   // tree by shard index. CPU devices, one process.
   bool deterministic = false;
   int64_t virtual_shards = 0;
+  DeviceFailurePolicy on_device_failure = DeviceFailurePolicy::Fail;
 };
 
 // What the last step did. Times are host wall-clock milliseconds per phase (on CUDA, work is asynchronous:
@@ -134,6 +143,9 @@ struct StepReport {
   // SplitRule::Auto: the weights the step's chunk sizes came from (updated after the step) and each
   // device's smoothed time per sample in milliseconds; empty otherwise.
   std::vector<double> split_weights, ms_per_sample;
+  // What on_device_failure recovered from during this step, in order ("dropped cpu:1 (replica 1): <error>;
+  // the step was redone on cpu:0 cpu:2"); empty when nothing failed.
+  std::vector<std::string> recovered_failures;
   std::vector<std::pair<Device, MemoryStats>> memory;  // per device_ids entry, after the step
 };
 
@@ -273,6 +285,13 @@ class DataParallel {
   // loss(output, target), checked to be one value.
   static Tensor checked_loss(const LossFn& loss, const Tensor& output, const Tensor& target);
   double forward_backward_ddp(const Tensor& input, const Tensor& target, const LossFn& loss);
+  double forward_backward_once(const Tensor& input, const Tensor& target, const LossFn& loss);
+  // on_device_failure (device_failure.cc): recovers from `failure` if the policy allows (returns what it
+  // did) or rethrows it; `buffers` are replica 0's buffers from before the step, `accumulated` whether it
+  // started with gradients (which a redo would lose). Called inside forward_backward's handler.
+  std::string recover(const ReplicaError& failure, const std::vector<Tensor>& buffers, bool accumulated);
+  void drop_device(size_t replica);
+  void connect_replicas();  // DDP: the process group over device_ids_ and the SyncBatchNorm layers' groups
   double forward_backward_deterministic(const Tensor& input, const Tensor& target, const LossFn& loss);
   void check_deterministic_options() const;
   void validate_devices();

@@ -57,6 +57,13 @@ void DataParallel::init_ddp() {
     NoGradGuard no_grad;
     for (const Tensor& t : replica_state_[r]) group_->broadcast(static_cast<int>(r), t, 0);
   });
+  connect_replicas();
+}
+
+void DataParallel::connect_replicas() {
+  if (!group_ || group_->size() != static_cast<int>(device_ids_.size())) {
+    group_ = std::make_shared<ProcessGroup>(device_ids_, ProcessGroupOptions{options_.backend, options_.timeout});
+  }
   // The deterministic mode's BatchNorm statistics are per virtual shard: SyncBatchNorm stays unsynchronised.
   for (size_t r = 0; r < replicas_.size(); ++r) {
     sync_batchnorm_layers_ = nn::set_sync_batchnorm_group(*replicas_[r], options_.deterministic ? nullptr : group_,

@@ -29,6 +29,24 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   DPE_CHECK(input.dim() > 0, "DataParallel::forward_backward: the input is 0-dim; expected a batch along dim ",
             options_.dim);
   DPE_CHECK(static_cast<bool>(loss_fn), "DataParallel::forward_backward: no loss function");
+  if (options_.on_device_failure == DeviceFailurePolicy::Fail) return forward_backward_once(input, target, loss_fn);
+  std::vector<std::string> recovered;
+  bool accumulated = false;
+  for (const Tensor& p : replica_params_[0]) accumulated = accumulated || p.grad().defined();
+  while (true) {
+    std::vector<Tensor> buffers;
+    for (const Tensor& b : replica_buffers_[0]) buffers.push_back(b.detach().clone());
+    try {
+      const double loss = forward_backward_once(input, target, loss_fn);
+      report_.recovered_failures = std::move(recovered);
+      return loss;
+    } catch (const ReplicaError& failure) {
+      recovered.push_back(recover(failure, buffers, accumulated));  // or rethrows
+    }
+  }
+}
+
+double DataParallel::forward_backward_once(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
   double loss_value = 0;
   if (options_.deterministic) {
     loss_value = forward_backward_deterministic(input, target, loss_fn);

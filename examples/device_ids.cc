@@ -73,11 +73,12 @@ int main() {
   show("device_ids cpu:0..cpu:3, DDP", {.device_ids = cpu0123, .mode = ParallelMode::DDP}, 8);
   show("device_ids cpu:1 cpu:3 (master on cpu:1)", {.device_ids = std::vector<Device>{Device::cpu(1), Device::cpu(3)}},
        6, Device::cpu(1));
+  // DDP with fewer samples than devices: cpu:3 gets none, runs nothing, and still takes part in the
+  // all-reduce (with zeros), so the step is the batch's.
+  show("device_ids cpu:0..cpu:3, DDP, batch of 3", {.device_ids = cpu0123, .mode = ParallelMode::DDP}, 3);
 
   // Rejected configurations: each error names the offending value.
   std::printf("\n");
-  // DDP runs one replica per device, each on its own shard: every device needs at least one sample.
-  show("device_ids cpu:0..cpu:3, DDP, batch of 3", {.device_ids = cpu0123, .mode = ParallelMode::DDP}, 3);
   show("device_ids cpu:0 cpu:1 cpu:1 (duplicate)",
        {.device_ids = std::vector<Device>{Device::cpu(0), Device::cpu(1), Device::cpu(1)}}, 8);
   show("device_ids cpu:0 cpu:9 (no such device)", {.device_ids = std::vector<Device>{Device::cpu(0), Device::cpu(9)}},

@@ -16,7 +16,7 @@ expect "^device_ids cpu:0..cpu:3, small batch  .*-> batch 5: chunk sizes 2 2 1 o
 expect "Balanced split .*-> batch 5: chunk sizes 2 1 1 1 on cpu:0 cpu:1 cpu:2 cpu:3 (4 of 4 devices)"
 expect "^device_ids cpu:0..cpu:3, DDP  .*-> batch 8: chunk sizes 2 2 2 2"
 expect "^device_ids cpu:1 cpu:3 (master on cpu:1) .*-> batch 6: chunk sizes 3 3 on cpu:1 cpu:3"
-expect "DDP, batch of 3 .*-> error: .*every replica needs at least one sample"
+expect "DDP, batch of 3 .*-> batch 3: chunk sizes 1 1 1 0 on cpu:0 cpu:1 cpu:2 (3 of 4 devices)"
 expect "(duplicate) .*-> error: .*device_ids contains cpu:1 more than once"
 expect "(no such device) .*-> error: .*cpu:9 does not exist: 4 cpu devices are available (cpu:0..cpu:3)"
 expect "(mixed kinds) .*-> error: .*device_ids mixes cpu:0 and cuda:0"

@@ -12,6 +12,7 @@ targets=(
   //engine:ddp_test
   //engine:mode_switch_test
   //engine:auto_split_test
+  //engine:device_failure_test
   //scatter_gather/...
   //collectives/...
   //layers:sync_batchnorm_test

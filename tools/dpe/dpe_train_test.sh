@@ -38,6 +38,19 @@ check "det dp 2" "$bin" train --model cnn --mode dp --device-ids cpu:0,cpu:1 --d
 cmp -s "$tmp/det1.safetensors" "$tmp/det2.safetensors" || { echo "FAILED: --deterministic checkpoints differ"; fail=1; }
 expect_error "--deterministic cuts every batch into its own virtual shards; --split auto does not apply" --deterministic --split auto
 expect 107 "--virtual-shards requires --deterministic" --virtual-shards 4
+# --on-device-failure drop_device: a device whose step fails is dropped, the step redone on the others, and
+# training goes on; the warning and the JSON say so, with the devices that remain.
+check "drop" env DPE_NUM_CPU_DEVICES=3 "$bin" train --model mlp --mode ddp --device-ids cpu:0,cpu:1,cpu:2 --epochs 1 --limit 1024 --batch-size 63 \
+  --lr 0.05 --on-device-failure drop_device --inject-failure cpu:1@3 --json "$tmp/drop.json"
+grep -q "^warning: dropped cpu:1 (replica 1): replica 1 on cpu:1: failure injected by --inject-failure on cpu:1" <<<"$out" ||
+  { echo "FAILED: no drop warning: $out"; fail=1; }
+python3 - "$tmp/drop.json" <<'PY' || { echo "FAILED: the drop JSON"; fail=1; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["devices"] == "cpu:0 cpu:2" and len(r["recovered_failures"]) == 1 and r["final_test_accuracy"] > 0.55, r
+PY
+expect 2 "replica 1 on cpu:1: failure injected by --inject-failure on cpu:1" --model mlp --mode ddp --device-ids cpu:0,cpu:1 \
+  --limit 256 --epochs 1 --inject-failure cpu:1@0
 # --split auto trains (uneven shards, gradients weighted by shard size).
 check "split auto" "$bin" train --model mlp --mode ddp --split auto --epochs 1 --limit 1024 --batch-size 64 --lr 0.05
 grep -q "final test accuracy 0\.[5-9]" <<<"$out" || { echo "FAILED: --split auto accuracy: $out"; fail=1; }

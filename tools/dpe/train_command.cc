@@ -35,6 +35,8 @@ struct TrainArgs {
   int cpu_devices = 2;
   std::string dist = "none";
   std::string split = "chunk";
+  std::string on_device_failure = "fail";
+  std::string inject_failure;  // tests only: "cpu:1@3" fails the loss on cpu:1 in the run's step 3 (DDP)
 };
 
 // Everything that can be refused without loading data or building the engine, in the order a user would
@@ -51,6 +53,7 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   }
   args.engine.dist = dist_backend(args.dist, args.engine.devices);
   args.engine.split = parse_split_rule(args.split);
+  args.engine.on_device_failure = parse_device_failure_policy(args.on_device_failure);
   check_engine_options(args.engine);
   if (needs_ddp_shards(args.engine.mode) && !args.engine.dist) {  // across processes: in run_train
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(args.engine.devices.size()));
@@ -70,7 +73,7 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
 
 // The --json report, written with nlohmann-json: strings escaped, keys in this order.
 void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes, double accuracy,
-                const JsonReport& epochs) {
+                const JsonReport& epochs, const JsonReport& recovered = JsonReport::array()) {
   JsonReport report = {{"model", args.engine.model},
                                    {"mode", args.engine.mode},
                                    {"mode_used", mode_name(dp.mode())},
@@ -79,6 +82,7 @@ void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes
                                    {"batch_size", args.batch_size},
                                    {"final_test_accuracy", as_printed("%g", accuracy)},
                                    {"epochs", epochs}};
+  if (!recovered.empty()) report["recovered_failures"] = recovered;  // --on-device-failure
   if (const auto& choice = dp.last_step().auto_mode; choice && choice->chosen) {
     report["auto"] = {{"chosen", mode_name(*choice->chosen)},
                       {"dp_step_ms", as_printed("%.3f", choice->dp_step_ms)},
@@ -99,6 +103,18 @@ void run_train(TrainArgs args) {
   std::unique_ptr<DataParallel> dp = make_engine(args.engine, args.optimizer, &first_epoch);
   DPE_INTERNAL_ASSERT(first_epoch == resumed.epoch, "the checkpoint's epoch changed between two reads");
   LossFn loss_fn = models::model_loss(args.engine.model);
+  // --inject-failure DEVICE@STEP (tests): the loss on DEVICE throws in that step (counted from 0 in this run).
+  int64_t step_in_run = 0;
+  if (!args.inject_failure.empty()) {
+    const size_t at = args.inject_failure.find('@');
+    DPE_CHECK(at != std::string::npos, "--inject-failure ", args.inject_failure, ": expected DEVICE@STEP");
+    const Device device = Device::parse(args.inject_failure.substr(0, at));
+    const int64_t step = parse_int("--inject-failure", args.inject_failure.substr(at + 1), 0, int64_t{1} << 40);
+    loss_fn = [inner = loss_fn, device, step, &step_in_run](const Tensor& out, const Tensor& target) {
+      DPE_CHECK(!(out.device() == device && step_in_run == step), "failure injected by --inject-failure on ", device);
+      return inner(out, target);
+    };
+  }
   // --dist mpi: this process's slice of every global batch (training.h); process 0 prints, evaluates, and
   // writes checkpoints and --json.
   const ProcessSlice slice = process_slice(*dp, args.engine.dist.has_value(), args.batch_size);
@@ -160,6 +176,7 @@ void run_train(TrainArgs args) {
   };
   make_schedulers(first_epoch * loader.num_batches());
   bool auto_reported = false;
+  JsonReport recovered_json = JsonReport::array();  // --on-device-failure: what was recovered from
   JsonReport epochs_json = JsonReport::array();
   double accuracy = 0;
   for (int64_t epoch = first_epoch; epoch < args.epochs; ++epoch) {
@@ -172,8 +189,13 @@ void run_train(TrainArgs args) {
     while (std::optional<data::Batch> batch = loader.next()) {
       const ParallelMode mode_before = dp->mode();
       double loss = dp->train_step(slice.of(batch->inputs), slice.of(batch->targets), loss_fn);
+      ++step_in_run;
       if (dp->mode() != mode_before) make_schedulers(epoch * loader.num_batches() + steps);
       for (auto& scheduler : schedulers) scheduler->step();
+      for (const std::string& recovered : dp->last_step().recovered_failures) {
+        std::fprintf(stderr, "warning: %s\n", recovered.c_str());
+        recovered_json.push_back(recovered);
+      }
       if (const std::string chosen = auto_mode_summary(dp->last_step()); !chosen.empty() && !auto_reported && prints) {
         std::fprintf(stderr, "%s\n", chosen.c_str());
         auto_reported = true;
@@ -205,7 +227,7 @@ void run_train(TrainArgs args) {
   }
   if (!prints) return;
   std::printf("final test accuracy %.4f\n", accuracy);
-  if (!args.json.empty()) write_json(args, *dp, slice.count, accuracy, epochs_json);
+  if (!args.json.empty()) write_json(args, *dp, slice.count, accuracy, epochs_json, recovered_json);
 }
 
 }  // namespace
@@ -242,6 +264,11 @@ void add_train_command(CLI::App& app) {
   add_int_option(*cmd, "--virtual-shards", args->engine.virtual_shards,
                  "--deterministic: virtual shards per batch (default max(8, devices))", 1, 1 << 20)
       ->needs("--deterministic");
+  cmd->add_option("--on-device-failure", args->on_device_failure, "when a device fails in a step: fail; drop_device "
+                  "(redo the step on the others and go on); retry_smaller_chunk (out of memory: halve its share)")
+      ->check(CLI::IsMember(kDeviceFailurePolicies));
+  // Tests only, hidden from --help.
+  cmd->add_option("--inject-failure", args->inject_failure, "")->group("");
   cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "
                   "balanced, auto (chunks follow each device's measured speed; docs/DATA_PARALLEL.md)")
       ->check(CLI::IsMember(kSplitRules));

@@ -127,6 +127,13 @@ SplitRule parse_split_rule(const std::string& name) {
   return SplitRule::Chunk;
 }
 
+DeviceFailurePolicy parse_device_failure_policy(const std::string& name) {
+  if (name == "drop_device") return DeviceFailurePolicy::DropDevice;
+  if (name == "retry_smaller_chunk") return DeviceFailurePolicy::RetrySmallerChunk;
+  DPE_CHECK(name == "fail", "--on-device-failure ", name, ": expected fail, drop_device or retry_smaller_chunk");
+  return DeviceFailurePolicy::Fail;
+}
+
 std::string auto_mode_summary(const StepReport& step) {
   if (!step.auto_mode || !step.auto_mode->chosen) return "";
   char text[128];
@@ -145,6 +152,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
   DataParallelOptions dp_options;
   dp_options.deterministic = options.deterministic;
   dp_options.virtual_shards = options.virtual_shards;
+  dp_options.on_device_failure = options.on_device_failure;
   if (options.mode == "single") {
     dp_options.device_ids = std::vector<Device>{options.devices[0]};
   } else {

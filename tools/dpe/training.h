@@ -21,6 +21,9 @@ inline bool needs_ddp_shards(const std::string& mode) { return mode == "ddp" || 
 // --split's values: chunk (PyTorch's), balanced, auto (chunks follow the devices' measured speeds).
 inline const std::vector<std::string> kSplitRules = {"chunk", "balanced", "auto"};
 SplitRule parse_split_rule(const std::string& name);
+// --on-device-failure's values: fail, drop_device, retry_smaller_chunk (DeviceFailurePolicy).
+inline const std::vector<std::string> kDeviceFailurePolicies = {"fail", "drop_device", "retry_smaller_chunk"};
+DeviceFailurePolicy parse_device_failure_policy(const std::string& name);
 // "auto: ddp (dp 12.3 ms/step, ddp 9.8 ms/step)" once ParallelMode::Auto has chosen; "" before or without it.
 std::string auto_mode_summary(const StepReport& step);
 
@@ -47,6 +50,7 @@ struct EngineOptions {
   SplitRule split = SplitRule::Chunk;    // --split: dp/ddp's split rule (chunk, balanced, auto)
   bool deterministic = false;            // --deterministic: dp/ddp's deterministic mode
   int64_t virtual_shards = 0;            // --virtual-shards (0: the engine's default)
+  DeviceFailurePolicy on_device_failure = DeviceFailurePolicy::Fail;  // --on-device-failure
   std::optional<CollectiveBackend> dist;  // --dist mpi, mpi-nccl: dp/ddp over the devices of every process
   uint64_t seed = 0;                    // initial weights
   std::string resume;                   // checkpoint to start from (model and optimizer)

@@ -1,0 +1,176 @@
+// on_device_failure: a replica that fails in forward, in the loss or in backward, in the first step or a later
+// one, is dropped and the same step redone on the survivors; an out-of-memory error shrinks the device's
+// chunk instead. The training then equals one device's on the full batch (within 1e-6), and bit for bit a run
+// without the failure under the deterministic mode.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "core/autograd/function.h"
+#include "core/ops.h"
+#include "engine/data_parallel.h"
+#include "layers/activation.h"
+#include "layers/linear.h"
+#include "layers/loss.h"
+#include "optim/adam.h"
+#include "tests/testing/devices.h"
+#include "tests/testing/errors.h"
+
+namespace dpe {
+namespace {
+
+using testing::cpu_devices;
+using testing::error_of;
+
+enum class Phase { None, Forward, Loss, Backward, OutOfMemory };
+
+// The fault to inject: where, on which device, in which step (counted by the test).
+struct Fault {
+  Phase phase = Phase::None;
+  Device device = Device::cpu(1);
+  std::atomic<bool> armed{false};
+};
+Fault fault;
+
+bool hits(Phase phase, const Tensor& x) { return fault.armed && fault.phase == phase && x.device() == fault.device; }
+
+class Faulty : public nn::Cloneable<Faulty> {
+ public:
+  Faulty() : Cloneable("Faulty") { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(6, 16));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 3));
+  }
+  Tensor forward(const Tensor& x) override {
+    DPE_CHECK(!hits(Phase::Forward, x), "injected failure in forward on ", x.device());
+    DPE_CHECK(!(hits(Phase::OutOfMemory, x) && x.size(0) > 3), "out of memory on ", x.device(), ": injected (", x.size(0),
+              " samples; at most 3 fit)");
+    Tensor h = relu(fc1->forward(x));
+    if (hits(Phase::Backward, x)) {
+      // An identity whose backward throws.
+      Tensor out = h.detach();
+      autograd::record(out, {h}, "FailingBackward", [](const Tensor&) -> std::vector<Tensor> {
+        DPE_CHECK(false, "injected failure in backward");
+        return {};
+      });
+      h = out;
+    }
+    return fc2->forward(h);
+  }
+  std::shared_ptr<nn::Linear> fc1, fc2;
+};
+
+Tensor loss_fn(const Tensor& out, const Tensor& target) {
+  DPE_CHECK(!hits(Phase::Loss, out), "injected failure in the loss on ", out.device());
+  return nn::functional::mse_loss(out, target);
+}
+
+OptimizerFactory adamw() {
+  return [](const std::vector<Tensor>& p) { return std::make_unique<optim::AdamW>(p, optim::AdamWOptions{.lr = 1e-2}); };
+}
+
+// 6 steps on 3 devices, the fault armed in step `at` only; returns the master's parameters.
+std::vector<Tensor> train(ParallelMode mode, DeviceFailurePolicy policy, Phase phase, int at, bool deterministic,
+                          std::vector<std::string>* recovered = nullptr, std::vector<Device>* survivors = nullptr) {
+  manual_seed(91);
+  DataParallel dp(std::make_shared<Faulty>(), {.device_ids = cpu_devices(3), .mode = mode, .deterministic = deterministic,
+                                               .on_device_failure = policy});
+  dp.set_optimizer(adamw());
+  fault.phase = phase;
+  for (int step = 0; step < 6; ++step) {
+    Tensor x = randn({12, 6}), y = randn({12, 3});
+    fault.armed = step == at;
+    dp.train_step(x, y, loss_fn);
+    fault.armed = false;
+    if (recovered && step == at) *recovered = dp.last_step().recovered_failures;
+  }
+  if (survivors) *survivors = dp.device_ids();
+  return dp.module().parameters();
+}
+
+std::vector<Tensor> one_device() {
+  manual_seed(91);
+  DataParallel dp(std::make_shared<Faulty>(), {.device_ids = cpu_devices(1)});
+  dp.set_optimizer(adamw());
+  for (int step = 0; step < 6; ++step) {
+    Tensor x = randn({12, 6}), y = randn({12, 3});
+    dp.train_step(x, y, loss_fn);
+  }
+  return dp.module().parameters();
+}
+
+void expect_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_LE(max_abs_diff(got[k], want[k]), 1e-6) << what << " parameter " << k;
+}
+
+TEST(DeviceFailure, ADroppedDeviceLeavesTheStepAndTheTrainingWhole) {
+  const std::vector<Tensor> want = one_device();
+  struct Case {
+    ParallelMode mode;
+    Phase phase;
+  };
+  // DP computes its loss on the output device, outside the replicas: no replica to drop there.
+  for (const Case& c : {Case{ParallelMode::DDP, Phase::Forward}, Case{ParallelMode::DDP, Phase::Loss},
+                        Case{ParallelMode::DDP, Phase::Backward}, Case{ParallelMode::DP, Phase::Forward},
+                        Case{ParallelMode::DP, Phase::Backward}}) {
+    for (int at : {0, 3}) {
+      const std::string what = std::string(mode_name(c.mode)) + " phase " + std::to_string(static_cast<int>(c.phase)) +
+                               " step " + std::to_string(at);
+      std::vector<std::string> recovered;
+      std::vector<Device> survivors;
+      expect_close(train(c.mode, DeviceFailurePolicy::DropDevice, c.phase, at, false, &recovered, &survivors), want, what);
+      ASSERT_EQ(recovered.size(), 1u) << what;
+      EXPECT_NE(recovered[0].find("dropped cpu:1 (replica 1): replica 1 on cpu:1: injected failure"), std::string::npos)
+          << recovered[0];
+      EXPECT_EQ(survivors, (std::vector<Device>{Device::cpu(0), Device::cpu(2)})) << what;
+    }
+  }
+}
+
+// Under the deterministic mode the survivors compute the same bits as all three devices would have.
+TEST(DeviceFailure, ADroppedDeviceChangesNoBitUnderTheDeterministicMode) {
+  const std::vector<Tensor> want = train(ParallelMode::DDP, DeviceFailurePolicy::Fail, Phase::None, -1, true);
+  for (Phase phase : {Phase::Forward, Phase::Backward}) {
+    for (ParallelMode mode : {ParallelMode::DDP, ParallelMode::DP}) {
+      const std::vector<Tensor> got = train(mode, DeviceFailurePolicy::DropDevice, phase, 2, true);
+      for (size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(equal(got[k], want[k])) << mode_name(mode) << " parameter " << k;
+    }
+  }
+}
+
+TEST(DeviceFailure, OutOfMemoryShrinksTheDevicesChunk) {
+  const std::vector<Tensor> want = one_device();
+  for (ParallelMode mode : {ParallelMode::DDP, ParallelMode::DP}) {
+    std::vector<std::string> recovered;
+    std::vector<Device> survivors;
+    // 12 rows on 3 devices: 4 each, one too many for cpu:1; halved to 2.
+    expect_close(train(mode, DeviceFailurePolicy::RetrySmallerChunk, Phase::OutOfMemory, 1, false, &recovered, &survivors),
+                 want, mode_name(mode));
+    ASSERT_EQ(recovered.size(), 1u);
+    EXPECT_NE(recovered[0].find("cpu:1 (replica 1) ran out of memory with 4 samples; the step was redone with 2 there"),
+              std::string::npos) << recovered[0];
+    EXPECT_EQ(survivors.size(), 3u);
+  }
+}
+
+TEST(DeviceFailure, WhatCannotBeRecoveredIsRethrownSayingWhy) {
+  // The default: the failure, as before.
+  EXPECT_NE(error_of([] { train(ParallelMode::DDP, DeviceFailurePolicy::Fail, Phase::Forward, 0, false); })
+                .find("replica 1 on cpu:1: injected failure in forward on cpu:1"),
+            std::string::npos);
+  // DP's master holds the parameters.
+  fault.device = Device::cpu(0);
+  EXPECT_NE(error_of([] { train(ParallelMode::DP, DeviceFailurePolicy::DropDevice, Phase::Forward, 0, false); })
+                .find("(on_device_failure could not recover: DP's master is on cpu:0)"),
+            std::string::npos);
+  fault.device = Device::cpu(1);
+  // Not an out-of-memory error: retry_smaller_chunk does not apply.
+  EXPECT_NE(error_of([] { train(ParallelMode::DDP, DeviceFailurePolicy::RetrySmallerChunk, Phase::Forward, 0, false); })
+                .find("injected failure in forward"),
+            std::string::npos);
+  fault.armed = false;
+}
+
+}  // namespace
+}  // namespace dpe
