@@ -106,7 +106,7 @@ struct DataParallelOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // a replica that never arrives
   // Bitwise-reproducible steps whatever the device count and mode (engine/deterministic_step.cc,
   // docs/DATA_PARALLEL.md "Deterministic mode"): the step API cuts every batch into virtual_shards fixed
-  // shards (0: max(8, devices)), runs each alone on whichever device, and sums their gradients in a fixed
+  // shards (0: max(4, devices)), runs each alone on whichever device, and sums their gradients in a fixed
   // tree by shard index. CPU devices, one process.
   bool deterministic = false;
   int64_t virtual_shards = 0;

@@ -79,7 +79,7 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
             shape_str(target.shape()), " does not match the input's batch of ", batch, " along dim ", dim);
   DPE_CHECK(batch > 0, "DataParallel::forward_backward: the batch is empty; expected at least one sample");
   report_ = StepReport{.mode = options_.mode};
-  const int64_t k_wanted = options_.virtual_shards > 0 ? options_.virtual_shards : std::max<int64_t>(8, static_cast<int64_t>(n));
+  const int64_t k_wanted = options_.virtual_shards > 0 ? options_.virtual_shards : std::max<int64_t>(4, static_cast<int64_t>(n));
   const std::vector<int64_t> shard_rows = compute_chunk_sizes(batch, k_wanted, SplitRule::Balanced);
   const size_t shards = shard_rows.size();
   std::vector<int64_t> shard_offset(shards, 0);

@@ -21,6 +21,7 @@ struct Run {
   bool adamw;
   int64_t batch;
   int steps;
+  int64_t virtual_shards = 0;  // the default
 };
 
 // Random Fashion-MNIST-shaped batches (images in [0, 1), labels 0..9), the same for every configuration.
@@ -37,7 +38,8 @@ std::vector<std::pair<Tensor, Tensor>> batches(const Run& run) {
 
 nn::StateDict train(const Run& run, int devices, ParallelMode mode) {
   manual_seed(80);
-  DataParallel dp(models::make_model(run.model), {.device_ids = cpu_devices(devices), .mode = mode, .deterministic = true});
+  DataParallel dp(models::make_model(run.model), {.device_ids = cpu_devices(devices), .mode = mode, .deterministic = true,
+                                                  .virtual_shards = run.virtual_shards});
   dp.set_optimizer([&](const std::vector<Tensor>& p) -> std::unique_ptr<optim::Optimizer> {
     if (run.adamw) return std::make_unique<optim::AdamW>(p, optim::AdamWOptions{.lr = 1e-3});
     return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
@@ -67,8 +69,10 @@ TEST(Deterministic, MlpIsBitwiseTheSameForAnyDeviceCountAndModeWithSgd) { expect
 TEST(Deterministic, MlpIsBitwiseTheSameForAnyDeviceCountAndModeWithAdamW) { expect_bitwise_the_same_everywhere({"mlp", true, 32, 20}); }
 TEST(Deterministic, CnnIsBitwiseTheSameForAnyDeviceCountAndModeWithSgd) { expect_bitwise_the_same_everywhere({"cnn", false, 16, 20}); }
 TEST(Deterministic, CnnIsBitwiseTheSameForAnyDeviceCountAndModeWithAdamW) { expect_bitwise_the_same_everywhere({"cnn", true, 16, 20}); }
-// 30 rows: shards of 4, 4, 4, 4, 4, 4, 3, 3; 3 devices take 3, 3 and 2 shards.
+// 30 rows: shards of 8, 8, 7, 7 (K = 4); 3 devices take 2, 1 and 1 shards.
 TEST(Deterministic, AnUnevenBatchIsBitwiseTheSameToo) { expect_bitwise_the_same_everywhere({"mlp", true, 30, 20}); }
+// K = 8: 3 devices take 3, 3 and 2 shards, which no subtree of the fixed tree matches.
+TEST(Deterministic, EightVirtualShardsAreBitwiseTheSameToo) { expect_bitwise_the_same_everywhere({"mlp", true, 40, 10, 8}); }
 TEST(Deterministic, AnUnevenCnnBatchIsBitwiseTheSameToo) { expect_bitwise_the_same_everywhere({"cnn", false, 13, 20}); }
 
 // Without the mode, device counts give different bits (the sums run in another order): the test above is not

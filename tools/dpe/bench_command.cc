@@ -497,7 +497,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--deterministic", args->deterministic, "every mode in the deterministic mode (rows single-det, dp-det, ...): "
                 "bitwise the same for any device count; compare with a run without it for its cost");
   add_int_option(*cmd, "--virtual-shards", args->virtual_shards,
-                 "--deterministic: virtual shards per batch (default max(8, devices))", 1, 1 << 20)
+                 "--deterministic: virtual shards per batch (default max(4, devices))", 1, 1 << 20)
       ->needs("--deterministic");
   cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "
                   "balanced, auto (chunks follow each device's measured speed)")

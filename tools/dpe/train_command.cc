@@ -262,7 +262,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--deterministic", args->engine.deterministic, "dp/ddp: bitwise the same training for any device "
                 "count and either mode (virtual shards summed in a fixed order; docs/DATA_PARALLEL.md)");
   add_int_option(*cmd, "--virtual-shards", args->engine.virtual_shards,
-                 "--deterministic: virtual shards per batch (default max(8, devices))", 1, 1 << 20)
+                 "--deterministic: virtual shards per batch (default max(4, devices))", 1, 1 << 20)
       ->needs("--deterministic");
   cmd->add_option("--on-device-failure", args->on_device_failure, "when a device fails in a step: fail; drop_device "
                   "(redo the step on the others and go on); retry_smaller_chunk (out of memory: halve its share)")
