@@ -396,26 +396,23 @@ void MpiComm::all_gather(const void* send, void* recv, int64_t bytes, const std:
 }
 
 void MpiComm::gather(const void* send, void* recv, int64_t bytes, int root, const std::string& what) {
-  check_not_aborted(what);
-  const int n = checked_bytes(bytes, "gather", what);
-  DPE_CHECK(root >= 0 && root < size_, "MPI gather (", what, "): root ", root, " is out of range for ", size_,
-            " processes");
-  arrive(what, {bytes, root}, "bytes, root");
-  if (bytes == 0) return;
-  MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Igather(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_, &request), "MPI_Igather");
-  wait(request, std::chrono::steady_clock::now() + timeout_, what);
+  rooted(MPI_Igather, "gather", send, recv, bytes, root, what);
 }
 
 void MpiComm::scatter(const void* send, void* recv, int64_t bytes, int root, const std::string& what) {
+  rooted(MPI_Iscatter, "scatter", send, recv, bytes, root, what);
+}
+
+void MpiComm::rooted(RootedCall call, const char* name, const void* send, void* recv, int64_t bytes, int root,
+                     const std::string& what) {
   check_not_aborted(what);
-  const int n = checked_bytes(bytes, "scatter", what);
-  DPE_CHECK(root >= 0 && root < size_, "MPI scatter (", what, "): root ", root, " is out of range for ", size_,
+  const int n = checked_bytes(bytes, name, what);
+  DPE_CHECK(root >= 0 && root < size_, "MPI ", name, " (", what, "): root ", root, " is out of range for ", size_,
             " processes");
   arrive(what, {bytes, root}, "bytes, root");
   if (bytes == 0) return;
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iscatter(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_, &request), "MPI_Iscatter");
+  check_mpi(call(send, n, MPI_BYTE, recv, n, MPI_BYTE, root, comm_, &request), name);
   wait(request, std::chrono::steady_clock::now() + timeout_, what);
 }
 

@@ -146,6 +146,10 @@ class MpiComm {
   // Waits for `request` until the deadline; throws (and aborts the communicator) past it.
   void wait(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const std::string& what);
   void check_not_aborted(const std::string& what) const;
+  // gather and scatter: MPI_Igather or MPI_Iscatter (`call`, named `name`) of `bytes` bytes per process.
+  using RootedCall = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, int, MPI_Comm, MPI_Request*);
+  void rooted(RootedCall call, const char* name, const void* send, void* recv, int64_t bytes, int root,
+              const std::string& what);
 
   // Throws (and aborts this communicator) when `failures` heard of another process's failure.
   void check_failures(const std::string& what);

@@ -286,6 +286,8 @@ class DataParallel {
   static Tensor checked_loss(const LossFn& loss, const Tensor& output, const Tensor& target);
   double forward_backward_ddp(const Tensor& input, const Tensor& target, const LossFn& loss);
   double forward_backward_once(const Tensor& input, const Tensor& target, const LossFn& loss);
+  // The step's batch size along options_.dim (normalised into *dim), checked against the target's.
+  int64_t step_batch(const Tensor& input, const Tensor& target, int64_t* dim) const;
   // on_device_failure (device_failure.cc): recovers from `failure` if the policy allows (returns what it
   // did) or rethrows it; `buffers` are replica 0's buffers from before the step, `accumulated` whether it
   // started with gradients (which a redo would lose). Called inside forward_backward's handler.

@@ -94,10 +94,8 @@ void DataParallel::run_replicas(const std::function<void(size_t)>& fn) {
 
 double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
   const size_t n = device_ids_.size();
-  const int64_t dim = normalize_dim(options_.dim, input.dim(), "DataParallel::forward_backward");
-  const int64_t batch = input.size(dim);
-  DPE_CHECK(target.dim() > dim && target.size(dim) == batch, "DataParallel::forward_backward: target ",
-            shape_str(target.shape()), " does not match the input's batch of ", batch, " along dim ", dim);
+  int64_t dim = 0;
+  const int64_t batch = step_batch(input, target, &dim);
   const bool across_processes = group_->world_size() > group_->size();
   // Across processes another process may have the samples; in one, an empty batch has no loss.
   DPE_CHECK(batch > 0 || across_processes, "DataParallel::forward_backward: the batch is empty (0 samples along "

@@ -73,10 +73,8 @@ void DataParallel::check_deterministic_options() const {
 
 double DataParallel::forward_backward_deterministic(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
   const size_t n = device_ids_.size();
-  const int64_t dim = normalize_dim(options_.dim, input.dim(), "DataParallel::forward_backward");
-  const int64_t batch = input.size(dim);
-  DPE_CHECK(target.dim() > dim && target.size(dim) == batch, "DataParallel::forward_backward: target ",
-            shape_str(target.shape()), " does not match the input's batch of ", batch, " along dim ", dim);
+  int64_t dim = 0;
+  const int64_t batch = step_batch(input, target, &dim);
   DPE_CHECK(batch > 0, "DataParallel::forward_backward: the batch is empty; expected at least one sample");
   report_ = StepReport{.mode = options_.mode};
   const int64_t k_wanted = options_.virtual_shards > 0 ? options_.virtual_shards : std::max<int64_t>(4, static_cast<int64_t>(n));

@@ -46,6 +46,14 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   }
 }
 
+int64_t DataParallel::step_batch(const Tensor& input, const Tensor& target, int64_t* dim) const {
+  *dim = normalize_dim(options_.dim, input.dim(), "DataParallel::forward_backward");
+  const int64_t batch = input.size(*dim);
+  DPE_CHECK(target.dim() > *dim && target.size(*dim) == batch, "DataParallel::forward_backward: target ",
+            shape_str(target.shape()), " does not match the input's batch of ", batch, " along dim ", *dim);
+  return batch;
+}
+
 double DataParallel::forward_backward_once(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
   double loss_value = 0;
   if (options_.deterministic) {
