@@ -49,7 +49,9 @@ TYPED_TEST(OptimizerCpu, SgdStepMatchesPyTorchsFormula) {
       }
       for (int64_t i = 0; i < n; ++i) {
         ASSERT_NEAR(p[i], ref_p[i], tolerance * (1 + std::abs(ref_p[i]))) << "n " << n << " i " << i;
-        if (variant.momentum != 0) ASSERT_NEAR(buf[i], ref_buf[i], tolerance * (1 + std::abs(ref_buf[i])));
+        if (variant.momentum != 0) {
+          ASSERT_NEAR(buf[i], ref_buf[i], tolerance * (1 + std::abs(ref_buf[i])));
+        }
       }
     }
   }
