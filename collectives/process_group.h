@@ -118,6 +118,9 @@ class ProcessGroup {
   // later collective of the group then throws, in every process: reset() cannot bring processes back).
   void abort(const std::string& reason);
   void reset() { rendezvous_.reset(); }
+  // The members (ranks in this process) that the last timeout waited for: who did not arrive, where the
+  // timeout's own error names the member that waited. Empty before any timeout; kept across reset().
+  std::vector<int> missing_at_last_timeout() const { return rendezvous_.missing_at_last_timeout(); }
 
   // Collectives completed since construction or reset_counters(), counted once per group (not per member).
   int64_t calls(Collective c) const { return calls_[static_cast<size_t>(c)].load(); }

@@ -30,10 +30,12 @@ void Rendezvous::meet(int rank, const std::string& what) {
   if (!met) {
     std::ostringstream missing;
     const char* sep = "";
+    missing_at_last_timeout_.clear();
     for (size_t r = 0; r < members_.size(); ++r) {
       if (present_[r]) continue;
       missing << sep << members_[r] << " (rank " << r << ")";
       sep = ", ";
+      missing_at_last_timeout_.push_back(static_cast<int>(r));
     }
     abort_reason_ = detail::str_cat(what, " timed out after ", timeout_.count(), " ms on ", members_[rank],
                                     ": waiting for ", missing.str(), ", which never called it");
@@ -53,6 +55,11 @@ void Rendezvous::reset() {
   abort_reason_.clear();
   arrived_ = 0;
   present_.assign(members_.size(), false);
+}
+
+std::vector<int> Rendezvous::missing_at_last_timeout() const {
+  std::lock_guard lock(mutex_);
+  return missing_at_last_timeout_;
 }
 
 bool Rendezvous::aborted() const {

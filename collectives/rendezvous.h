@@ -33,6 +33,8 @@ class Rendezvous {
   void reset();
   bool aborted() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // The ranks the last timeout waited for (empty before any); kept across reset(), replaced by the next.
+  std::vector<int> missing_at_last_timeout() const;
 
  private:
   std::vector<Device> members_;
@@ -43,6 +45,7 @@ class Rendezvous {
   int arrived_ = 0;
   uint64_t generation_ = 0;    // meetings completed
   std::string abort_reason_;
+  std::vector<int> missing_at_last_timeout_;
 };
 
 }  // namespace dpe

@@ -3,8 +3,10 @@
 // replica's, identical); what the failed step changed is undone here (buffers restored, gradients dropped),
 // the engine is rebuilt over what is left, and forward_backward redoes the same step.
 //
-// Not covered (docs/DATA_PARALLEL.md "A failed device"): a thread stuck inside a kernel (it cannot be killed,
-// and rebuilding the pool would wait for it); failures across processes; a step onto gradients accumulated
+// A replica that does not arrive at a collective within the group's timeout is dropped too: the partner that
+// timed out reports first, and the group names who it waited for.
+// Not covered (docs/DATA_PARALLEL.md "A failed device"): a thread stuck inside a kernel for good (it cannot be
+// killed, and rebuilding the pool would wait for it); failures across processes; a step onto gradients accumulated
 // by earlier backwards (no_sync, or forward_backward without zero_grad), which cannot be redone exactly.
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
@@ -27,11 +29,21 @@ void erase_at(std::vector<T>& v, size_t i) {
 }  // namespace
 
 std::string DataParallel::recover(const ReplicaError& failure, const std::vector<Tensor>& buffers, bool accumulated) {
-  const size_t r = static_cast<size_t>(failure.replica());
-  const Device device = failure.device();
+  size_t r = static_cast<size_t>(failure.replica());
+  // A collective timeout is reported first by a partner that waited; the device to drop is the one that did
+  // not arrive (it failed later, if at all, with the group's abort).
+  std::string cause;
+  if (group_ && std::string(failure.what()).find(" timed out after ") != std::string::npos) {
+    const std::vector<int> missing = group_->missing_at_last_timeout();
+    if (missing.size() == 1) {
+      r = static_cast<size_t>(missing[0]);
+      cause = "it did not arrive in time: ";
+    }
+  }
+  const Device device = device_ids_[r];
   const bool oom = is_out_of_memory(failure.what());
   auto cannot = [&](const std::string& why) {
-    throw ReplicaError(failure.replica(), device, detail::str_cat(failure.what(), " (on_device_failure could not "
+    throw ReplicaError(failure.replica(), failure.device(), detail::str_cat(failure.what(), " (on_device_failure could not "
                                                                   "recover: ", why, ")"), failure.later_failures());
   };
   const DeviceFailurePolicy policy = options_.on_device_failure;
@@ -58,7 +70,7 @@ std::string DataParallel::recover(const ReplicaError& failure, const std::vector
     if (device_ids_.size() == 1) cannot("it was the last device");
     if (options_.mode == ParallelMode::DP && r == 0) cannot(detail::str_cat("DP's master is on ", device));
     drop_device(r);
-    done = detail::str_cat("dropped ", device, " (replica ", r, "): ", failure.what(), "; the step was redone on ",
+    done = detail::str_cat("dropped ", device, " (replica ", r, "): ", cause, failure.what(), "; the step was redone on ",
                            device_ids_.size(), " device(s) from ", device_ids_[0]);
   }
   // Undo the failed step's buffer updates (BatchNorm running statistics): every replica from replica 0's.

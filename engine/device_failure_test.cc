@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "core/autograd/function.h"
 #include "core/ops.h"
@@ -22,7 +24,7 @@ namespace {
 using testing::cpu_devices;
 using testing::error_of;
 
-enum class Phase { None, Forward, Loss, Backward, OutOfMemory };
+enum class Phase { None, Forward, Loss, Backward, OutOfMemory, Stall };
 
 // The fault to inject: where, on which device, in which step (counted by the test).
 struct Fault {
@@ -43,6 +45,7 @@ class Faulty : public nn::Cloneable<Faulty> {
   }
   Tensor forward(const Tensor& x) override {
     DPE_CHECK(!hits(Phase::Forward, x), "injected failure in forward on ", x.device());
+    if (hits(Phase::Stall, x)) std::this_thread::sleep_for(std::chrono::seconds(1));  // past the group's timeout
     DPE_CHECK(!(hits(Phase::OutOfMemory, x) && x.size(0) > 3), "out of memory on ", x.device(), ": injected (", x.size(0),
               " samples; at most 3 fit)");
     Tensor h = relu(fc1->forward(x));
@@ -137,6 +140,31 @@ TEST(DeviceFailure, ADroppedDeviceChangesNoBitUnderTheDeterministicMode) {
       for (size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(equal(got[k], want[k])) << mode_name(mode) << " parameter " << k;
     }
   }
+}
+
+// A replica that stalls past the group's timeout: its partners time out first, and the device dropped is the
+// one they waited for, not theirs.
+TEST(DeviceFailure, ADeviceThatDoesNotArriveInTimeIsTheOneDropped) {
+  const std::vector<Tensor> want = one_device();
+  manual_seed(91);
+  DataParallel dp(std::make_shared<Faulty>(), {.device_ids = cpu_devices(3), .mode = ParallelMode::DDP,
+                                               .timeout = std::chrono::milliseconds(300),
+                                               .on_device_failure = DeviceFailurePolicy::DropDevice});
+  dp.set_optimizer(adamw());
+  fault.phase = Phase::Stall;
+  for (int step = 0; step < 6; ++step) {
+    Tensor x = randn({12, 6}), y = randn({12, 3});
+    fault.armed = step == 2;
+    dp.train_step(x, y, loss_fn);
+    fault.armed = false;
+    if (step != 2) continue;
+    ASSERT_EQ(dp.last_step().recovered_failures.size(), 1u);
+    const std::string& what = dp.last_step().recovered_failures[0];
+    EXPECT_NE(what.find("dropped cpu:1 (replica 1): it did not arrive in time: "), std::string::npos) << what;
+    EXPECT_NE(what.find("waiting for cpu:1 (rank 1), which never called it"), std::string::npos) << what;
+  }
+  EXPECT_EQ(dp.device_ids(), (std::vector<Device>{Device::cpu(0), Device::cpu(2)}));
+  expect_close(dp.module().parameters(), want, "stalled cpu:1");
 }
 
 TEST(DeviceFailure, OutOfMemoryShrinksTheDevicesChunk) {
