@@ -121,14 +121,15 @@ void run_train(TrainArgs args) {
   const bool prints = slice.reports();
   // Batches for GPUs are gathered into pinned memory, so that the scatter's copies are asynchronous DMA.
   const bool to_cuda = std::ranges::any_of(dp->device_ids(), [](const Device& d) { return d.is_cuda(); });
-  // DDP needs a sample on every replica: without --drop-last the short last batch of an epoch is padded to a
-  // multiple of the device count (samples from the start of the epoch's order, as DistributedSampler pads),
-  // which splits into equal shards (data/data_loader.h); across processes, to a multiple of all the parts.
+  // The short last batch of an epoch (without --drop-last) trains as it is in one process: a DDP device
+  // without a sample takes part with zeros (the engine). Across processes every process takes an equal slice,
+  // and SyncBatchNorm needs a sample on every replica: there it is padded to a multiple of the parts (samples
+  // from the start of the epoch's order, as DistributedSampler pads; data/data_loader.h).
   const int64_t replicas = slice.parts;
+  const bool pad = !args.drop_last && (args.engine.dist.has_value() || args.engine.sync_bn);
   data::DataLoader loader(data.train_inputs, data.train_targets,
                           {.batch_size = args.batch_size, .seed = args.engine.seed, .drop_last = args.drop_last,
-                           .pad_last_to_multiple = args.drop_last ? 0 : replicas, .prefetch = 2,
-                           .pin_memory = to_cuda});
+                           .pad_last_to_multiple = pad ? replicas : 0, .prefetch = 2, .pin_memory = to_cuda});
   const int64_t remainder = samples_per_epoch % args.batch_size;
   std::string last_batch;
   if (remainder != 0 && args.drop_last) {
@@ -137,6 +138,9 @@ void run_train(TrainArgs args) {
     last_batch = ", last batch of " + std::to_string(remainder) + " padded to " +
                  std::to_string(loader.last_batch_size()) + " for " + std::to_string(replicas) +
                  (needs_ddp_shards(args.engine.mode) ? " DDP devices" : " processes");
+  } else if (remainder != 0 && needs_ddp_shards(args.engine.mode) && remainder < replicas) {
+    last_batch = ", last batch of " + std::to_string(remainder) + " unpadded (DDP devices without a sample take part "
+                 "with zeros)";
   }
   const std::string where = device_list_str(dp->device_ids()) +
                             (slice.count > 1 ? " in each of " + std::to_string(slice.count) + " processes" : "");
