@@ -97,10 +97,11 @@ struct DataParallelOptions {
   // Gradient bucket cap; unset: 25 MiB with a 1 MiB first bucket after the rebuild (PyTorch's defaults),
   // set: that cap for every bucket.
   std::optional<double> bucket_cap_mb;
-  // DDP mode's collectives. Mpi: across the processes of an MPI launch (docs/SCALE_OUT.md), in DDP mode the
-  // replicas of every process form one group (this process's device_ids in each; parameters broadcast from
-  // global rank 0, gradients averaged over all of them); in DP mode each process's master joins a group of
-  // masters whose gradients are averaged after each synchronised backward of the step API. Every process
+  // DDP mode's collectives. Mpi (or MpiNccl, through NCCL for CUDA devices): across the processes of an MPI
+  // launch (docs/SCALE_OUT.md), in DDP mode the replicas of every process form one group (this process's
+  // device_ids in each; parameters broadcast from global rank 0, gradients averaged over all of them); in DP
+  // mode each process's master joins a group of masters whose gradients are averaged after each synchronised
+  // backward of the step API. Every process
   // constructs its DataParallel at the same point.
   CollectiveBackend backend = CollectiveBackend::Auto;
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // a replica that never arrives
