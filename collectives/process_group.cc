@@ -201,6 +201,10 @@ void ProcessGroup::check_flat(int rank, const char* what, const Tensor& flat, co
 template <typename Validate, typename Work>
 void ProcessGroup::run(int rank, Posted& mine, const Validate& validate, const Work& work) {
   check_rank(rank, collective_name(mine.kind));
+  if (rank == injected_rank_ && mine.kind == injected_kind_) {
+    injected_rank_ = -1;
+    DPE_CHECK(false, "failure injected into ", collective_name(mine.kind), " on member ", rank);
+  }
   NoGradGuard no_grad;
   std::string what = detail::str_cat(collective_name(mine.kind), " #", ++sequence_[rank]);
   posted_[rank] = &mine;

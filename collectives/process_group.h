@@ -127,6 +127,13 @@ class ProcessGroup {
   int64_t total_calls() const;
   void reset_counters();
 
+  // Tests: member `rank`'s next call of `kind` throws "failure injected into <kind> on member <rank>" instead
+  // of taking part (its partners then learn of it as of any member's failure). Call between collectives.
+  void inject_failure_for_tests(int rank, Collective kind) {
+    injected_rank_ = rank;
+    injected_kind_ = kind;
+  }
+
  private:
   using Posted = collectives::Posted;
   template <typename Validate, typename Work>
@@ -156,6 +163,8 @@ class ProcessGroup {
   std::vector<int64_t> sequence_;      // per member: collectives called (error messages)
   std::array<std::atomic<int64_t>, kNumCollectives> calls_{};
   std::unique_ptr<collectives::Backend> backend_impl_;  // chosen once, by the constructor
+  int injected_rank_ = -1;  // inject_failure_for_tests; read and cleared by that member's own thread
+  Collective injected_kind_ = Collective::AllReduce;
 };
 
 }  // namespace dpe

@@ -142,6 +142,29 @@ TEST(DeviceFailure, ADroppedDeviceChangesNoBitUnderTheDeterministicMode) {
   }
 }
 
+// A member whose all-reduce fails (a gradient bucket's, inside backward): it is the one dropped, and the step
+// is redone on the others.
+TEST(DeviceFailure, AFailureInsideTheAllReduceDropsItsDevice) {
+  const std::vector<Tensor> want = one_device();
+  manual_seed(91);
+  DataParallel dp(std::make_shared<Faulty>(), {.device_ids = cpu_devices(3), .mode = ParallelMode::DDP,
+                                               .on_device_failure = DeviceFailurePolicy::DropDevice});
+  dp.set_optimizer(adamw());
+  fault.phase = Phase::None;
+  for (int step = 0; step < 6; ++step) {
+    Tensor x = randn({12, 6}), y = randn({12, 3});
+    if (step == 2) dp.process_group()->inject_failure_for_tests(1, Collective::AllReduce);
+    dp.train_step(x, y, loss_fn);
+    if (step != 2) continue;
+    ASSERT_EQ(dp.last_step().recovered_failures.size(), 1u);
+    const std::string& what = dp.last_step().recovered_failures[0];
+    EXPECT_NE(what.find("dropped cpu:1 (replica 1): replica 1 on cpu:1: "), std::string::npos) << what;
+    EXPECT_NE(what.find("failure injected into all_reduce on member 1"), std::string::npos) << what;
+  }
+  EXPECT_EQ(dp.device_ids(), (std::vector<Device>{Device::cpu(0), Device::cpu(2)}));
+  expect_close(dp.module().parameters(), want, "all_reduce on cpu:1");
+}
+
 // A replica that stalls past the group's timeout (1 s; the two others arrive within it of each other even on a
 // loaded machine): its partners time out first, and the device dropped is the one they waited for, not theirs.
 TEST(DeviceFailure, ADeviceThatDoesNotArriveInTimeIsTheOneDropped) {
