@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "scatter_gather/chunking.h"
 
 namespace dpe {
 
@@ -17,23 +18,10 @@ AutoSplit::AutoSplit(int devices) {
 std::vector<int64_t> AutoSplit::sizes(int64_t batch) const {
   DPE_CHECK(batch >= 0, "auto split: batch size ", batch, " is negative");
   const int64_t n = static_cast<int64_t>(weights_.size());
+  // The floors first, the rest by the weights' shares (the weighted split's apportionment).
   const int64_t floor_each = batch >= n * kMinChunk ? kMinChunk : 0;
-  // The floors first, the rest by the weights' shares, leftovers to the largest remainders (ties: lower index).
-  const int64_t rest = batch - floor_each * n;
-  std::vector<int64_t> sizes(static_cast<size_t>(n), floor_each);
-  std::vector<double> remainder(static_cast<size_t>(n));
-  int64_t given = 0;
-  for (int64_t d = 0; d < n; ++d) {
-    const double share = weights_[d] * static_cast<double>(rest);
-    const int64_t whole = std::min(rest - given, static_cast<int64_t>(std::floor(share)));
-    sizes[d] += whole;
-    given += whole;
-    remainder[d] = share - std::floor(share);
-  }
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return remainder[a] > remainder[b]; });
-  for (int64_t k = 0; given < rest; k = (k + 1) % n, ++given) ++sizes[order[k]];
+  std::vector<int64_t> sizes = apportion(batch - floor_each * n, weights_);
+  for (int64_t& s : sizes) s += floor_each;
   return sizes;
 }
 

@@ -18,6 +18,59 @@ std::string split_rule_name(SplitRule rule) {
   return "?";
 }
 
+std::vector<int64_t> apportion(int64_t batch, const std::vector<double>& weights) {
+  DPE_CHECK(batch >= 0, "chunk sizes: batch size ", batch, " is negative");
+  double total = 0, largest = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const double w = weights[i];
+    DPE_CHECK(w >= 0 && std::isfinite(w), "weighted split: weight ", i, " is ", w,
+              "; expected a finite non-negative number");
+    total += w;
+    largest = std::max(largest, w);
+  }
+  DPE_CHECK(total > 0, "weighted split: the weights sum to 0; expected at least one positive weight");
+  // Weights so large that their sum or batch * w overflows to inf are scaled by the largest first; every
+  // other case keeps the plain formula (and its rounding) below.
+  const bool rescale = !std::isfinite(total) || largest > 1e200;
+  if (rescale) {
+    total = 0;
+    for (double w : weights) total += w / largest;
+  }
+  const int64_t num_devices = static_cast<int64_t>(weights.size());
+  std::vector<int64_t> sizes;
+  std::vector<double> remainders(num_devices);
+  const double limit = 9223372036854775808.0;  // 2^63: the first double that does not fit in int64
+  for (int64_t i = 0; i < num_devices; ++i) {
+    const double w = rescale ? weights[i] / largest : weights[i];
+    const double exact = static_cast<double>(batch) * w / total;
+    const double whole = std::floor(exact);
+    // Rounding may put `exact` a little above the batch (2^63 for INT64_MAX): clamp before converting.
+    const int64_t size = whole >= limit ? batch : std::min(static_cast<int64_t>(whole), batch);
+    sizes.push_back(size);
+    // A zero weight never gets an item: its remainder sorts after every real one.
+    remainders[i] = weights[i] > 0 ? exact - whole : -1;
+  }
+  std::vector<int64_t> order(num_devices);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return remainders[a] > remainders[b]; });
+  // Rounding (batches above 2^53, or a quotient landing on a whole number) can make the floors add up to
+  // more than the batch: cap them in device order, so the sum never exceeds (nor overflows past) batch.
+  int64_t sum = 0;
+  for (int64_t& s : sizes) {
+    s = std::min(s, batch - sum);
+    sum += s;
+  }
+  // The leftover items (fewer than the devices, except after the rounding above) go to the devices with
+  // positive weight, largest remainder first, one each in turn: leftover / p to each of the p devices
+  // plus one more to the first leftover % p, in O(n) however large the leftover.
+  const int64_t leftover = batch - sum;
+  const int64_t positive = std::count_if(weights.begin(), weights.end(), [](double w) { return w > 0; });
+  for (int64_t k = 0; k < positive; ++k) {
+    sizes[order[k]] += leftover / positive + (k < leftover % positive);
+  }
+  return sizes;
+}
+
 // Every size is computed without overflow for any batch up to INT64_MAX (a batch near it once wrapped
 // ceil(B/n) negative and pushed INT64_MAX chunks of 1), and the result has at most min(B, n) entries, so a
 // huge num_devices allocates nothing more than a huge batch does.
@@ -41,57 +94,11 @@ std::vector<int64_t> compute_chunk_sizes(int64_t batch, int64_t num_devices, Spl
       for (int64_t i = 0; i < used; ++i) sizes.push_back(batch / num_devices + (i < batch % num_devices));
       break;
     }
-    case SplitRule::Weighted: {
+    case SplitRule::Weighted:
       DPE_CHECK(static_cast<int64_t>(weights.size()) == num_devices, "weighted split: ", weights.size(),
                 " weights for ", num_devices, " devices");
-      double total = 0, largest = 0;
-      for (size_t i = 0; i < weights.size(); ++i) {
-        const double w = weights[i];
-        DPE_CHECK(w >= 0 && std::isfinite(w), "weighted split: weight ", i, " is ", w,
-                  "; expected a finite non-negative number");
-        total += w;
-        largest = std::max(largest, w);
-      }
-      DPE_CHECK(total > 0, "weighted split: the weights sum to 0; expected at least one positive weight");
-      // Weights so large that their sum or batch * w overflows to inf are scaled by the largest first; every
-      // other case keeps the plain formula (and its rounding) below.
-      const bool rescale = !std::isfinite(total) || largest > 1e200;
-      if (rescale) {
-        total = 0;
-        for (double w : weights) total += w / largest;
-      }
-      std::vector<double> remainders(num_devices);
-      const double limit = 9223372036854775808.0;  // 2^63: the first double that does not fit in int64
-      for (int64_t i = 0; i < num_devices; ++i) {
-        const double w = rescale ? weights[i] / largest : weights[i];
-        const double exact = static_cast<double>(batch) * w / total;
-        const double whole = std::floor(exact);
-        // Rounding may put `exact` a little above the batch (2^63 for INT64_MAX): clamp before converting.
-        const int64_t size = whole >= limit ? batch : std::min(static_cast<int64_t>(whole), batch);
-        sizes.push_back(size);
-        // A zero weight never gets an item: its remainder sorts after every real one.
-        remainders[i] = weights[i] > 0 ? exact - whole : -1;
-      }
-      std::vector<int64_t> order(num_devices);
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return remainders[a] > remainders[b]; });
-      // Rounding (batches above 2^53, or a quotient landing on a whole number) can make the floors add up to
-      // more than the batch: cap them in device order, so the sum never exceeds (nor overflows past) batch.
-      int64_t sum = 0;
-      for (int64_t& s : sizes) {
-        s = std::min(s, batch - sum);
-        sum += s;
-      }
-      // The leftover items (fewer than the devices, except after the rounding above) go to the devices with
-      // positive weight, largest remainder first, one each in turn: leftover / p to each of the p devices
-      // plus one more to the first leftover % p, in O(n) however large the leftover.
-      const int64_t leftover = batch - sum;
-      const int64_t positive = std::count_if(weights.begin(), weights.end(), [](double w) { return w > 0; });
-      for (int64_t k = 0; k < positive; ++k) {
-        sizes[order[k]] += leftover / positive + (k < leftover % positive);
-      }
+      sizes = apportion(batch, weights);
       break;
-    }
     case SplitRule::Auto:
       DPE_CHECK(false, "chunk sizes: the auto split is the engine's (its weights come from measuring the devices, "
                 "scatter_gather/auto_split.h); expected chunk, balanced or weighted here");

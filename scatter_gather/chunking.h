@@ -27,6 +27,11 @@ std::string split_rule_name(SplitRule rule);
 
 // Sizes of the non-empty chunks, in device order; weights are used (and required: one per device,
 // non-negative, positive sum) only by Weighted.
+// The Weighted rule's sizes, one per weight in order, zeros kept (what compute_chunk_sizes then drops):
+// `batch` items proportional to the weights, largest remainders taking the leftover (ties to lower index,
+// only positive weights). Same errors as the Weighted rule's.
+std::vector<int64_t> apportion(int64_t batch, const std::vector<double>& weights);
+
 std::vector<int64_t> compute_chunk_sizes(int64_t batch, int64_t num_devices, SplitRule rule = SplitRule::Chunk,
                                          const std::vector<double>& weights = {});
 
