@@ -34,20 +34,13 @@ namespace {
 // the shard indices alone.
 size_t tree_split(size_t lo, size_t hi) { return lo + (hi - lo + 1) / 2; }
 
-// grads[lo][p] + ... + grads[hi - 1][p] in the fixed tree, summed into grads[lo][p] (the shards' own
-// gradients, which nothing else holds).
-Tensor tree_sum(std::vector<std::vector<Tensor>>& grads, size_t p, size_t lo, size_t hi) {
-  if (hi - lo == 1) return grads[lo][p];
+// v[lo][i] + ... + v[hi - 1][i] in the fixed tree, summed into v[lo][i] (per shard, the shards' own gradients
+// or buffer copies, which nothing else holds).
+Tensor tree_sum(std::vector<std::vector<Tensor>>& v, size_t i, size_t lo, size_t hi) {
+  if (hi - lo == 1) return v[lo][i];
   const size_t mid = tree_split(lo, hi);
-  Tensor left = tree_sum(grads, p, lo, mid);
-  return left.add_(tree_sum(grads, p, mid, hi));
-}
-
-// The buffers' tree: the same shape over freshly cloned tensors.
-Tensor tree_sum(const std::vector<Tensor>& v, size_t lo, size_t hi) {
-  if (hi - lo == 1) return v[lo];
-  const size_t mid = tree_split(lo, hi);
-  return add(tree_sum(v, lo, mid), tree_sum(v, mid, hi));
+  Tensor left = tree_sum(v, i, lo, mid);
+  return left.add_(tree_sum(v, i, mid, hi));
 }
 
 }  // namespace
@@ -149,7 +142,10 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
         grads[k].push_back(!trainable_[p] ? Tensor() : param.grad().defined() ? param.grad() : zeros_like(param));
         param.set_grad({});
       }
-      for (const Tensor& b : replica_buffers_[d]) buffers[k].push_back(b.detach().clone());
+      // Copied onto device_ids[0], where the buffers' tree is summed.
+      for (const Tensor& b : replica_buffers_[d]) {
+        buffers[k].push_back(Tensor::empty(b.shape(), TensorOptions(b.dtype()).with_device(device_ids_[0])).copy_(b));
+      }
     }
     report_.device_compute_ms[d] = forward_ms[d] + backward_ms[d];
     const auto phase = Clock::now();
@@ -189,11 +185,9 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
   for (size_t b = 0; b < start_buffers.size(); ++b) {
     Tensor value;
     if (is_floating_point(start_buffers[b].dtype())) {
-      std::vector<Tensor> parts;
-      for (size_t k = 0; k < shards; ++k) parts.push_back(buffers[k][b].to(device_ids_[0]));
-      value = tree_sum(parts, 0, shards) * (1.0 / static_cast<double>(shards));
+      value = tree_sum(buffers, b, 0, shards) * (1.0 / static_cast<double>(shards));
     } else {
-      value = buffers[0][b].to(device_ids_[0]);
+      value = buffers[0][b];
     }
     for (size_t r = 0; r < n; ++r) replica_buffers_[r][b].copy_(value);  // every replica: the master's
   }
