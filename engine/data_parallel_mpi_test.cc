@@ -63,6 +63,12 @@ void expect_same_losses(const std::vector<double>& across, const std::vector<dou
   }
 }
 
+// Every parameter within 1e-6 of one process's; `what` says whose (errors).
+void expect_parameters_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_LE(max_abs_diff(got[k], want[k]), 1e-6) << what << " parameter " << k;
+}
+
 // Trains `ddp` on the global batches, of which this process takes rows [offset, offset + rows); returns the
 // losses train_step reported.
 std::vector<double> train(DataParallel& ddp, const std::vector<std::pair<Tensor, Tensor>>& batches, int64_t offset,
@@ -93,11 +99,8 @@ TEST(DdpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
 
   const std::vector<Tensor> want = one.module().parameters();
   for (size_t r = 0; r < 2; ++r) {
-    const std::vector<Tensor> got = across.replica(r).parameters();
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t k = 0; k < got.size(); ++k) {
-      EXPECT_LE(max_abs_diff(got[k], want[k]), 1e-6) << "process " << p << " replica " << r << " parameter " << k;
-    }
+    expect_parameters_close(across.replica(r).parameters(), want,
+                            "process " + std::to_string(p) + " replica " + std::to_string(r));
   }
 }
 
@@ -144,10 +147,7 @@ void expect_uneven_batch_trains_like_one_device(ParallelMode mode) {
   DataParallel one(make_model(400), {.device_ids = cpus(0, 1), .mode = mode});
   const std::vector<double> one_losses = train(one, batches, 0, batch);
   expect_same_losses(across_losses, one_losses);
-  const std::vector<Tensor> want = one.module().parameters(), got = across.module().parameters();
-  for (size_t k = 0; k < got.size(); ++k) {
-    EXPECT_LE(max_abs_diff(got[k], want[k]), 1e-6) << "process " << p << " parameter " << k;
-  }
+  expect_parameters_close(across.module().parameters(), one.module().parameters(), "process " + std::to_string(p));
 }
 
 TEST(DdpAcrossProcesses, AnUnevenGlobalBatchTrainsLikeOneDevice) { expect_uneven_batch_trains_like_one_device(ParallelMode::DDP); }
@@ -277,10 +277,7 @@ TEST(DpAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFour) {
   DataParallel one(make_model(300), {.device_ids = cpus(0, 2 * processes)});
   const std::vector<double> one_losses = train(one, batches, 0, batch);
   expect_same_losses(across_losses, one_losses);
-  const std::vector<Tensor> want = one.module().parameters(), got = across.module().parameters();
-  for (size_t k = 0; k < got.size(); ++k) {
-    EXPECT_LE(max_abs_diff(got[k], want[k]), 1e-6) << "process " << p << " parameter " << k;
-  }
+  expect_parameters_close(across.module().parameters(), one.module().parameters(), "process " + std::to_string(p));
 }
 
 TEST(DpAcrossProcesses, AReplicaFailureInOneProcessIsTaggedOnEveryProcess) {
