@@ -104,6 +104,10 @@ Tensor sum_to(const Tensor& x, const Shape& shape);
 // a: (m, k) or (b, m, k); b: (k, n) or (b, k, n). A 2-d operand is broadcast over the other's batch.
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);  // (b, m, k) @ (b, k, n)
+// PyTorch's F.linear: x (..., in) @ weight (out, in)^T + bias (out) or undefined -> (..., out).
+// Under autocast (core/amp/autocast.h) matmul, bmm and linear multiply 16-bit casts of float32 operands,
+// accumulate and return float32.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- softmax ----
 Tensor softmax(const Tensor& x, int64_t dim);

@@ -15,6 +15,7 @@
 #include <new>
 #include <thread>
 
+#include "core/amp/autocast.h"
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 
@@ -235,6 +236,7 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
   DPE_CHECK(count <= size(), "DeviceWorkerPool::run: ", count, " replicas for ", size(), " workers");
   if (count == 0) return;
   bool grad_enabled = GradMode::is_enabled();
+  const amp::AutocastState autocast = amp::autocast_state();
   {
     std::unique_lock lock(impl_->mutex);
     DPE_INTERNAL_ASSERT(impl_->pending == 0, "DeviceWorkerPool::run is not reentrant");
@@ -244,8 +246,13 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
     impl_->on_failure = on_failure;
     for (size_t i = 0; i < count; ++i) {
       impl_->workers[i]->error = nullptr;
-      impl_->workers[i]->task = [&fn, i, grad_enabled] {
+      impl_->workers[i]->task = [&fn, i, grad_enabled, autocast] {
         GradMode::set_enabled(grad_enabled);
+        // The caller's autocast for this task; the worker's cast cache is emptied when it ends, however.
+        amp::set_autocast_state(autocast);
+        struct AutocastReset {
+          ~AutocastReset() { amp::set_autocast_state({}); }
+        } reset;
         fn(i);
       };
     }

@@ -19,7 +19,8 @@
 // each of the others. A pinned worker uses as many intra-op threads as it has cores (its OpenMP threads
 // inherit its mask). Checked when a pool is built: a malformed entry or a core outside the process's
 // affinity mask is an error naming both.
-// The caller's grad mode is carried into the worker for the duration of the task.
+// The caller's grad mode and autocast state (core/amp/autocast.h) are carried into the worker for the duration
+// of the task.
 //
 // Thread-safety: run() may be called from one thread at a time, never from a worker of the same pool.
 #pragma once

@@ -29,12 +29,7 @@ void Linear::reset() {
 Tensor Linear::forward(const Tensor& x) {
   DPE_CHECK(x.dim() >= 1 && x.size(-1) == options_.in_features, "Linear(", options_.in_features, ", ",
             options_.out_features, "): expected input (..., ", options_.in_features, "), got ", shape_str(x.shape()));
-  // (..., in) -> (N, in) @ (in, out) -> (..., out); W^T is a transposed view, not a copy.
-  Shape out_shape = x.shape();
-  out_shape.back() = options_.out_features;
-  Tensor y = matmul(x.reshape({-1, options_.in_features}), weight.t());
-  if (bias.defined()) y = y + bias;
-  return y.reshape(out_shape);
+  return linear(x, weight, bias);
 }
 
 }  // namespace dpe::nn

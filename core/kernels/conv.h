@@ -1,6 +1,8 @@
 // 2-d convolution (PyTorch's conv2d: cross-correlation, NCHW, groups), forward and its two backward passes.
 //
-// Layouts (all contiguous, dtype float32 or float64):
+// Layouts (all contiguous, dtype float32 or float64, or on CPU bfloat16 operands: each pass's inputs x, w,
+// dy in bfloat16 and its output y, dx or dw and the bias in float32, accumulated in float32: autocast's
+// convolutions, core/amp/autocast.h):
 //   x:  (N, C_in, H, W)                      y:  (N, C_out, H_out, W_out)
 //   w:  (C_out, C_in / groups, kH, kW)       b:  (C_out) or null
 //   H_out = (H + 2 pad_h - dil_h (kH - 1) - 1) / stride_h + 1, likewise W_out.
@@ -40,12 +42,12 @@ struct Conv2dShape {
 };
 
 // Throws naming `what` when the shape is not a valid convolution (non-positive sizes, groups not dividing
-// both channel counts, negative padding, an output with no rows/columns, a dtype other than f32/f64).
+// both channel counts, negative padding, an output with no rows/columns, a dtype other than f32/f64/bf16).
 // The op layer (core/ops/conv.cc) checks the same with tensor shapes in its messages; both backends call
 // this first so a kernel never runs on a shape it cannot handle.
 inline void check_conv2d_shape(const char* what, const Conv2dShape& s) {
-  DPE_CHECK(s.dtype == DType::Float32 || s.dtype == DType::Float64, what, ": dtype ", s.dtype,
-            " is not float32 or float64");
+  DPE_CHECK(s.dtype == DType::Float32 || s.dtype == DType::Float64 || s.dtype == DType::BFloat16, what, ": dtype ",
+            s.dtype, " is not float32, float64 or bfloat16");
   DPE_CHECK(s.n >= 0 && s.c_in > 0 && s.h > 0 && s.w > 0 && s.c_out > 0 && s.kh > 0 && s.kw > 0, what,
             ": sizes must be positive (N may be 0): N ", s.n, ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ",
             s.c_out, ", kH ", s.kh, ", kW ", s.kw);

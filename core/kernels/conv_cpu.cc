@@ -2,7 +2,10 @@
 //
 // float32: oneDNN's convolution primitives (forward_training, backward_data, backward_weights) on plain
 // NCHW / OIHW (goihw for groups > 1) memory, so no reorder is needed; oneDNN JIT-compiles for the CPU it
-// finds. A primitive is built once per (kind, shape) and cached (Note [oneDNN primitive cache]).
+// finds. A primitive is built once per (kind, dtype, shape) and cached (Note [oneDNN primitive cache]).
+// bfloat16 operands (conv.h): the same primitives with bfloat16 inputs and float32 outputs. On these plain
+// layouts oneDNN 2.6 picks its gemm-based bf16 convolution (x64:gemm:jit), measured 1.24-1.34x its f32 one
+// (1 thread, 32x32x3x3 on 26x26, batch 32); its direct jit_bf16 kernels need blocked layouts (issue 16).
 // float64: oneDNN has no f64 convolution, so im2col (a copy loop) + gemm_cpu (OpenBLAS dgemm); used by the
 // gradient checks, where speed does not matter but exactness does.
 //
@@ -47,8 +50,21 @@ using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t
                        int64_t, int64_t, int64_t, int64_t, int64_t>;
 
 Key key_of(Pass pass, const Conv2dShape& s) {
-  return {static_cast<int>(pass), s.n,        s.c_in,  s.h,     s.w,     s.c_out, s.kh,    s.kw,
-          s.stride_h,             s.stride_w, s.pad_h, s.pad_w, s.dil_h, s.dil_w, s.groups};
+  return {static_cast<int>(pass) * 16 + static_cast<int>(s.dtype),
+          s.n,
+          s.c_in,
+          s.h,
+          s.w,
+          s.c_out,
+          s.kh,
+          s.kw,
+          s.stride_h,
+          s.stride_w,
+          s.pad_h,
+          s.pad_w,
+          s.dil_h,
+          s.dil_w,
+          s.groups};
 }
 
 struct CachedPrimitive {
@@ -70,19 +86,27 @@ struct Descs {
   dims strides, dilates, pad_l, pad_r;
 };
 
-// Plain descriptors of conv.h's layouts. oneDNN's dilation counts the gaps (PyTorch's dilation - 1);
-// padding is symmetric, and oneDNN's output-size formula floors like PyTorch's.
-Descs descs_of(const Conv2dShape& s) {
+// Plain descriptors of conv.h's layouts for one pass. oneDNN's dilation counts the gaps (PyTorch's dilation
+// - 1); padding is symmetric, and oneDNN's output-size formula floors like PyTorch's.
+// Types: float32 throughout, or (bfloat16 operands, conv.h) the pass's inputs in bfloat16 and its output and
+// the bias in float32: forward x, w -> y; backward data dy, w -> dx; backward weights x, dy -> dw. `hint`
+// (the forward descriptor the backward passes are created against) has every tensor in the operand type.
+Descs descs_of(const Conv2dShape& s, Pass pass, bool hint = false) {
+  const dt operands = s.dtype == DType::BFloat16 ? dt::bf16 : dt::f32;
+  const bool forward = pass == Pass::Forward || pass == Pass::ForwardNoBias;
+  const dt src = hint || pass != Pass::BackwardData ? operands : dt::f32;
+  const dt weights = hint || pass != Pass::BackwardWeights ? operands : dt::f32;
+  const dt dst = hint || !forward ? operands : dt::f32;
   Descs d;
-  d.src = dnnl::memory::desc({s.n, s.c_in, s.h, s.w}, dt::f32, tag::nchw);
+  d.src = dnnl::memory::desc({s.n, s.c_in, s.h, s.w}, src, tag::nchw);
   if (s.groups == 1) {
-    d.weights = dnnl::memory::desc({s.c_out, s.c_in, s.kh, s.kw}, dt::f32, tag::oihw);
+    d.weights = dnnl::memory::desc({s.c_out, s.c_in, s.kh, s.kw}, weights, tag::oihw);
   } else {
     d.weights =
-        dnnl::memory::desc({s.groups, s.c_out / s.groups, s.c_in / s.groups, s.kh, s.kw}, dt::f32, tag::goihw);
+        dnnl::memory::desc({s.groups, s.c_out / s.groups, s.c_in / s.groups, s.kh, s.kw}, weights, tag::goihw);
   }
   d.bias = dnnl::memory::desc({s.c_out}, dt::f32, tag::x);
-  d.dst = dnnl::memory::desc({s.n, s.c_out, s.h_out(), s.w_out()}, dt::f32, tag::nchw);
+  d.dst = dnnl::memory::desc({s.n, s.c_out, s.h_out(), s.w_out()}, dst, tag::nchw);
   d.strides = {s.stride_h, s.stride_w};
   d.dilates = {s.dil_h - 1, s.dil_w - 1};
   d.pad_l = {s.pad_h, s.pad_w};
@@ -96,8 +120,9 @@ dnnl::primitive_attr user_scratchpad() {
   return attr;
 }
 
-dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dShape& s, bool with_bias) {
-  Descs d = descs_of(s);
+// hint: the descriptor backward passes are created against (descs_of's `hint` types).
+dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dShape& s, bool with_bias, bool hint = false) {
+  Descs d = descs_of(s, with_bias ? Pass::Forward : Pass::ForwardNoBias, hint);
   auto desc = with_bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                           dnnl::algorithm::convolution_direct, d.src, d.weights,
                                                           d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
@@ -108,7 +133,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dShape& s, bool 
 }
 
 CachedPrimitive build(Pass pass, const Conv2dShape& s) {
-  Descs d = descs_of(s);
+  Descs d = descs_of(s, pass);
   switch (pass) {
     case Pass::Forward:
     case Pass::ForwardNoBias: {
@@ -118,14 +143,14 @@ CachedPrimitive build(Pass pass, const Conv2dShape& s) {
     case Pass::BackwardData: {
       auto desc = dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst,
                                                         d.strides, d.dilates, d.pad_l, d.pad_r);
-      dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), forward_pd(s, false));
+      dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), forward_pd(s, false, true));
       return {dnnl::convolution_backward_data(pd), pd.scratchpad_desc().get_size()};
     }
     case Pass::BackwardWeights: {
       auto desc = dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src, d.weights,
                                                            d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
       dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), cpu_engine(),
-                                                            forward_pd(s, false));
+                                                            forward_pd(s, false, true));
       return {dnnl::convolution_backward_weights(pd), pd.scratchpad_desc().get_size()};
     }
   }
@@ -330,7 +355,7 @@ void conv2d_forward_cpu(const Conv2dShape& s, const void* x, const void* w, cons
                    static_cast<double*>(y));
     return;
   }
-  const Descs d = descs_of(s);
+  const Descs d = descs_of(s, Pass::Forward);
   if (b != nullptr) {
     run_onednn("conv2d_forward_cpu", Pass::Forward, s,
                {{DNNL_ARG_SRC, d.src, x}, {DNNL_ARG_WEIGHTS, d.weights, w}, {DNNL_ARG_BIAS, d.bias, b},
@@ -348,7 +373,7 @@ void conv2d_backward_data_cpu(const Conv2dShape& s, const void* dy, const void* 
     backward_data_im2col(s, static_cast<const double*>(dy), static_cast<const double*>(w), static_cast<double*>(dx));
     return;
   }
-  const Descs d = descs_of(s);
+  const Descs d = descs_of(s, Pass::BackwardData);
   run_onednn("conv2d_backward_data_cpu", Pass::BackwardData, s,
              {{DNNL_ARG_DIFF_DST, d.dst, dy}, {DNNL_ARG_WEIGHTS, d.weights, w}, {DNNL_ARG_DIFF_SRC, d.src, dx}});
 }
@@ -358,14 +383,14 @@ void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void*
   if (s.n == 0) {
     // No samples: the gradient is zero (oneDNN is not asked about an empty batch).
     const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);
-    std::memset(dw, 0, count * element_size(s.dtype));
+    std::memset(dw, 0, count * element_size(s.dtype == DType::Float64 ? DType::Float64 : DType::Float32));
     return;
   }
   if (s.dtype == DType::Float64) {
     backward_weight_im2col(s, static_cast<const double*>(x), static_cast<const double*>(dy), static_cast<double*>(dw));
     return;
   }
-  const Descs d = descs_of(s);
+  const Descs d = descs_of(s, Pass::BackwardWeights);
   run_onednn("conv2d_backward_weight_cpu", Pass::BackwardWeights, s,
              {{DNNL_ARG_SRC, d.src, x}, {DNNL_ARG_DIFF_DST, d.dst, dy}, {DNNL_ARG_DIFF_WEIGHTS, d.weights, dw}});
 }

@@ -29,6 +29,14 @@
 namespace dpe::kernels {
 namespace {
 
+// conv.h's checks, and float32/float64 only: the 16-bit autocast convolutions are CPU-only so far (the op
+// layer runs CUDA convolutions in float32 under autocast, docs/MIXED_PRECISION.md).
+void check_cuda_conv(const char* what, const Conv2dShape& s) {
+  check_conv2d_shape(what, s);
+  DPE_CHECK(s.dtype == DType::Float32 || s.dtype == DType::Float64, what, ": dtype ", s.dtype,
+            " is not float32 or float64 (bfloat16 convolutions run on CPU only)");
+}
+
 cudnnDataType_t data_type(DType dtype) { return dtype == DType::Float64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT; }
 
 // cuDNN's descriptors take int sizes.
@@ -217,7 +225,7 @@ cudnnHandle_t handle_on(int device, cudaStream_t stream) {
 void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, const void* x, const void* w,
                          const void* b, void* y) {
   const char* what = "conv2d_forward_cuda";
-  check_conv2d_shape(what, s);
+  check_cuda_conv(what, s);
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
@@ -238,7 +246,7 @@ void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, 
 void conv2d_backward_data_cuda(cudaStream_t stream, int device, const Conv2dShape& s, const void* dy, const void* w,
                                void* dx) {
   const char* what = "conv2d_backward_data_cuda";
-  check_conv2d_shape(what, s);
+  check_cuda_conv(what, s);
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
@@ -257,7 +265,7 @@ void conv2d_backward_data_cuda(cudaStream_t stream, int device, const Conv2dShap
 void conv2d_backward_weight_cuda(cudaStream_t stream, int device, const Conv2dShape& s, const void* x,
                                  const void* dy, void* dw) {
   const char* what = "conv2d_backward_weight_cuda";
-  check_conv2d_shape(what, s);
+  check_cuda_conv(what, s);
   if (s.n == 0) {
     const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);
     DPE_CUDA_CHECK(cudaMemsetAsync(dw, 0, count * element_size(s.dtype), stream));

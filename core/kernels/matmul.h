@@ -1,6 +1,7 @@
-// GEMM: the only matrix multiply in dpe. CPU: float32 on oneDNN (dnnl_sgemm or its matmul primitive) or
-// OpenBLAS, whichever measured fastest for the shape (core/kernels/sgemm_choice.h), OpenBLAS dgemm for
-// float64 (gradient checks only). CUDA: cuBLAS. Nothing here is hand-written.
+// GEMM: the only matrix multiply in dpe. CPU: float32 on oneDNN (dnnl_sgemm by default, its matmul primitive
+// or OpenBLAS by policy: core/kernels/sgemm_choice.h), bfloat16 operands on oneDNN's matmul primitive,
+// OpenBLAS dgemm for float64 (gradient checks only). CUDA: cuBLAS (cublasGemmEx for 16-bit operands).
+// Nothing here is hand-written.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +18,13 @@ enum class Transpose : uint8_t { No, Yes };
 // op(A[b]): (m, k)  op(B[b]): (k, n)  C[b]: (m, n).
 // lda/ldb/ldc are row strides of the stored (untransposed) matrices; stride_a/b/c are batch strides in
 // elements (0 broadcasts one matrix over the batch). beta == 0 ignores C's old contents (NaN included).
+//
+// Operand dtypes: float32 or float64 (C the same type), or the 16-bit floats of autocast (core/amp/autocast.h):
+// A and B bfloat16 or float16, C float32, products accumulated in float32. CPU runs bfloat16 (oneDNN; at
+// hardware speed where cpu_has_bf16_instructions(), emulated and slower than float32 elsewhere) but not
+// float16 (oneDNN 2.6 has no CPU f16 matmul: an error); CUDA runs both (no TF32 anywhere).
 struct GemmArgs {
-  DType dtype = DType::Float32;  // float32 or float64
+  DType dtype = DType::Float32;  // of A and B: float32, float64, bfloat16 or float16
   Transpose trans_a = Transpose::No;
   Transpose trans_b = Transpose::No;
   int64_t m = 0, n = 0, k = 0;
@@ -35,6 +41,9 @@ struct GemmArgs {
 };
 
 void gemm_cpu(const GemmArgs& args);
+// Whether oneDNN runs bfloat16 products with this CPU's own instructions (avx512_core_bf16 or better, as
+// limited by ONEDNN_MAX_CPU_ISA): the condition for CPU autocast to be worth it. Decided once per process.
+bool cpu_has_bf16_instructions();
 // `handle` is bound to `stream` by the caller.
 void gemm_cuda(cudaStream_t stream, cublasHandle_t handle, const GemmArgs& args);
 

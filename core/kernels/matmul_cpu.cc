@@ -1,5 +1,5 @@
-// CPU GEMM: float32 on oneDNN (dnnl_sgemm or its matmul primitive) or OpenBLAS, chosen per shape by
-// measurement (Note [float32 GEMM choice] in sgemm_cpu.cc; DPE_CPU_SGEMM forces one); float64 on OpenBLAS
+// CPU GEMM: float32 on oneDNN (dnnl_sgemm, or its matmul primitive or OpenBLAS by policy: Note [float32 GEMM
+// choice] in sgemm_cpu.cc); bfloat16 operands on oneDNN's matmul primitive (float32 C); float64 on OpenBLAS
 // cblas_dgemm (gradient checks only, where its speed does not matter). Nothing hand-written.
 //
 // Threads: oneDNN parallelises with OpenMP using omp_get_max_threads() of the *calling* thread, so each
@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/kernels/arg_checks.h"
 #include "core/kernels/matmul.h"
+#include "core/kernels/onednn.h"
 #include "core/kernels/sgemm_choice.h"
 
 namespace dpe::kernels {
@@ -42,8 +43,10 @@ void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
 
 // The dtype first, then detail::check_gemm_args: the same checks and words as gemm_cuda.
 void check_args(const GemmArgs& g) {
-  DPE_CHECK(g.dtype == DType::Float32 || g.dtype == DType::Float64, "gemm_cpu: dtype ", g.dtype,
-            " is not float32 or float64");
+  DPE_CHECK(g.dtype != DType::Float16, "gemm_cpu: float16 operands are CUDA-only (oneDNN 2.6 has no float16 "
+            "matmul on CPU); use bfloat16 on CPU");
+  DPE_CHECK(g.dtype == DType::Float32 || g.dtype == DType::Float64 || g.dtype == DType::BFloat16, "gemm_cpu: dtype ",
+            g.dtype, " is not float32, float64 or bfloat16");
   detail::check_gemm_args("gemm_cpu", g);
 }
 
@@ -57,6 +60,21 @@ void dgemm(const GemmArgs& g, const double* a, const double* b, double* c) {
   cblas_dgemm(CblasRowMajor, cblas_trans(g.trans_a), cblas_trans(g.trans_b), static_cast<int>(g.m),
               static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a, static_cast<int>(g.lda), b,
               static_cast<int>(g.ldb), g.beta, c, static_cast<int>(g.ldc));
+}
+
+// bfloat16 A and B, float32 C: oneDNN's matmul primitive, one matrix at a time.
+void gemm_batched_bf16(const GemmArgs& g) {
+  const auto* a = static_cast<const BFloat16*>(g.a);
+  const auto* b = static_cast<const BFloat16*>(g.b);
+  float* c = static_cast<float*>(g.c);
+  for (int64_t i = 0; i < g.batch; ++i) {
+    float* ci = c + i * g.stride_c;
+    if (g.k == 0 || g.alpha == 0.0) {
+      scale_c(g.m, g.n, static_cast<float>(g.beta), ci, g.ldc);
+    } else {
+      detail::onednn_matmul(g, a + i * g.stride_a, b + i * g.stride_b, ci);
+    }
+  }
 }
 
 template <typename T>
@@ -91,6 +109,8 @@ void gemm_cpu(const GemmArgs& args) {
   if (args.m == 0 || args.n == 0 || args.batch == 0) return;
   if (args.dtype == DType::Float32) {
     gemm_batched<float>(args);
+  } else if (args.dtype == DType::BFloat16) {
+    gemm_batched_bf16(args);
   } else {
     gemm_batched<double>(args);
   }

@@ -10,9 +10,16 @@
 
 #include <string>
 
+#include "core/kernels/matmul.h"
+
 namespace dpe::kernels::detail {
 
 // Call only from a catch block: rethrows the current exception as a dpe::Error.
 [[noreturn]] void rethrow_onednn_failure(const char* what, const std::string& context);
+
+// oneDNN's matmul primitive (onednn_matmul_cpu.cc): C (float32) = alpha * op(A) @ op(B) + beta * C for one
+// matrix of `g` (its batch fields are ignored), A and B of g.dtype: float32 or bfloat16 (float32
+// accumulation). Arguments already checked by gemm_cpu.
+void onednn_matmul(const GemmArgs& g, const void* a, const void* b, float* c);
 
 }  // namespace dpe::kernels::detail

@@ -166,92 +166,9 @@ void openblas_sgemm(const GemmArgs& g, const float* a, const float* b, float* c)
   openblas_ran_here = true;
 }
 
-// onednn-matmul: a primitive per (shape, strides, scalars, thread share), cached like conv_cpu.cc's (Note
-// [oneDNN primitive cache] there): alpha is the output scale, beta != 0 a sum post-op (beta == 0 writes C
-// without reading it, NaN included, as BLAS does).
-using MatmulKey = std::tuple<int64_t, int64_t, int64_t, int, int, int64_t, int64_t, int64_t, double, double, int>;
-
-struct CachedMatmul {
-  dnnl::matmul primitive;
-  dnnl::memory::desc a, b, c;
-  size_t scratchpad_bytes = 0;
-};
-
-dnnl::engine& cpu_engine() {
-  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed
-  return *engine;
-}
-
-CachedMatmul build_matmul(const GemmArgs& g) {
-  using dims = dnnl::memory::dims;
-  const auto f32 = dnnl::memory::data_type::f32;
-  CachedMatmul built;
-  // op(A) (m, k) over A stored (m, k) or, transposed, (k, m): element (i, q) at i * lda + q or q * lda + i.
-  built.a = dnnl::memory::desc({g.m, g.k}, f32, g.trans_a == Transpose::No ? dims{g.lda, 1} : dims{1, g.lda});
-  built.b = dnnl::memory::desc({g.k, g.n}, f32, g.trans_b == Transpose::No ? dims{g.ldb, 1} : dims{1, g.ldb});
-  built.c = dnnl::memory::desc({g.m, g.n}, f32, dims{g.ldc, 1});
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (g.alpha != 1.0) attr.set_output_scales(0, {static_cast<float>(g.alpha)});
-  if (g.beta != 0.0) {
-    dnnl::post_ops ops;
-    ops.append_sum(static_cast<float>(g.beta));
-    attr.set_post_ops(ops);
-  }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.a, built.b, built.c), attr, cpu_engine());
-  built.scratchpad_bytes = pd.scratchpad_desc().get_size();
-  built.primitive = dnnl::matmul(pd);
-  return built;
-}
-
-std::shared_ptr<const CachedMatmul> matmul_for(const GemmArgs& g) {
-  static std::mutex mutex;
-  static auto* cache = new std::map<MatmulKey, std::shared_ptr<const CachedMatmul>>;  // never destroyed
-  const MatmulKey key{g.m,   g.n,   g.k,    static_cast<int>(g.trans_a), static_cast<int>(g.trans_b),
-                      g.lda, g.ldb, g.ldc, g.alpha,                     g.beta,
-                      omp_get_max_threads()};
-  {
-    std::lock_guard lock(mutex);
-    auto it = cache->find(key);
-    if (it != cache->end()) return it->second;
-  }
-  // Built outside the lock (JIT compilation is slow); a race builds twice and keeps the first.
-  auto built = std::make_shared<const CachedMatmul>(build_matmul(g));
-  std::lock_guard lock(mutex);
-  return cache->emplace(key, std::move(built)).first->second;
-}
-
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
-
-void onednn_matmul(const GemmArgs& g, const float* a, const float* b, float* c) {
-  try {
-    std::shared_ptr<const CachedMatmul> prim = matmul_for(g);
-    std::unique_ptr<void, FreeDeleter> scratchpad;
-    const dnnl::engine& engine = cpu_engine();
-    std::unordered_map<int, dnnl::memory> args = {
-        {DNNL_ARG_SRC, dnnl::memory(prim->a, engine, const_cast<float*>(a))},
-        {DNNL_ARG_WEIGHTS, dnnl::memory(prim->b, engine, const_cast<float*>(b))},
-        {DNNL_ARG_DST, dnnl::memory(prim->c, engine, c)}};
-    if (prim->scratchpad_bytes > 0) {
-      const size_t bytes = (prim->scratchpad_bytes + 63) / 64 * 64;
-      scratchpad.reset(std::aligned_alloc(64, bytes));
-      DPE_CHECK(scratchpad != nullptr, "gemm_cpu: out of memory allocating the ", prim->scratchpad_bytes,
-                "-byte oneDNN matmul scratchpad for m ", g.m, ", n ", g.n, ", k ", g.k);
-      args.emplace(DNNL_ARG_SCRATCHPAD,
-                   dnnl::memory(dnnl::memory::desc({static_cast<int64_t>(prim->scratchpad_bytes)},
-                                                   dnnl::memory::data_type::u8, dnnl::memory::format_tag::x),
-                                engine, scratchpad.get()));
-    }
-    dnnl::stream stream(engine);
-    prim->primitive.execute(stream, args);
-    stream.wait();
-  } catch (...) {
-    detail::rethrow_onednn_failure(
-        "gemm_cpu", dpe::detail::str_cat("in oneDNN's matmul primitive (m ", g.m, ", n ", g.n, ", k ", g.k, ")"));
-  }
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // The measured choice (Note [float32 GEMM choice]).
@@ -391,7 +308,7 @@ void run_sgemm(SgemmBackend backend, const GemmArgs& g, const float* a, const fl
     case SgemmBackend::OnednnSgemm:
       return onednn_sgemm(g, a, b, c);
     case SgemmBackend::OnednnMatmul:
-      return onednn_matmul(g, a, b, c);
+      return onednn_matmul(g, a, b, c);  // onednn_matmul_cpu.cc
     case SgemmBackend::OpenBlas:
       return openblas_sgemm(g, a, b, c);
   }

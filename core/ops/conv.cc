@@ -1,6 +1,8 @@
-// conv2d: input checks, dispatch to the conv kernels (core/kernels/conv.h), and backward.
+// conv2d: input checks, dispatch to the conv kernels (core/kernels/conv.h), and backward. Under CPU autocast
+// (core/amp/autocast.h) the kernels read bfloat16 casts of x, the weight and dy, and write float32.
 #include "core/ops/conv.h"
 
+#include "core/amp/autocast.h"
 #include "core/autograd/function.h"
 #include "core/dispatch.h"
 #include "core/kernels/conv.h"
@@ -36,9 +38,12 @@ kernels::Conv2dShape conv_shape(const Tensor& x, const Tensor& weight, std::arra
   return s;
 }
 
+// What the kernels write for operands of s.dtype (conv.h: float32 for bfloat16 operands).
+DType output_dtype(const kernels::Conv2dShape& s) { return s.dtype == DType::Float64 ? DType::Float64 : DType::Float32; }
+
 // dy: (N, C_out, H_out, W_out)  weight: (C_out, C_in/g, kH, kW)  -> dx: (N, C_in, H, W)
 Tensor conv2d_backward_data(const kernels::Conv2dShape& s, const Tensor& dy, const Tensor& weight) {
-  Tensor dx = Tensor::empty({s.n, s.c_in, s.h, s.w}, options_of(weight));
+  Tensor dx = Tensor::empty({s.n, s.c_in, s.h, s.w}, options_of(weight).with_dtype(output_dtype(s)));
   dispatch(
       weight.device(), [&] { kernels::conv2d_backward_data_cpu(s, dy.data_ptr(), weight.data_ptr(), dx.data_ptr()); },
       [&](auto stream) {
@@ -50,7 +55,7 @@ Tensor conv2d_backward_data(const kernels::Conv2dShape& s, const Tensor& dy, con
 
 // x: (N, C_in, H, W)  dy: (N, C_out, H_out, W_out)  -> dw: (C_out, C_in/g, kH, kW)
 Tensor conv2d_backward_weight(const kernels::Conv2dShape& s, const Tensor& x, const Tensor& dy) {
-  Tensor dw = Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, options_of(x));
+  Tensor dw = Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, options_of(x).with_dtype(output_dtype(s)));
   dispatch(
       x.device(), [&] { kernels::conv2d_backward_weight_cpu(s, x.data_ptr(), dy.data_ptr(), dw.data_ptr()); },
       [&](auto stream) {
@@ -97,8 +102,16 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
             "conv2d: input ", shape_str(x.shape()), " padded by (", padding[0], ", ", padding[1],
             ") is smaller than the dilated kernel (", kh_eff, ", ", kw_eff, ")");
 
-  const kernels::Conv2dShape s = conv_shape(x, weight, stride, padding, dilation, groups);
+  kernels::Conv2dShape s = conv_shape(x, weight, stride, padding, dilation, groups);
+  // Autocast: CPU only (CUDA convolutions stay float32 for now, core/amp/autocast.h).
+  const std::optional<DType> lowp =
+      x.dtype() == DType::Float32 && x.device().is_cpu() ? amp::lower_precision_dtype(x.device()) : std::nullopt;
   Tensor xc = x.detach().contiguous(), wc = weight.detach().contiguous();
+  if (lowp) {
+    s.dtype = *lowp;
+    xc = amp::cast_operand(xc, *lowp);
+    wc = amp::cast_operand(weight, *lowp);  // a parameter: from the cast cache
+  }
   Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
   Tensor y = Tensor::empty({s.n, s.c_out, s.h_out(), s.w_out()}, options_of(x));
   const void* b_ptr = bc.defined() ? bc.data_ptr() : nullptr;
@@ -113,10 +126,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
   // Saved only where a gradient needs them: dx needs the weight, dw needs the input.
   Tensor saved_x = grad_w ? xc : Tensor(), saved_w = grad_x ? wc : Tensor();
   autograd::record(y, {x, weight, bias}, "Conv2dBackward",
-                   [s, saved_x, saved_w, grad_x, grad_w, grad_b](const Tensor& g) -> std::vector<Tensor> {
+                   [s, saved_x, saved_w, grad_x, grad_w, grad_b, lowp](const Tensor& g) -> std::vector<Tensor> {
                      Tensor dy = g.contiguous();
-                     Tensor dx = grad_x ? conv2d_backward_data(s, dy, saved_w) : Tensor();
-                     Tensor dw = grad_w ? conv2d_backward_weight(s, saved_x, dy) : Tensor();
+                     Tensor dy_op = lowp ? amp::cast_operand(dy, *lowp) : dy;
+                     Tensor dx = grad_x ? conv2d_backward_data(s, dy_op, saved_w) : Tensor();
+                     Tensor dw = grad_w ? conv2d_backward_weight(s, saved_x, dy_op) : Tensor();
                      Tensor db = grad_b ? sum(dy, std::vector<int64_t>{0, 2, 3}) : Tensor();
                      return {dx, dw, db};
                    });
