@@ -56,6 +56,7 @@ struct BenchArgs {
   std::string split = "chunk";  // dp and ddp's split rule: chunk, balanced, auto
   bool deterministic = false;   // dp and ddp in the deterministic mode (rows dp-det, ddp-det)
   int64_t virtual_shards = 0;
+  std::vector<std::string> precisions = {"fp32"};  // every mode in each (rows ddp, ddp-bf16, ...)
 };
 
 // The PyTorch side runs Debian's interpreter (python3-torch is a Debian package), never a shell.
@@ -88,7 +89,7 @@ std::string gnuplot_label(const std::string& text) {
 }
 
 struct Row {
-  std::string framework = "dpe", config;
+  std::string framework = "dpe", config, precision = "fp32";
   int devices = 1;
   double samples_per_s = 0, step_ms = 0, scaling = 0;
   StepReport phases;  // per-step averages of the timed steps (ms), bytes per step
@@ -130,17 +131,18 @@ void accumulate(StepReport& sum, const StepReport& s, double scale) {
   sum.reduce.bytes += static_cast<int64_t>(static_cast<double>(s.reduce.bytes) * scale);
 }
 
-Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector<Device>& devices,
-               const ModelData& data) {
+Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string& precision,
+               const std::vector<Device>& devices, const ModelData& data) {
   Row row;
   row.config = mode;
+  row.precision = precision;
   std::string engine_mode = mode == "single-all" ? "single" : mode;
   const std::optional<CollectiveBackend> dist = dist_backend(args.dist, devices);
   const bool across_processes = dist.has_value();
   std::unique_ptr<DataParallel> dp = make_engine(
       {.model = args.model, .mode = engine_mode, .devices = devices, .split = parse_split_rule(args.split),
        .deterministic = args.deterministic, .virtual_shards = args.virtual_shards,
-       .dist = dist, .seed = 1},
+       .precision = precision, .dist = dist, .seed = 1},
       {.lr = 0.01});
   // --dist mpi: every process takes its slice of each global batch (training.h, as dpe train does); the row
   // is the whole group's: its devices over every process, the global batch's samples/s.
@@ -149,6 +151,8 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
   row.reports = slice.reports();
   if (across_processes) row.config = mode + "-" + args.dist;  // ddp-mpi, ddp-mpi-nccl
   if (args.deterministic) row.config += "-det";
+  const std::string precision_suffix = precision == "fp32" ? "" : "-" + precision;
+  row.config += precision_suffix;
   LossFn loss = models::model_loss(args.model);
   const int64_t n = data.train_inputs.size(0);
   auto batch_at = [&](int64_t step) {
@@ -159,19 +163,21 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::vector
   auto run = [&] {
     // auto: the warm-up lasts until it has chosen, so that the timed steps are the chosen mode's.
     auto chosen = [&] { return dp->last_step().auto_mode && dp->last_step().auto_mode->chosen; };
-    for (int64_t s = 0; s < args.warmup || (dp->mode_is_auto() && !chosen()); ++s) {
+    // --precision: autocast per step, as dpe train does.
+    auto step = [&](int64_t s) {
       auto [x, y] = batch_at(s);
+      PrecisionScope autocast(precision, devices);
       dp->train_step(x, y, loss);
-    }
+    };
+    for (int64_t s = 0; s < args.warmup || (dp->mode_is_auto() && !chosen()); ++s) step(s);
     for (const Device& d : dp->device_ids()) reset_peak_memory_stats(d);
     auto start = std::chrono::steady_clock::now();
     for (int64_t s = 0; s < args.steps; ++s) {
-      auto [x, y] = batch_at(args.warmup + s);
-      dp->train_step(x, y, loss);
+      step(args.warmup + s);
       accumulate(row.phases, dp->last_step(), 1.0 / static_cast<double>(args.steps));
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (dp->mode_is_auto()) row.config = std::string("auto->") + mode_name(dp->mode());  // the row says the choice
+    if (dp->mode_is_auto()) row.config = std::string("auto->") + mode_name(dp->mode()) + precision_suffix;
     row.split_weights = dp->last_step().split_weights;
     row.ms_per_sample = dp->last_step().ms_per_sample;
     row.step_ms = seconds * 1e3 / static_cast<double>(args.steps);
@@ -283,31 +289,31 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   std::printf("\n# dpe bench: %s, global batch %lld, %lld timed steps after %lld warm-up, ms per step and phase\n",
               args.model.c_str(), static_cast<long long>(args.batch_size), static_cast<long long>(args.steps),
               static_cast<long long>(args.warmup));
-  std::printf("%-8s %-10s %3s %10s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s | %8s | %s\n", "impl", "config", "dev",
+  std::printf("%-8s %-12s %3s %10s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s | %8s | %s\n", "impl", "config", "dev",
               "samples/s", "scaling", "step", "scatter", "bcast", "fwd", "gather", "loss", "bwd", "reduce", "optim",
               "MB moved", "peak MB per device");
   for (const Row& r : rows) {
     if (!r.note.empty()) {
-      std::printf("%-8s %-10s %3d %10s  (%s)\n", r.framework.c_str(), r.config.c_str(), r.devices, "-", r.note.c_str());
+      std::printf("%-8s %-12s %3d %10s  (%s)\n", r.framework.c_str(), r.config.c_str(), r.devices, "-", r.note.c_str());
       continue;
     }
     std::string peak;
     for (const auto& [d, bytes] : r.peak) peak += d.str() + " " + mb(bytes) + "  ";
     const StepReport& p = r.phases;
     if (r.framework == "dpe") {
-      std::printf("%-8s %-10s %3d %10.0f %6.0f%% %8.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %8s | %s\n",
+      std::printf("%-8s %-12s %3d %10.0f %6.0f%% %8.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %8s | %s\n",
                   r.framework.c_str(), r.config.c_str(), r.devices, r.samples_per_s, r.scaling * 100, r.step_ms,
                   p.scatter_ms, p.broadcast_ms, p.forward_ms, p.gather_ms, p.loss_ms, p.backward_ms, p.reduce_ms,
                   p.optimizer_ms, mb(p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes).c_str(),
                   peak.c_str());
     } else {
-      std::printf("%-8s %-10s %3d %10.0f %7s %8.2f |\n", r.framework.c_str(), r.config.c_str(), r.devices,
+      std::printf("%-8s %-12s %3d %10.0f %7s %8.2f |\n", r.framework.c_str(), r.config.c_str(), r.devices,
                   r.samples_per_s, "", r.step_ms);
     }
   }
   const double flops = models::train_flops_per_sample(args.model);
   const PeakFlops peak = machine_peak();
-  std::printf("# FMA-peak limit: %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
+  std::printf("# FMA-peak limit (float32 FMAs): %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
               peak.source.c_str(), flops / 1e6);
   for (const Row& r : rows) {
     if (r.note.empty()) {
@@ -346,6 +352,7 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
       const StepReport& p = r.phases;
       Json row = {{"framework", r.framework},
                   {"config", r.config},
+                  {"precision", r.precision},
                   {"devices", r.devices},
                   {"samples_per_s", as_printed("%g", r.samples_per_s)},
                   {"scaling", as_printed("%g", r.scaling)},
@@ -423,6 +430,7 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
   } else if (std::ranges::any_of(args.modes, needs_ddp_shards)) {
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(devices.size()));
   }
+  for (const std::string& precision : args.precisions) check_precision(precision, devices);
   if (args.compare_pytorch) {
     DPE_CHECK(args.model == "mlp" || args.model == "cnn", "--compare-pytorch with --model ", args.model,
               ": tools/bench/pytorch_reference.py has mlp and cnn only");
@@ -455,19 +463,23 @@ void run_bench(const BenchArgs& args) {
             data.train_inputs.size(0), " training samples of ", args.model, "; expected at most ",
             data.train_inputs.size(0));
   std::vector<Row> rows;
-  for (const std::string& mode : args.modes) {
-    if (args.dist == "none") {
-      std::fprintf(stderr, "bench: %s %s on %s...\n", args.model.c_str(), mode.c_str(), device_list_str(devices).c_str());
+  for (const std::string& precision : args.precisions) {
+    for (const std::string& mode : args.modes) {
+      if (args.dist == "none") {
+        std::fprintf(stderr, "bench: %s %s%s on %s...\n", args.model.c_str(), mode.c_str(),
+                     precision == "fp32" ? "" : (" " + precision).c_str(), device_list_str(devices).c_str());
+      }
+      rows.push_back(bench_mode(args, mode, precision, devices, data));
     }
-    rows.push_back(bench_mode(args, mode, devices, data));
   }
   if (!rows.front().reports) return;  // --dist mpi: process 0 shows, writes and compares
-  double single = 0;
-  for (const Row& r : rows) {
-    if (r.config == "single") single = r.samples_per_s;
-  }
+  // Scaling: against the single-device row of the same precision.
   for (Row& r : rows) {
-    if (single > 0) r.scaling = r.samples_per_s / (single * r.devices);
+    for (const Row& single : rows) {
+      if (single.precision == r.precision && single.config == "single" + std::string(r.precision == "fp32" ? "" : "-" + r.precision)) {
+        r.scaling = r.samples_per_s / (single.samples_per_s * r.devices);
+      }
+    }
   }
   if (args.compare_pytorch) {
     for (Row& r : bench_pytorch(args, data.train_inputs.size(0))) rows.push_back(std::move(r));
@@ -499,6 +511,8 @@ void add_bench_command(CLI::App& app) {
   add_int_option(*cmd, "--virtual-shards", args->virtual_shards,
                  "--deterministic: virtual shards per batch (default max(4, devices))", 1, 1 << 20)
       ->needs("--deterministic");
+  add_name_list_option(*cmd, "--precision", args->precisions, "precisions to run every mode in (rows ddp, ddp-bf16, "
+                       "...): fp32; bf16 (autocast); fp16 (CUDA only, with a gradient scaler)", kPrecisions);
   cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "
                   "balanced, auto (chunks follow each device's measured speed)")
       ->check(CLI::IsMember(kSplitRules));

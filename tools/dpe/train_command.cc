@@ -80,6 +80,7 @@ void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes
                                    {"devices", device_list_str(dp.device_ids())},
                                    {"processes", processes},
                                    {"batch_size", args.batch_size},
+                                   {"precision", args.engine.precision},
                                    {"final_test_accuracy", as_printed("%g", accuracy)},
                                    {"epochs", epochs}};
   if (!recovered.empty()) report["recovered_failures"] = recovered;  // --on-device-failure
@@ -145,17 +146,23 @@ void run_train(TrainArgs args) {
   const std::string where = device_list_str(dp->device_ids()) +
                             (slice.count > 1 ? " in each of " + std::to_string(slice.count) + " processes" : "");
   if (prints) {
-    std::printf("dpe train: %s, mode %s on %s, global batch %lld, %lld training samples%s, %lld test samples%s\n",
+    std::printf("dpe train: %s, mode %s on %s, global batch %lld, %lld training samples%s, %lld test samples%s%s\n",
                 args.engine.model.c_str(), args.engine.mode.c_str(), where.c_str(),
                 static_cast<long long>(args.batch_size), static_cast<long long>(samples_per_epoch), last_batch.c_str(),
                 static_cast<long long>(data.test_inputs.size(0)),
-                first_epoch > 0 ? (" (resumed after epoch " + std::to_string(first_epoch) + ")").c_str() : "");
+                first_epoch > 0 ? (" (resumed after epoch " + std::to_string(first_epoch) + ")").c_str() : "",
+                args.engine.precision == "fp32" ? "" : (", precision " + args.engine.precision).c_str());
   }
   std::fflush(stdout);  // before the progress lines on stderr
+  // The test split is evaluated in the precision trained in.
+  auto evaluate = [&] {
+    PrecisionScope precision(args.engine.precision, dp->device_ids());
+    return test_accuracy(*dp, args.engine.model, data.test_inputs, data.test_targets);
+  };
   if (first_epoch >= args.epochs) {
     // A finished run (or --epochs lower than the checkpoint's): report the loaded model, train nothing.
     if (!prints) return;
-    double accuracy = test_accuracy(*dp, args.engine.model, data.test_inputs, data.test_targets);
+    double accuracy = evaluate();
     std::printf("nothing left to train: %s is after epoch %lld and --epochs is %lld; the loaded model was evaluated\n",
                 args.engine.resume.c_str(), static_cast<long long>(first_epoch), static_cast<long long>(args.epochs));
     std::printf("final test accuracy %.4f\n", accuracy);
@@ -192,7 +199,12 @@ void run_train(TrainArgs args) {
     int64_t samples = 0, steps = 0;
     while (std::optional<data::Batch> batch = loader.next()) {
       const ParallelMode mode_before = dp->mode();
-      double loss = dp->train_step(slice.of(batch->inputs), slice.of(batch->targets), loss_fn);
+      double loss = 0;
+      {
+        // --precision: autocast for the step; the guard's end empties the cast cache (core/amp/autocast.h).
+        PrecisionScope precision(args.engine.precision, dp->device_ids());
+        loss = dp->train_step(slice.of(batch->inputs), slice.of(batch->targets), loss_fn);
+      }
       ++step_in_run;
       if (dp->mode() != mode_before) make_schedulers(epoch * loader.num_batches() + steps);
       for (auto& scheduler : schedulers) scheduler->step();
@@ -211,7 +223,7 @@ void run_train(TrainArgs args) {
     }
     if (!prints) continue;  // evaluation, checkpoints and the report are process 0's
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    accuracy = test_accuracy(*dp, args.engine.model, data.test_inputs, data.test_targets);
+    accuracy = evaluate();
     double rate = static_cast<double>(samples) / seconds;
     char summary[160];
     std::snprintf(summary, sizeof summary, "loss %.4f  test accuracy %.4f  %.0f samples/s  %.1f s",
@@ -273,6 +285,9 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember(kDeviceFailurePolicies));
   // Tests only, hidden from --help.
   cmd->add_option("--inject-failure", args->inject_failure, "")->group("");
+  cmd->add_option("--precision", args->engine.precision, "fp32; bf16 (autocast: bfloat16 products with float32 "
+                  "accumulation and master weights); fp16 (CUDA only, with a gradient scaler; docs/MIXED_PRECISION.md)")
+      ->check(CLI::IsMember(kPrecisions));
   cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "
                   "balanced, auto (chunks follow each device's measured speed; docs/DATA_PARALLEL.md)")
       ->check(CLI::IsMember(kSplitRules));

@@ -100,6 +100,7 @@ void check_engine_options(const EngineOptions& options) {
       DPE_CHECK(d.is_cpu(), "--deterministic runs on CPU devices for now, got ", d);
     }
   }
+  check_precision(options.precision, options.devices);
   DPE_CHECK(!options.output_device || options.mode == "dp", "--output-device ", *options.output_device,
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
 }
@@ -201,6 +202,22 @@ ProcessSlice process_slice(DataParallel& dp, bool across_processes, int64_t batc
 Tensor ProcessSlice::of(const Tensor& batch) const {
   const int64_t rows = batch.size(0) / count;
   return batch.narrow(0, index * rows, rows);
+}
+
+void check_precision(const std::string& precision, const std::vector<Device>& devices) {
+  DPE_CHECK(std::find(kPrecisions.begin(), kPrecisions.end(), precision) != kPrecisions.end(), "--precision ",
+            precision, ": expected fp32, bf16 or fp16");
+  if (precision != "fp16") return;
+  for (const Device& d : devices) {
+    DPE_CHECK(d.is_cuda(), "--precision fp16 runs on CUDA devices only (float16 products and a gradient scaler); got ",
+              d, ": use --precision bf16 on CPU");
+  }
+}
+
+PrecisionScope::PrecisionScope(const std::string& precision, const std::vector<Device>& devices) {
+  if (precision == "fp32") return;
+  DPE_CHECK(!devices.empty(), "--precision ", precision, ": no devices");
+  autocast_.emplace(devices[0].kind, precision == "bf16" ? DType::BFloat16 : DType::Float16);
 }
 
 double test_accuracy(DataParallel& dp, const std::string& model, const Tensor& inputs, const Tensor& targets,

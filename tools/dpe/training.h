@@ -8,8 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "io/checkpoint.h"
+#include "core/amp/autocast.h"
 #include "engine/data_parallel.h"
+#include "io/checkpoint.h"
 
 namespace dpe::tool {
 
@@ -24,6 +25,19 @@ SplitRule parse_split_rule(const std::string& name);
 // --on-device-failure's values: fail, drop_device, retry_smaller_chunk (DeviceFailurePolicy).
 inline const std::vector<std::string> kDeviceFailurePolicies = {"fail", "drop_device", "retry_smaller_chunk"};
 DeviceFailurePolicy parse_device_failure_policy(const std::string& name);
+// --precision's values (docs/MIXED_PRECISION.md): fp32; bf16 (autocast's bfloat16 products, CPU and CUDA);
+// fp16 (CUDA only: float16 products and a gradient scaler).
+inline const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
+// Throws unless `precision` is one of them and the devices can run it (fp16: CUDA only), naming both.
+void check_precision(const std::string& precision, const std::vector<Device>& devices);
+// Autocast for --precision on `devices` (all of one kind) for the guard's scope; nothing for fp32.
+class PrecisionScope {
+ public:
+  PrecisionScope(const std::string& precision, const std::vector<Device>& devices);
+
+ private:
+  std::optional<amp::AutocastGuard> autocast_;
+};
 // "auto: ddp (dp 12.3 ms/step, ddp 9.8 ms/step)" once ParallelMode::Auto has chosen; "" before or without it.
 std::string auto_mode_summary(const StepReport& step);
 
@@ -51,6 +65,7 @@ struct EngineOptions {
   bool deterministic = false;            // --deterministic: dp/ddp's deterministic mode
   int64_t virtual_shards = 0;            // --virtual-shards (0: the engine's default)
   DeviceFailurePolicy on_device_failure = DeviceFailurePolicy::Fail;  // --on-device-failure
+  std::string precision = "fp32";        // --precision: fp32, bf16 or fp16 (kPrecisions)
   std::optional<CollectiveBackend> dist;  // --dist mpi, mpi-nccl: dp/ddp over the devices of every process
   uint64_t seed = 0;                    // initial weights
   std::string resume;                   // checkpoint to start from (model and optimizer)
