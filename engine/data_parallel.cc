@@ -91,7 +91,8 @@ void DataParallel::build_reducer() {
     names.push_back(param_names_[k]);
   }
   if (options_.mode == ParallelMode::DDP) {
-    DdpReducerOptions reducer_options{.find_unused_parameters = options_.find_unused_parameters};
+    DdpReducerOptions reducer_options{.find_unused_parameters = options_.find_unused_parameters,
+                                      .reduce_dtype = options_.reduce_dtype};
     if (options_.bucket_cap_mb.has_value()) {
       reducer_options.bucket_cap_bytes = static_cast<size_t>(*options_.bucket_cap_mb * 1024 * 1024);
       reducer_options.first_bucket_bytes = reducer_options.bucket_cap_bytes;
@@ -165,6 +166,15 @@ void DataParallel::validate_devices() {
             "DataParallel: the weighted split needs one weight per device (", device_ids_.size(), "), got ",
             options_.split_weights.size());
   if (options_.split == SplitRule::Auto) auto_split_ = std::make_unique<AutoSplit>(static_cast<int>(device_ids_.size()));
+  if (const std::optional<DType> wire = options_.reduce_dtype) {
+    DPE_CHECK(*wire == DType::Float32 || *wire == DType::BFloat16 || *wire == DType::Float16,
+              "DataParallel: reduce_dtype ", *wire, " is not float32, bfloat16 or float16");
+    DPE_CHECK(options_.backend != CollectiveBackend::Mpi || *wire == DType::Float32, "DataParallel: reduce_dtype ",
+              *wire, " cannot cross processes on the mpi backend (MPI has no ", *wire,
+              " sum); use the mpi-nccl backend on CUDA devices, or float32");
+    DPE_CHECK(!options_.deterministic, "DataParallel: reduce_dtype ", *wire, " applies to DDP's bucket all-reduce, "
+              "which the deterministic mode does not use (it sums shard gradients in float32 in a fixed order)");
+  }
 }
 
 std::vector<int64_t> DataParallel::chunk_sizes(int64_t batch) const {

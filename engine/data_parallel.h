@@ -97,6 +97,12 @@ struct DataParallelOptions {
   // Gradient bucket cap; unset: 25 MiB with a 1 MiB first bucket after the rebuild (PyTorch's defaults),
   // set: that cap for every bucket.
   std::optional<double> bucket_cap_mb;
+  // DDP mode: the dtype gradient buckets travel in. Unset: the gradients' own (float32). bfloat16 halves
+  // the bytes all-reduced, like PyTorch's bf16_compress_hook: each replica's weighted bucket is rounded to
+  // bfloat16, summed in float32 and rounded once more, then written back into the float32 gradients (about 3
+  // significant digits; docs/MIXED_PRECISION.md). float16 likewise (range 6e-5..65504: gradients outside it
+  // flush to 0 or overflow). Not across processes on the mpi backend (MPI has no 16-bit float sum).
+  std::optional<DType> reduce_dtype;
   // DDP mode's collectives. Mpi (or MpiNccl, through NCCL for CUDA devices): across the processes of an MPI
   // launch (docs/SCALE_OUT.md), in DDP mode the replicas of every process form one group (this process's
   // device_ids in each; parameters broadcast from global rank 0, gradients averaged over all of them); in DP

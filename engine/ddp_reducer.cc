@@ -209,7 +209,16 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
   ReplicaState& state = *replicas_[replica];
   while (state.next_bucket < buckets_.size() && state.pending[state.next_bucket] == 0) {
     auto start = detail::Clock::now();
-    group_->all_reduce(static_cast<int>(replica), state.buffers[state.next_bucket], ReduceOp::Sum);
+    Tensor& bucket = state.buffers[state.next_bucket];
+    if (options_.reduce_dtype && *options_.reduce_dtype != bucket.dtype()) {
+      // Compressed on the wire (bf16_compress_hook): rounded once here, summed, and widened back in place.
+      NoGradGuard no_grad;
+      Tensor wire = bucket.to(*options_.reduce_dtype);
+      group_->all_reduce(static_cast<int>(replica), wire, ReduceOp::Sum);
+      copy_into(bucket, wire);
+    } else {
+      group_->all_reduce(static_cast<int>(replica), bucket, ReduceOp::Sum);
+    }
     state.allreduce_ms += detail::ms_since(start);
     if (from_hook) ++state.launched_from_hooks;
     ++state.next_bucket;
@@ -289,7 +298,9 @@ double DdpReducer::allreduce_ms(size_t replica) const { return replicas_[replica
 
 int64_t DdpReducer::allreduce_bytes() const {
   int64_t bytes = 0;
-  for (const Tensor& b : replicas_[0]->buffers) bytes += static_cast<int64_t>(b.nbytes());
+  for (const Tensor& b : replicas_[0]->buffers) {
+    bytes += b.numel() * static_cast<int64_t>(element_size(options_.reduce_dtype.value_or(b.dtype())));
+  }
   return bytes;
 }
 

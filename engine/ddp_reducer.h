@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,8 @@ struct DdpReducerOptions {
   size_t bucket_cap_bytes = kDefaultBucketCapBytes;
   size_t first_bucket_bytes = kDefaultFirstBucketBytes;
   bool find_unused_parameters = false;
+  // The dtype buckets are all-reduced in (DataParallelOptions::reduce_dtype); unset: the gradients'.
+  std::optional<DType> reduce_dtype;
 };
 
 class DdpReducer {
