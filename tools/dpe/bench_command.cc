@@ -57,6 +57,7 @@ struct BenchArgs {
   bool deterministic = false;   // dp and ddp in the deterministic mode (rows dp-det, ddp-det)
   int64_t virtual_shards = 0;
   std::vector<std::string> precisions = {"fp32"};  // every mode in each (rows ddp, ddp-bf16, ...)
+  std::string reduce_dtype = "fp32";  // ddp's bucket dtype (rows ddp-r16 with bf16 or fp16)
 };
 
 // The PyTorch side runs Debian's interpreter (python3-torch is a Debian package), never a shell.
@@ -142,7 +143,8 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
   std::unique_ptr<DataParallel> dp = make_engine(
       {.model = args.model, .mode = engine_mode, .devices = devices, .split = parse_split_rule(args.split),
        .deterministic = args.deterministic, .virtual_shards = args.virtual_shards,
-       .precision = precision, .dist = dist, .seed = 1},
+       .precision = precision, .reduce_dtype = needs_ddp_shards(mode) ? args.reduce_dtype : "fp32", .dist = dist,
+       .seed = 1},
       {.lr = 0.01});
   // --dist mpi: every process takes its slice of each global batch (training.h, as dpe train does); the row
   // is the whole group's: its devices over every process, the global batch's samples/s.
@@ -151,7 +153,8 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
   row.reports = slice.reports();
   if (across_processes) row.config = mode + "-" + args.dist;  // ddp-mpi, ddp-mpi-nccl
   if (args.deterministic) row.config += "-det";
-  const std::string precision_suffix = precision == "fp32" ? "" : "-" + precision;
+  const std::string precision_suffix = (precision == "fp32" ? "" : "-" + precision) +
+                                       (needs_ddp_shards(mode) && args.reduce_dtype != "fp32" ? "-r" + args.reduce_dtype : "");
   row.config += precision_suffix;
   LossFn loss = models::model_loss(args.model);
   const int64_t n = data.train_inputs.size(0);
@@ -289,25 +292,25 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   std::printf("\n# dpe bench: %s, global batch %lld, %lld timed steps after %lld warm-up, ms per step and phase\n",
               args.model.c_str(), static_cast<long long>(args.batch_size), static_cast<long long>(args.steps),
               static_cast<long long>(args.warmup));
-  std::printf("%-8s %-12s %3s %10s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s | %8s | %s\n", "impl", "config", "dev",
+  std::printf("%-8s %-16s %3s %10s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s | %8s | %s\n", "impl", "config", "dev",
               "samples/s", "scaling", "step", "scatter", "bcast", "fwd", "gather", "loss", "bwd", "reduce", "optim",
               "MB moved", "peak MB per device");
   for (const Row& r : rows) {
     if (!r.note.empty()) {
-      std::printf("%-8s %-12s %3d %10s  (%s)\n", r.framework.c_str(), r.config.c_str(), r.devices, "-", r.note.c_str());
+      std::printf("%-8s %-16s %3d %10s  (%s)\n", r.framework.c_str(), r.config.c_str(), r.devices, "-", r.note.c_str());
       continue;
     }
     std::string peak;
     for (const auto& [d, bytes] : r.peak) peak += d.str() + " " + mb(bytes) + "  ";
     const StepReport& p = r.phases;
     if (r.framework == "dpe") {
-      std::printf("%-8s %-12s %3d %10.0f %6.0f%% %8.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %8s | %s\n",
+      std::printf("%-8s %-16s %3d %10.0f %6.0f%% %8.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %8s | %s\n",
                   r.framework.c_str(), r.config.c_str(), r.devices, r.samples_per_s, r.scaling * 100, r.step_ms,
                   p.scatter_ms, p.broadcast_ms, p.forward_ms, p.gather_ms, p.loss_ms, p.backward_ms, p.reduce_ms,
                   p.optimizer_ms, mb(p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes).c_str(),
                   peak.c_str());
     } else {
-      std::printf("%-8s %-12s %3d %10.0f %7s %8.2f |\n", r.framework.c_str(), r.config.c_str(), r.devices,
+      std::printf("%-8s %-16s %3d %10.0f %7s %8.2f |\n", r.framework.c_str(), r.config.c_str(), r.devices,
                   r.samples_per_s, "", r.step_ms);
     }
   }
@@ -511,6 +514,9 @@ void add_bench_command(CLI::App& app) {
   add_int_option(*cmd, "--virtual-shards", args->virtual_shards,
                  "--deterministic: virtual shards per batch (default max(4, devices))", 1, 1 << 20)
       ->needs("--deterministic");
+  cmd->add_option("--reduce-dtype", args->reduce_dtype, "ddp rows: the dtype gradient buckets are all-reduced in "
+                  "(rows ddp-rbf16, ...)")
+      ->check(CLI::IsMember(kReduceDtypes));
   add_name_list_option(*cmd, "--precision", args->precisions, "precisions to run every mode in (rows ddp, ddp-bf16, "
                        "...): fp32; bf16 (autocast); fp16 (CUDA only, with a gradient scaler)", kPrecisions);
   cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "

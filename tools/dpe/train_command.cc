@@ -81,6 +81,7 @@ void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes
                                    {"processes", processes},
                                    {"batch_size", args.batch_size},
                                    {"precision", args.engine.precision},
+                                   {"reduce_dtype", args.engine.reduce_dtype},
                                    {"final_test_accuracy", as_printed("%g", accuracy)},
                                    {"epochs", epochs}};
   if (!recovered.empty()) report["recovered_failures"] = recovered;  // --on-device-failure
@@ -288,6 +289,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--precision", args->engine.precision, "fp32; bf16 (autocast: bfloat16 products with float32 "
                   "accumulation and master weights); fp16 (CUDA only, with a gradient scaler; docs/MIXED_PRECISION.md)")
       ->check(CLI::IsMember(kPrecisions));
+  cmd->add_option("--reduce-dtype", args->engine.reduce_dtype, "ddp: the dtype gradient buckets are all-reduced in "
+                  "(bf16 halves the bytes; docs/MIXED_PRECISION.md)")
+      ->check(CLI::IsMember(kReduceDtypes));
   cmd->add_option("--split", args->split, "dp and ddp's split of each batch over the devices: chunk (PyTorch's), "
                   "balanced, auto (chunks follow each device's measured speed; docs/DATA_PARALLEL.md)")
       ->check(CLI::IsMember(kSplitRules));

@@ -101,6 +101,10 @@ void check_engine_options(const EngineOptions& options) {
     }
   }
   check_precision(options.precision, options.devices);
+  DPE_CHECK(std::find(kReduceDtypes.begin(), kReduceDtypes.end(), options.reduce_dtype) != kReduceDtypes.end(),
+            "--reduce-dtype ", options.reduce_dtype, ": expected fp32, bf16 or fp16");
+  DPE_CHECK(options.reduce_dtype == "fp32" || needs_ddp_shards(options.mode), "--reduce-dtype ", options.reduce_dtype,
+            " compresses DDP's gradient all-reduce; --mode ", options.mode, " has none (use --mode ddp or auto)");
   DPE_CHECK(!options.output_device || options.mode == "dp", "--output-device ", *options.output_device,
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
 }
@@ -154,6 +158,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
   dp_options.deterministic = options.deterministic;
   dp_options.virtual_shards = options.virtual_shards;
   dp_options.on_device_failure = options.on_device_failure;
+  if (options.reduce_dtype != "fp32") dp_options.reduce_dtype = options.reduce_dtype == "bf16" ? DType::BFloat16 : DType::Float16;
   if (options.mode == "single") {
     dp_options.device_ids = std::vector<Device>{options.devices[0]};
   } else {

@@ -28,6 +28,8 @@ DeviceFailurePolicy parse_device_failure_policy(const std::string& name);
 // --precision's values (docs/MIXED_PRECISION.md): fp32; bf16 (autocast's bfloat16 products, CPU and CUDA);
 // fp16 (CUDA only: float16 products and a gradient scaler).
 inline const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
+// --reduce-dtype's values: DataParallelOptions::reduce_dtype as float32, bfloat16, float16.
+inline const std::vector<std::string> kReduceDtypes = {"fp32", "bf16", "fp16"};
 // Throws unless `precision` is one of them and the devices can run it (fp16: CUDA only), naming both.
 void check_precision(const std::string& precision, const std::vector<Device>& devices);
 // Autocast for --precision on `devices` (all of one kind) for the guard's scope; nothing for fp32.
@@ -66,6 +68,7 @@ struct EngineOptions {
   int64_t virtual_shards = 0;            // --virtual-shards (0: the engine's default)
   DeviceFailurePolicy on_device_failure = DeviceFailurePolicy::Fail;  // --on-device-failure
   std::string precision = "fp32";        // --precision: fp32, bf16 or fp16 (kPrecisions)
+  std::string reduce_dtype = "fp32";     // --reduce-dtype: the dtype DDP's gradient buckets travel in
   std::optional<CollectiveBackend> dist;  // --dist mpi, mpi-nccl: dp/ddp over the devices of every process
   uint64_t seed = 0;                    // initial weights
   std::string resume;                   // checkpoint to start from (model and optimizer)
