@@ -165,4 +165,11 @@ double DataParallel::samples_over_processes(ProcessGroup& group, int rank, int64
   return sum_over_processes(group, rank, {static_cast<double>(samples)})[0];
 }
 
+bool DataParallel::any_over_processes(ProcessGroup& group, int rank, bool flag) {
+  Tensor value = Tensor::from_vector(std::vector<float>{flag ? 1.0f : 0.0f}, {1},
+                                     TensorOptions(DType::Float32).with_device(group.devices()[rank]));
+  group.all_reduce(rank, value, ReduceOp::Max);
+  return value.item() != 0.0;
+}
+
 }  // namespace dpe

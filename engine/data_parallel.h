@@ -154,6 +154,10 @@ struct StepReport {
   // the step was redone on cpu:0 cpu:2"); empty when nothing failed.
   std::vector<std::string> recovered_failures;
   std::vector<std::pair<Device, MemoryStats>> memory;  // per device_ids entry, after the step
+  // With a GradScaler (DataParallel::set_grad_scaler): the scale this step's backward used (1 without one)
+  // and whether optimizer_step skipped the update because a gradient held an inf or NaN.
+  double loss_scale = 1.0;
+  bool skipped_step = false;
 };
 
 // LossFn (layers/loss.h): the loss of a batch (DP: the gathered output, on output_device) or of one replica's
@@ -162,6 +166,9 @@ struct StepReport {
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Tensor>& params)>;
 
 class DataParallel;
+namespace optim {
+class GradScaler;  // optim/grad_scaler.h; include it to make one
+}  // namespace optim
 // The engine's internals (engine/*.h beside this one, private to engine/ by Bazel visibility): declared, not
 // included, so that a user of DataParallel compiles against this header and replica_error.h alone.
 class DeviceWorkerPool;
@@ -223,6 +230,17 @@ class DataParallel {
   void zero_grad();       // gradients of the replicas the mode owns become undefined
   // zero_grad + forward_backward + optimizer_step. Not inside no_sync.
   double train_step(const Tensor& input, const Tensor& target, const LossFn& loss);
+  // Dynamic loss scaling for the step API (PyTorch's GradScaler recipe; null: none, the default). While set,
+  // forward_backward backpropagates scaler.scale(loss) (the loss it returns stays unscaled) and
+  // optimizer_step unscales the gradients, skips the update when one holds an inf or NaN, and calls
+  // scaler.update() once. DP: the master's optimizer goes through the scaler. DDP: every replica unscales its
+  // own gradients and the found-inf flags are combined (max) over every replica of every process, so that
+  // every replica steps or none does (Note [One skip decision] in engine/grad_scaling.cc). StepReport says
+  // loss_scale and skipped_step. forward() plus a hand-written backward do not use it: call
+  // scaler.scale(loss).backward() and scaler.step(dp.optimizer()) there, as with one device. The same scaler
+  // object may be shared with checkpoints (state_dict) but not with another engine's steps.
+  void set_grad_scaler(std::shared_ptr<optim::GradScaler> scaler);
+  optim::GradScaler* grad_scaler() const { return scaler_.get(); }
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
   bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
 
@@ -282,6 +300,12 @@ class DataParallel {
   // and the number of samples.
   static double loss_over_processes(ProcessGroup& group, int rank, double loss, int64_t samples);
   static double samples_over_processes(ProcessGroup& group, int rank, int64_t samples);
+  // Whether `flag` is set on any member of any process of `group` (member `rank`'s part; an all-reduce, max).
+  static bool any_over_processes(ProcessGroup& group, int rank, bool flag);
+  // With an enabled grad scaler (grad_scaling.cc): the tensor the step's backward starts from, and the
+  // optimizer step through the scaler.
+  Tensor backward_root(const Tensor& loss) const;
+  void scaled_optimizer_step();
   // The mode's gradient reducer over the parameters that require grad (trainable_).
   void build_reducer();
   // Picks up requires_grad changes made after construction (Note [Frozen parameters]).
@@ -339,6 +363,7 @@ class DataParallel {
   std::unique_ptr<DdpReducer> ddp_reducer_;     // DDP mode
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers_;
   OptimizerFactory optimizer_factory_;  // set_mode makes the replicas' optimizers with it
+  std::shared_ptr<optim::GradScaler> scaler_;  // set_grad_scaler; null: no loss scaling
   bool require_backward_grad_sync_ = true;
   // ParallelMode::Auto (mode_switch.cc): each mode's measured train_step times; null without Auto.
   struct AutoModeState {

@@ -168,8 +168,9 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
       loss_ms[r] = ms_since(start);
 
       start = Clock::now();
-      if (sync) ddp_reducer_->mark_unused_parameters(r, loss);
-      loss.backward();
+      const Tensor root = backward_root(loss);  // loss x scale with a grad scaler
+      if (sync) ddp_reducer_->mark_unused_parameters(r, root);
+      root.backward();
       if (sync) ddp_reducer_->finalize_backward(r);
       backward_ms[r] = ms_since(start);
       losses[r] = loss.item();

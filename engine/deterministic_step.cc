@@ -134,7 +134,7 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
       Tensor loss = checked_loss(loss_fn, replica.forward(x), y);
       forward_ms[d] += ms_since(phase);
       phase = Clock::now();
-      (loss * (static_cast<double>(shard_rows[k]) / static_cast<double>(batch))).backward();
+      backward_root(loss * (static_cast<double>(shard_rows[k]) / static_cast<double>(batch))).backward();
       backward_ms[d] += ms_since(phase);
       losses[k] = loss.item();
       for (size_t p = 0; p < replica_params_[d].size(); ++p) {

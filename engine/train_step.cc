@@ -5,6 +5,7 @@
 #include "engine/gradient_reducer.h"
 #include "engine/worker_pool.h"
 #include "engine/timing.h"
+#include "optim/grad_scaler.h"
 
 namespace dpe {
 
@@ -70,7 +71,7 @@ double DataParallel::forward_backward_once(const Tensor& input, const Tensor& ta
       Tensor loss = checked_loss(loss_fn, output, target.to(output_device_, /*non_blocking=*/true));
       report_.loss_ms = ms_since(start);
       start = Clock::now();
-      loss.backward();  // through DataParallelGatherNode, which fills reduce_ms, when several devices ran
+      backward_root(loss).backward();  // through DataParallelGatherNode, which fills reduce_ms, when several devices ran
       report_.backward_ms = ms_since(start);
       loss_value = loss.item();
       if (across_processes) loss_value = average_masters(loss_value, input.size(options_.dim));
@@ -81,6 +82,7 @@ double DataParallel::forward_backward_once(const Tensor& input, const Tensor& ta
     }
   }
   report_.loss = loss_value;
+  report_.loss_scale = scaler_ ? scaler_->get_scale() : 1.0;
   observe_split();
   refresh_memory_report();
   return loss_value;
@@ -107,7 +109,9 @@ optim::Optimizer& DataParallel::optimizer(size_t replica) {
 void DataParallel::optimizer_step() {
   DPE_CHECK(!optimizers_.empty(), "DataParallel::optimizer_step: no optimizer; call set_optimizer first");
   auto start = Clock::now();
-  if (options_.mode == ParallelMode::DP) {
+  if (scaler_ && scaler_->is_enabled()) {
+    scaled_optimizer_step();  // engine/grad_scaling.cc
+  } else if (options_.mode == ParallelMode::DP) {
     optimizers_[0]->step();
   } else {
     run_replicas([&](size_t r) { optimizers_[r]->step(); });
