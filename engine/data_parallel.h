@@ -236,9 +236,11 @@ class DataParallel {
   // scaler.update() once. DP: the master's optimizer goes through the scaler. DDP: every replica unscales its
   // own gradients and the found-inf flags are combined (max) over every replica of every process, so that
   // every replica steps or none does (Note [One skip decision] in engine/grad_scaling.cc). StepReport says
-  // loss_scale and skipped_step. forward() plus a hand-written backward do not use it: call
-  // scaler.scale(loss).backward() and scaler.step(dp.optimizer()) there, as with one device. The same scaler
-  // object may be shared with checkpoints (state_dict) but not with another engine's steps.
+  // loss_scale and skipped_step. To clip gradients, call scaler.unscale_(optimizer(r)) for every optimizer
+  // between forward_backward and optimizer_step (PyTorch's recipe); optimizer_step then uses the flags
+  // unscale_ recorded instead of unscaling again. forward() plus a hand-written backward do not use it: call
+  // scaler.scale(loss).backward(), scaler.step(dp.optimizer()) and scaler.update() there, as with one device.
+  // A scaler drives one engine at a time (its update() runs once per optimizer_step here).
   void set_grad_scaler(std::shared_ptr<optim::GradScaler> scaler);
   optim::GradScaler* grad_scaler() const { return scaler_.get(); }
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }

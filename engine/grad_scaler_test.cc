@@ -18,6 +18,7 @@
 #include "layers/activation.h"
 #include "layers/linear.h"
 #include "layers/loss.h"
+#include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "tests/testing/devices.h"
@@ -187,6 +188,46 @@ TEST(DataParallelGradScaler, DdpCombinesTheFlagsOfEveryReplica) {
   EXPECT_TRUE(dp.last_step().skipped_step);
   EXPECT_EQ(scaler->get_scale(), 32768.0);
   for (size_t r = 0; r < 3; ++r) expect_equal(dp.replica(r).parameters(), before[r], "replica " + std::to_string(r));
+}
+
+// PyTorch's clipping recipe: unscale_ every optimizer, clip, step. optimizer_step must not unscale again.
+std::vector<Tensor> train_clipped(std::vector<Device> devices, ParallelMode mode) {
+  manual_seed(7);
+  DataParallel dp(std::make_shared<Mlp>(), {.device_ids = devices, .mode = mode});
+  dp.set_optimizer(sgd());
+  auto scaler = make_scaler();
+  dp.set_grad_scaler(scaler);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = randn({12, 6}), y = randn({12, 3});
+    dp.zero_grad();
+    dp.forward_backward(x, y, loss_fn);
+    for (size_t r = 0; r < dp.num_optimizers(); ++r) {
+      scaler->unscale_(dp.optimizer(r));
+      optim::clip_grad_norm_(dp.replica(r).parameters(), 0.1);
+    }
+    dp.optimizer_step();
+    EXPECT_FALSE(dp.last_step().skipped_step);
+  }
+  return dp.module().parameters();
+}
+
+TEST(DataParallelGradScaler, GradientsUnscaledByTheCallerAreNotUnscaledAgain) {
+  const std::vector<Tensor> one = train_clipped(cpu_devices(1), ParallelMode::DP);
+  // The same clipping on true gradients, without a scaler.
+  manual_seed(7);
+  DataParallel plain(std::make_shared<Mlp>(), {.device_ids = cpu_devices(1)});
+  plain.set_optimizer(sgd());
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = randn({12, 6}), y = randn({12, 3});
+    plain.zero_grad();
+    plain.forward_backward(x, y, loss_fn);
+    optim::clip_grad_norm_(plain.module().parameters(), 0.1);
+    plain.optimizer_step();
+  }
+  expect_close(one, plain.module().parameters(), 1e-6, "one device, clipped");
+  for (ParallelMode mode : {ParallelMode::DP, ParallelMode::DDP}) {
+    expect_close(train_clipped(cpu_devices(2), mode), one, 1e-6, mode_name(mode));
+  }
 }
 
 TEST(DataParallelGradScaler, ADisabledScalerChangesNothing) {

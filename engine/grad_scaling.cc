@@ -11,11 +11,13 @@
 //  2. one all-reduce of one value (max) over the DDP group, i.e. every replica of every process, gives every
 //     replica the combined flag;
 //  3. each replica records the combined flag for its optimizer (GradScaler::record_unscaled) and steps by it;
+//     an optimizer its user already unscale_'d (to clip) keeps its gradients and contributes its own flag;
 //  4. scaler.update() runs once, on the caller's thread, after every replica has finished.
 // DP mode has one optimizer, the master's; across processes its flag is combined over the masters' group the
 // same way (every process calls optimizer_step at the same point, as it calls forward_backward).
 // The deterministic mode backpropagates each shard's weighted loss times the scale and steps the same way; a
 // power-of-two scale is exact, so its results stay the same bits for any device count.
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -24,6 +26,17 @@
 #include "optim/grad_scaler.h"
 
 namespace dpe {
+
+namespace {
+
+// Unscales `optimizer`'s gradients and returns their flag, unless the caller already did with unscale_ (e.g.
+// to clip them between forward_backward and optimizer_step, PyTorch's recipe): then the flag it recorded.
+bool unscaled_found_inf(optim::GradScaler& scaler, optim::Optimizer& optimizer) {
+  const std::optional<bool> recorded = scaler.recorded_found_inf(optimizer);
+  return recorded ? *recorded : scaler.unscale_grads(optimizer);
+}
+
+}  // namespace
 
 void DataParallel::set_grad_scaler(std::shared_ptr<optim::GradScaler> scaler) { scaler_ = std::move(scaler); }
 
@@ -34,7 +47,7 @@ void DataParallel::scaled_optimizer_step() {
   try {
     if (options_.mode == ParallelMode::DP) {
       optim::Optimizer& optimizer = *optimizers_[0];
-      bool found_inf = scaler.unscale_grads(optimizer);
+      bool found_inf = unscaled_found_inf(scaler, optimizer);
       if (masters_) found_inf = any_over_processes(*masters_, 0, found_inf);
       scaler.record_unscaled(optimizer, found_inf);
       report_.skipped_step = !scaler.step(optimizer);
@@ -44,7 +57,7 @@ void DataParallel::scaled_optimizer_step() {
       std::vector<char> stepped(optimizers_.size(), 0);
       run_replicas([&](size_t r) {
         optim::Optimizer& optimizer = *optimizers_[r];
-        const bool found_inf = any_over_processes(*group_, static_cast<int>(r), scaler.unscale_grads(optimizer));
+        const bool found_inf = any_over_processes(*group_, static_cast<int>(r), unscaled_found_inf(scaler, optimizer));
         scaler.record_unscaled(optimizer, found_inf);
         stepped[r] = scaler.step(optimizer);
       });

@@ -89,13 +89,23 @@ bool GradScaler::unscale_grads(const std::vector<Tensor>& grads) const {
   return found_inf;
 }
 
+bool GradScaler::unscale_grads(Optimizer& optimizer) const { return unscale_grads(gradients_of(optimizer)); }
+
 void GradScaler::record_unscaled(const Optimizer& optimizer, bool found_inf) {
   if (!options_.enabled) return;
   std::lock_guard<std::mutex> lock(mutex_);
   auto [it, inserted] = records_.try_emplace(&optimizer, Record{Stage::Unscaled, found_inf});
-  DPE_CHECK(inserted, it->second.stage == Stage::Stepped
-                          ? "GradScaler: unscale_() is being called after step() on this optimizer; call update() first"
-                          : "GradScaler: unscale_() has already been called on this optimizer since the last update()");
+  if (inserted) return;
+  DPE_CHECK(it->second.stage != Stage::Stepped, "GradScaler: record_unscaled() after step() on this optimizer; "
+            "call update() first");
+  it->second.found_inf = it->second.found_inf || found_inf;
+}
+
+std::optional<bool> GradScaler::recorded_found_inf(const Optimizer& optimizer) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = records_.find(&optimizer);
+  if (it == records_.end()) return std::nullopt;
+  return it->second.found_inf;
 }
 
 void GradScaler::unscale_(Optimizer& optimizer) {
@@ -109,7 +119,9 @@ void GradScaler::unscale_(Optimizer& optimizer) {
                                         : "GradScaler: unscale_() has already been called on this optimizer since "
                                           "the last update()");
   }
-  record_unscaled(optimizer, unscale_grads(gradients_of(optimizer)));
+  const bool found_inf = unscale_grads(optimizer);
+  std::lock_guard<std::mutex> lock(mutex_);
+  records_[&optimizer] = Record{Stage::Unscaled, found_inf};
 }
 
 bool GradScaler::step(Optimizer& optimizer) {

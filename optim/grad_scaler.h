@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,10 +81,16 @@ class GradScaler {
   // 1/scale in place and returns whether any held an inf or NaN before; it records nothing. `grads` must be
   // contiguous float32 or float64 tensors (on any devices; one flag per device, read back at the end).
   bool unscale_grads(const std::vector<Tensor>& grads) const;
-  // record_unscaled: `optimizer`'s gradients were unscaled by the caller and `found_inf` is the flag that
-  // decides its step (already combined over whatever must decide together). Throws like unscale_ when
-  // `optimizer` was already unscaled this iteration.
+  // The same for the gradients of `optimizer`'s parameters (a non-contiguous one is made contiguous first).
+  bool unscale_grads(Optimizer& optimizer) const;
+  // record_unscaled: `optimizer`'s gradients are unscaled and `found_inf` is the flag that decides its step
+  // (combined over whatever must decide together). When `optimizer` was already unscaled this iteration (its
+  // user called unscale_, e.g. to clip gradients), found_inf is OR-ed into the flag that unscale_ recorded.
+  // Throws when `optimizer` already stepped since the last update().
   void record_unscaled(const Optimizer& optimizer, bool found_inf);
+  // The flag recorded for `optimizer` this iteration (by unscale_ or record_unscaled); nullopt when it was not
+  // unscaled yet.
+  std::optional<bool> recorded_found_inf(const Optimizer& optimizer) const;
   // Forgets this iteration's per-optimizer records without touching the scale: for an engine whose step
   // failed halfway, so that the next iteration starts clean.
   void discard_records();

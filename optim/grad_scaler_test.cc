@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -201,11 +202,30 @@ TEST(GradScaler, RecordedFlagsDecideEachOptimizerAndUpdateCombinesThem) {
   EXPECT_TRUE(found_b);
   scaler.record_unscaled(opt_a, found_a || found_b);
   scaler.record_unscaled(opt_b, found_a || found_b);
-  expect_error(error_of([&] { scaler.record_unscaled(opt_a, false); }), "already been called");
+  scaler.record_unscaled(opt_a, false);  // OR-ed: the flag stays set
+  EXPECT_EQ(scaler.recorded_found_inf(opt_a), std::optional<bool>(true));
   EXPECT_FALSE(scaler.step(opt_a));  // not unscaled again, and skipped: b's NaN decides for both
   EXPECT_FALSE(scaler.step(opt_b));
+  expect_error(error_of([&] { scaler.record_unscaled(opt_a, false); }), "after step()");
   scaler.update();
+  EXPECT_EQ(scaler.recorded_found_inf(opt_a), std::nullopt);
   EXPECT_TRUE(equal(a.p0, a_before[0]));
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+}
+
+TEST(GradScaler, RecordUnscaledAfterUnscaleCombinesTheFlags) {
+  // An engine combining flags over replicas after its user unscale_'d an optimizer (to clip gradients).
+  Params ps;
+  SGD opt(ps.all(), {.lr = 0.1});
+  GradScaler scaler;
+  ps.set_grads(scaler.get_scale());
+  const std::vector<Tensor> before = clones(ps.all());
+  scaler.unscale_(opt);
+  EXPECT_EQ(scaler.recorded_found_inf(opt), std::optional<bool>(false));
+  scaler.record_unscaled(opt, true);  // another replica found an inf
+  EXPECT_FALSE(scaler.step(opt));
+  scaler.update();
+  EXPECT_TRUE(equal(ps.p0, before[0]));
   EXPECT_EQ(scaler.get_scale(), 32768.0);
 }
 
