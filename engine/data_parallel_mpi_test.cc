@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "optim/adam.h"
+#include "optim/grad_scaler.h"
 #include "scatter_gather/chunking.h"
 
 namespace dpe {
@@ -313,6 +315,52 @@ TEST(DpAcrossProcesses, DifferentModelsAreRefusedNamingTheFirstDifference) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("DP across processes: process 1's model differs from process 0's at state "
                                          "entry 0"), std::string::npos) << e.what();
+  }
+}
+
+// GradScaler across processes (engine/grad_scaling.cc, Note [One skip decision]): under no_sync each process
+// keeps its own gradients; an inf planted in process 1's alone must skip the step in every process, in both
+// modes, and back off every process's scale alike.
+TEST(GradScalerAcrossProcesses, AnInfInOneProcessSkipsTheStepEverywhere) {
+  const int p = process_rank(), processes = process_count();
+  const int64_t batch = 8 * processes;
+  const auto batches = global_batches(9, batch);
+  for (ParallelMode mode : {ParallelMode::DDP, ParallelMode::DP}) {
+    const std::string what = std::string(mode_name(mode)) + " process " + std::to_string(p);
+    DataParallel across(make_model(300), {.device_ids = cpus(0, 2), .mode = mode, .backend = CollectiveBackend::Mpi});
+    across.set_optimizer([](const std::vector<Tensor>& params) {
+      return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-2});
+    });
+    auto scaler = std::make_shared<optim::GradScaler>();
+    across.set_grad_scaler(scaler);
+    const auto& [x, y] = batches[0];
+    const int64_t rows = batch / processes;
+    across.train_step(x.narrow(0, rows * p, rows), y.narrow(0, rows * p, rows), mse);
+    ASSERT_FALSE(across.last_step().skipped_step) << what;
+
+    across.zero_grad();
+    {
+      NoSyncGuard no_sync(across);
+      across.forward_backward(x.narrow(0, rows * p, rows), y.narrow(0, rows * p, rows), mse);
+    }
+    std::vector<std::vector<Tensor>> before;
+    for (size_t r = 0; r < across.num_optimizers(); ++r) {
+      before.emplace_back();
+      for (const Tensor& t : across.replica(r).parameters()) before.back().push_back(t.detach().clone());
+    }
+    if (p == 1) {
+      Tensor grad = across.module().parameters()[0].grad();
+      grad.fill_(std::numeric_limits<double>::infinity());
+    }
+    across.optimizer_step();
+    EXPECT_TRUE(across.last_step().skipped_step) << what;
+    EXPECT_EQ(scaler->get_scale(), 32768.0) << what;
+    for (size_t r = 0; r < across.num_optimizers(); ++r) {
+      const std::vector<Tensor> now = across.replica(r).parameters();
+      for (size_t k = 0; k < now.size(); ++k) {
+        EXPECT_TRUE(equal(now[k], before[r][k])) << what << " replica " << r << " parameter " << k << " moved";
+      }
+    }
   }
 }
 
