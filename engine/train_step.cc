@@ -1,4 +1,5 @@
 // The step API shared by DP and DDP mode: forward_backward, the optimizers, zero_grad, no_sync.
+#include "core/amp/autocast.h"
 #include "core/error.h"
 #include "engine/data_parallel.h"
 #include "engine/ddp_reducer.h"
@@ -116,6 +117,9 @@ void DataParallel::optimizer_step() {
   } else {
     run_replicas([&](size_t r) { optimizers_[r]->step(); });
   }
+  // The parameters changed in place: a cast cached on this thread under a caller's autocast guard is stale
+  // (the workers' caches end with their tasks).
+  amp::clear_autocast_cache();
   report_.optimizer_ms = ms_since(start);
 }
 

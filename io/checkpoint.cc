@@ -520,6 +520,9 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
     safetensors::append_member(meta, "training.rng." + g.device,
                                std::to_string(g.seed) + "," + std::to_string(g.offset));
   }
+  for (const auto& [k, v] : state.grad_scaler) {
+    safetensors::append_member(meta, "training.grad_scaler." + k, format_double(v));
+  }
   for (const auto& [k, v] : state.metadata) safetensors::append_member(meta, "user." + k, v);
   if (optimizer != nullptr) {
     const optim::OptimizerStateDict sd = optimizer->state_dict();
@@ -621,7 +624,7 @@ void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimize
     loaded.epoch = parse_int(path, "training.epoch", require_meta(path, f, "training.epoch"));
     loaded.step = parse_int(path, "training.step", require_meta(path, f, "training.step"));
     const std::string rng_prefix = "training.rng.";
-    const std::string user_prefix = "user.";
+    const std::string user_prefix = "user.", scaler_prefix = "training.grad_scaler.";
     for (const auto& [key, value] : f.metadata) {
       if (key.rfind(rng_prefix, 0) == 0) {
         const size_t comma = value.find(',');
@@ -630,6 +633,8 @@ void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimize
                               parse_uint(path, key, value.substr(comma + 1))});
       } else if (key.rfind(user_prefix, 0) == 0) {
         loaded.metadata[key.substr(user_prefix.size())] = value;
+      } else if (key.rfind(scaler_prefix, 0) == 0) {
+        loaded.grad_scaler[key.substr(scaler_prefix.size())] = parse_double(path, key, value);
       }
     }
   }

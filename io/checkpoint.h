@@ -12,7 +12,7 @@
 // into other safetensors readers. Optimizer state tensors are "optimizer.state.<index>.<name>"; everything
 // that is not a tensor is a string in __metadata__:
 //   format = "pt", dpe.checkpoint_version = "1", training.epoch, training.step,
-//   training.rng.<device> = "<seed>,<offset>", user.<key> = <value>,
+//   training.rng.<device> = "<seed>,<offset>", training.grad_scaler.<key> = <double>, user.<key> = <value>,
 //   optimizer.type, optimizer.param_groups = <count>, optimizer.param_groups.<g>.{lr, params, <option>},
 //   optimizer.state.<index>.<scalar> (e.g. Adam's step)
 // Doubles are written with 17 significant digits, so they read back bit-identical.
@@ -54,6 +54,9 @@ struct TrainingState {
   // fills it from the file.
   std::vector<GeneratorState> rng = {};
   std::map<std::string, std::string> metadata = {};  // the user's own strings
+  // A GradScaler's state_dict() (optim/grad_scaler.h; empty: none), as "training.grad_scaler.<key>": the loss
+  // scale and its growth tracker resume exactly. Values are checked by GradScaler::load_state_dict.
+  std::map<std::string, double> grad_scaler = {};
 };
 
 // The current state of every default generator (every CPU and CUDA device this process has).

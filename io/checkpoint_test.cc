@@ -109,7 +109,11 @@ TEST(CheckpointTest, RoundTripIsBitExact) {
   train_step(model, opt, b.x, b.y);
   train_step(model, opt, b.x, b.y);
   rand({5});  // move the cpu:0 generator off its initial offset
-  TrainingState st{.epoch = 3, .step = 17, .rng = {}, .metadata = {{"note", "h\xc3\xa9 \"quoted\"\n\\"}, {"k", ""}}};
+  TrainingState st{.epoch = 3,
+                   .step = 17,
+                   .rng = {},
+                   .metadata = {{"note", "h\xc3\xa9 \"quoted\"\n\\"}, {"k", ""}},
+                   .grad_scaler = {{"scale", 32768.0}, {"growth_tracker", 1999}, {"backoff_factor", 0.1}}};
   const std::string path = temp_path("roundtrip.safetensors");
   save_checkpoint(path, model, &opt, st);
   EXPECT_TRUE(fs::exists(path));
@@ -144,6 +148,7 @@ TEST(CheckpointTest, RoundTripIsBitExact) {
   EXPECT_EQ(loaded.epoch, 3);
   EXPECT_EQ(loaded.step, 17);
   EXPECT_EQ(loaded.metadata, st.metadata);
+  EXPECT_EQ(loaded.grad_scaler, st.grad_scaler);  // 0.1 too: 17 digits read back bit-identical
   EXPECT_EQ(loaded.rng.size(), capture_rng_state().size());
   // The generators continue where they were at save time.
   EXPECT_EQ(rand({4}, TensorOptions(DType::Float64)).to_vector<double>(), next_random);

@@ -71,6 +71,13 @@ std::optional<DType> lower_precision_dtype(const Device& device) {
 
 Tensor cast_operand(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t.detach();
+  if (t.dim() >= 2 && !t.is_contiguous()) {
+    // A transposed view (a weight's .t(), a gradient's transpose in backward) is cast in its storage order and
+    // viewed again: the GEMMs take transposed operands as they are, and a transposing copy is several times
+    // slower than a straight one.
+    Tensor stored = t.transpose(-2, -1);
+    if (stored.is_contiguous()) return cast_operand(stored, dtype).transpose(-2, -1);
+  }
   const bool cacheable = state.depth > 0 && t.is_leaf() && t.requires_grad();
   if (!cacheable) {
     NoGradGuard no_grad;

@@ -777,6 +777,83 @@ TYPED_TEST(Parity, GemmDegenerateSizes) {
   check_gemm<TypeParam>({5, 7, 3, Transpose::No, Transpose::No, 0});
 }
 
+// 16-bit operands (autocast's products, float32 C). bfloat16: CPU (oneDNN) against CUDA (cublasGemmEx) on the
+// same operands; float16, which CPU does not run: CUDA against a float64 product of the same half values. A
+// product of two 16-bit values is exact in float32, so the float32 bound of check_gemm applies.
+void check_gemm_16bit(DType dtype, int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb, double beta) {
+  const int64_t a_cols = ta == Transpose::No ? k : m, a_rows = ta == Transpose::No ? m : k;
+  const int64_t b_cols = tb == Transpose::No ? n : k, b_rows = tb == Transpose::No ? k : n;
+  GemmArgs g;
+  g.dtype = dtype;
+  g.trans_a = ta, g.trans_b = tb;
+  g.m = m, g.n = n, g.k = k;
+  g.beta = beta;
+  g.lda = a_cols, g.ldb = b_cols, g.ldc = n;
+  std::vector<float> a = random_vector<float, Rng>(a_rows * a_cols, -1, 1, 43);
+  std::vector<float> b = random_vector<float, Rng>(b_rows * b_cols, -1, 1, 47);
+  const std::vector<float> c0 = random_vector<float, Rng>(m * n, -1, 1, 53);
+  std::vector<uint16_t> a16, b16;  // the 16-bit patterns; a and b become their values
+  for (std::vector<float>* v : {&a, &b}) {
+    std::vector<uint16_t>& bits = v == &a ? a16 : b16;
+    for (float& x : *v) {
+      if (dtype == DType::BFloat16) {
+        bits.push_back(float_to_bfloat16(x).bits);
+        x = bfloat16_to_float(BFloat16{bits.back()});
+      } else {
+        bits.push_back(float_to_half(x).bits);
+        x = half_to_float(Half{bits.back()});
+      }
+    }
+  }
+  std::vector<float> want(c0.size());
+  std::vector<double> tol(c0.size());
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double dot = 0, abs_ab = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        const double x = a[ta == Transpose::No ? i * g.lda + l : l * g.lda + i];
+        const double y = b[tb == Transpose::No ? l * g.ldb + j : j * g.ldb + l];
+        dot += x * y;
+        abs_ab += std::abs(x * y);
+      }
+      const size_t ci = static_cast<size_t>(i * n + j);
+      want[ci] = static_cast<float>(dot + beta * c0[ci]);
+      tol[ci] = kEps<float> * (2 * (k + 2) * abs_ab + 2 * std::abs(beta * c0[ci]) + std::abs(want[ci]));
+    }
+  }
+  if (dtype == DType::BFloat16) {
+    std::vector<float> cpu = c0;
+    GemmArgs host = g;
+    host.a = a16.data(), host.b = b16.data(), host.c = cpu.data();
+    gemm_cpu(host);
+    want = cpu;
+  }
+  auto d_a = upload(a16);
+  auto d_b = upload(b16);
+  auto d_c = upload(c0);
+  GemmArgs dev = g;
+  dev.a = d_a->get(), dev.b = d_b->get(), dev.c = d_c->get();
+  gemm_cuda(stream(), cuda::cublas_handle(kDevice), dev);
+  const std::vector<float> gpu = download<float>(*d_c, c0.size());
+  std::ostringstream label;
+  label << dtype << " gemm m=" << m << " n=" << n << " k=" << k << " ta=" << (ta == Transpose::Yes)
+        << " tb=" << (tb == Transpose::Yes) << " beta=" << beta;
+  expect_close(want, gpu, [&](size_t i) { return tol[i]; }, label.str());
+}
+
+TEST(Parity16, GemmBf16AndFp16OperandsAccumulateInFloat32) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    for (Transpose ta : {Transpose::No, Transpose::Yes}) {
+      for (Transpose tb : {Transpose::No, Transpose::Yes}) {
+        check_gemm_16bit(dtype, 1, 1, 1, ta, tb, 0.0);
+        check_gemm_16bit(dtype, 33, 17, 65, ta, tb, 0.0);
+        check_gemm_16bit(dtype, 128, 96, 200, ta, tb, 0.5);
+      }
+    }
+  }
+}
+
 #endif  // DPE_WITH_CUDA
 
 }  // namespace

@@ -107,7 +107,10 @@ Tensor matmul_on(const Tensor& a, const Tensor& b, const Tensor& a_op, const Ten
   // What backward reads: the operands as the GEMMs saw them (16-bit under autocast), with a's shape.
   Tensor sa = a_op, sb = b_op;
   autograd::record(out, {a, b}, "MatmulBackward",
-                   [sa, sb, grad_a, grad_b, lowp](const Tensor& g) -> std::vector<Tensor> {
+                   [sa, sb, grad_a, grad_b, lowp](const Tensor& incoming) -> std::vector<Tensor> {
+    // Under autocast the gradient is cast once for both products (unless it requires grad itself: a double
+    // backward must reach it through the products).
+    const Tensor g = lowp && !incoming.requires_grad() ? amp::cast_operand(incoming, *lowp) : incoming;
     Tensor ga, gb;
     if (grad_a) ga = sum_to(matmul_as(g, sb.transpose(-2, -1), lowp), sa.shape());
     if (grad_b) {

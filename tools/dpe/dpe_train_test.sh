@@ -52,6 +52,19 @@ PY
 expect 2 "replica 1 on cpu:1: failure injected by --inject-failure on cpu:1" --model mlp --mode ddp --device-ids cpu:0,cpu:1 \
   --limit 256 --epochs 1 --inject-failure cpu:1@0
 # --split auto trains (uneven shards, gradients weighted by shard size).
+# --precision bf16 (autocast) with --reduce-dtype bf16: learns like float32, and the report says so. fp16 is
+# CUDA's (refused on CPU devices, naming one).
+check "bf16" "$bin" train --model mlp --mode ddp --precision bf16 --reduce-dtype bf16 --epochs 1 --limit 1024 \
+  --batch-size 64 --lr 0.05 --json "$tmp/bf16.json"
+grep -q "precision bf16" <<<"$out" || { echo "FAILED: no 'precision bf16' in the header: $out"; fail=1; }
+python3 - "$tmp/bf16.json" <<'PY' || { echo "FAILED: the bf16 JSON report"; fail=1; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["precision"] == "bf16" and r["reduce_dtype"] == "bf16" and r["final_test_accuracy"] > 0.55, r
+assert r["epochs"][0]["skipped_steps"] == 0 and r["epochs"][0]["loss_scale"] == 1, r
+PY
+expect_error "--precision fp16 runs on CUDA devices only (float16 products and a gradient scaler); got cpu:0" --precision fp16
+expect_error "--reduce-dtype bf16 compresses DDP's gradient all-reduce; --mode dp has none" --mode dp --reduce-dtype bf16
 check "split auto" "$bin" train --model mlp --mode ddp --split auto --epochs 1 --limit 1024 --batch-size 64 --lr 0.05
 grep -q "final test accuracy 0\.[5-9]" <<<"$out" || { echo "FAILED: --split auto accuracy: $out"; fail=1; }
 # --mode auto: times dp and ddp, says which it keeps, and reports it in the JSON; trains as well as either.

@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 
 #include "data/data_loader.h"
 #include "io/checkpoint.h"
 #include "models/models.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
@@ -197,7 +199,7 @@ void run_train(TrainArgs args) {
     if (prints) progress.emplace("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.epochs), loader.num_batches());
     auto start = std::chrono::steady_clock::now();
     double loss_sum = 0;
-    int64_t samples = 0, steps = 0;
+    int64_t samples = 0, steps = 0, skipped = 0;  // skipped: steps the gradient scaler skipped (inf/NaN)
     while (std::optional<data::Batch> batch = loader.next()) {
       const ParallelMode mode_before = dp->mode();
       double loss = 0;
@@ -207,6 +209,7 @@ void run_train(TrainArgs args) {
         loss = dp->train_step(slice.of(batch->inputs), slice.of(batch->targets), loss_fn);
       }
       ++step_in_run;
+      skipped += dp->last_step().skipped_step ? 1 : 0;
       if (dp->mode() != mode_before) make_schedulers(epoch * loader.num_batches() + steps);
       for (auto& scheduler : schedulers) scheduler->step();
       for (const std::string& recovered : dp->last_step().recovered_failures) {
@@ -226,19 +229,27 @@ void run_train(TrainArgs args) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     accuracy = evaluate();
     double rate = static_cast<double>(samples) / seconds;
-    char summary[160];
+    char summary[224];
     std::snprintf(summary, sizeof summary, "loss %.4f  test accuracy %.4f  %.0f samples/s  %.1f s",
                   loss_sum / static_cast<double>(samples), accuracy, rate, seconds);
+    if (dp->grad_scaler() != nullptr) {  // --precision fp16
+      const size_t used = std::strlen(summary);
+      std::snprintf(summary + used, sizeof summary - used, "  loss scale %g, %lld steps skipped",
+                    dp->last_step().loss_scale, static_cast<long long>(skipped));
+    }
     progress->finish(summary);
     epochs_json.push_back({{"epoch", epoch + 1},
                            {"train_loss", as_printed("%.6f", loss_sum / static_cast<double>(samples))},
                            {"test_accuracy", as_printed("%.6f", accuracy)},
+                           {"skipped_steps", skipped},
+                           {"loss_scale", as_printed("%g", dp->last_step().loss_scale)},
                            {"samples_per_s", as_printed("%.2f", rate)},
                            {"seconds", as_printed("%.3f", seconds)}});
     if (args.save_every > 0 && ((epoch + 1) % args.save_every == 0 || epoch + 1 == args.epochs)) {
       // Replicas are identical (DDP) or the master holds the model (DP): replica 0 is the model.
-      io::save_checkpoint(args.checkpoint, dp->module(), &dp->optimizer(0),
-                              {.epoch = epoch + 1, .step = (epoch + 1) * loader.num_batches()});
+      io::TrainingState state{.epoch = epoch + 1, .step = (epoch + 1) * loader.num_batches()};
+      if (const optim::GradScaler* scaler = dp->grad_scaler()) state.grad_scaler = scaler->state_dict();
+      io::save_checkpoint(args.checkpoint, dp->module(), &dp->optimizer(0), state);
       std::fprintf(stderr, "saved %s (epoch %lld)\n", args.checkpoint.c_str(), static_cast<long long>(epoch + 1));
     }
   }

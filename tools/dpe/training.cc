@@ -10,6 +10,7 @@
 #include "io/checkpoint.h"
 #include "layers/sync_batchnorm.h"
 #include "models/models.h"
+#include "optim/grad_scaler.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "scatter_gather/chunking.h"
@@ -173,6 +174,13 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
   if (!options.resume.empty()) io::load_checkpoint(options.resume, *model, nullptr, &state);
   auto dp = std::make_unique<DataParallel>(model, dp_options);  // DDP: replica 0's (resumed) weights to all
   dp->set_optimizer(optimizer_factory(optimizer));
+  if (options.precision == "fp16") {
+    // float16 gradients need loss scaling (PyTorch's defaults); a resumed run continues the saved scale. A
+    // checkpoint of a float32 or bfloat16 run has none: the scaler starts afresh.
+    auto scaler = std::make_shared<optim::GradScaler>();
+    if (!state.grad_scaler.empty()) scaler->load_state_dict(state.grad_scaler);
+    dp->set_grad_scaler(std::move(scaler));
+  }
   if (!options.resume.empty()) {
     size_t optimizers = options.mode == "ddp" ? dp->device_ids().size() : 1;
     for (size_t r = 0; r < optimizers; ++r) io::load_checkpoint(options.resume, dp->replica(r), &dp->optimizer(r));

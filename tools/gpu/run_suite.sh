@@ -369,6 +369,9 @@ if ((bench)); then
       run_bench "dpe_bench_$model" "" "$dpe_tool" bench --model "$model" --modes single,dp,ddp \
         --json "$results/bench/dpe_bench_$model.json"
     done
+    # Mixed precision (docs/MIXED_PRECISION.md): autocast's 16-bit GEMMs and fp16 with its gradient scaler.
+    run_bench "dpe_bench_mlp_precisions" "" "$dpe_tool" bench --model mlp --modes single,ddp \
+      --precision fp32,bf16,fp16 --json "$results/bench/dpe_bench_mlp_precisions.json"
     run_bench "dpe_bench_mlp@2dev" "DPE_CUDA_LOGICAL_DEVICES=0,0" "$dpe_tool" bench --model mlp \
       --modes single,dp,ddp --json "$results/bench/dpe_bench_mlp@2dev.json"
     run_bench "dpe_collectives@2dev" "DPE_CUDA_LOGICAL_DEVICES=0,0" "$dpe_tool" collectives \
