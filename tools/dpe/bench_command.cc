@@ -316,7 +316,7 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   }
   const double flops = models::train_flops_per_sample(args.model);
   const PeakFlops peak = machine_peak();
-  std::printf("# FMA-peak limit (float32 FMAs): %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
+  std::printf("# FMA-peak limit: %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
               peak.source.c_str(), flops / 1e6);
   for (const Row& r : rows) {
     if (r.note.empty()) {
