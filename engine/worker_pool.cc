@@ -66,8 +66,11 @@ std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text) {
 
 namespace {
 
-// Runs `fn` and returns the exception it threw, if any, as a message.
-std::exception_ptr capture(const std::function<void()>& fn) {
+// Runs `fn` and returns the exception it threw, if any. A template, not a std::function: wrapping the
+// worker's lambda would allocate outside the try, and a bad_alloc there ends the worker thread in
+// std::terminate.
+template <typename F>
+std::exception_ptr capture(F&& fn) {
   try {
     fn();
   } catch (...) {
@@ -90,13 +93,20 @@ std::string message_of(const std::exception_ptr& e) {
 
 }  // namespace
 
+// Note [A run allocates nothing]
+// run() hands out its work as pointers and plain values (Impl's task fields, Worker::has_task), never as a
+// std::function built per task: that would allocate once the pool's state says a run is under way, and out
+// of memory there would leave workers holding a task that refers to a caller already gone (run() throwing
+// with `pending` set), or end a worker in std::terminate. From the state change to the return nothing
+// allocates but the ReplicaError that reports a failure (worker_pool_test counts on it, failing every
+// allocation during a run).
 struct DeviceWorkerPool::Impl {
   struct Worker {
     Device device;
     std::vector<int> cores;  // $DPE_CPU_DEVICE_CORES's entry for this CPU device: pinned there; empty: not
     std::thread thread;
     size_t index = 0;
-    std::function<void()> task;  // set by run(), cleared by the worker when done
+    bool has_task = false;  // set by run(), cleared by the worker when it takes the task
     std::exception_ptr error;
     uint64_t failure_order = 0;  // this run's failures are numbered 0, 1, ... in the order they happened
   };
@@ -113,7 +123,11 @@ struct DeviceWorkerPool::Impl {
   size_t pending = 0;
   bool stopping = false;
   uint64_t failures = 0;                 // failures numbered so far in this run
-  FailureCallback on_failure;            // this run's; set before the tasks are handed out
+  // This run's task (Note [A run allocates nothing]): the caller's objects, alive until run() returns.
+  const std::function<void(size_t)>* fn = nullptr;
+  const FailureCallback* on_failure = nullptr;
+  bool grad_enabled = true;
+  amp::AutocastState autocast;
 
   void loop(Worker& w) {
     std::unique_ptr<tbb::task_arena> arena;
@@ -135,15 +149,24 @@ struct DeviceWorkerPool::Impl {
     }
     uint64_t seen = 0;
     while (true) {
-      std::function<void()> task;
       {
         std::unique_lock lock(mutex);
-        work_ready.wait(lock, [&] { return stopping || (generation != seen && w.task); });
+        work_ready.wait(lock, [&] { return stopping || (generation != seen && w.has_task); });
         if (stopping) return;
         seen = generation;
-        task = std::move(w.task);
-        w.task = nullptr;
+        w.has_task = false;
       }
+      // pending counts this worker until the end of the iteration, so run() has not returned and everything
+      // the task fields point to is alive.
+      auto task = [&] {
+        GradMode::set_enabled(grad_enabled);
+        // The caller's autocast for this task; the worker's cast cache is emptied when it ends, however.
+        amp::set_autocast_state(autocast);
+        struct AutocastReset {
+          ~AutocastReset() { amp::set_autocast_state({}); }
+        } reset;
+        (*fn)(w.index);
+      };
       std::exception_ptr error = capture([&] {
 #if DPE_WITH_CUDA
         std::unique_ptr<cuda::DeviceGuard> guard;
@@ -155,18 +178,14 @@ struct DeviceWorkerPool::Impl {
           task();
         }
       });
-      // Nothing of this step may outlive the hand-over: the caller may destroy what the task refers to,
-      // and reads (then frees) the exception as soon as pending reaches 0.
-      task = nullptr;
       if (error) {
         {
           std::lock_guard lock(mutex);
           w.failure_order = failures++;
         }
-        // pending still counts this worker, so run() has not returned and on_failure is alive.
-        if (on_failure) {
+        if (*on_failure) {
           try {
-            on_failure(w.index, error);
+            (*on_failure)(w.index, error);
           } catch (...) {
           }
         }
@@ -235,31 +254,25 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
                            const FailureCallback& on_failure) {
   DPE_CHECK(count <= size(), "DeviceWorkerPool::run: ", count, " replicas for ", size(), " workers");
   if (count == 0) return;
-  bool grad_enabled = GradMode::is_enabled();
-  const amp::AutocastState autocast = amp::autocast_state();
   {
     std::unique_lock lock(impl_->mutex);
     DPE_INTERNAL_ASSERT(impl_->pending == 0, "DeviceWorkerPool::run is not reentrant");
     ++impl_->generation;
     impl_->pending = count;
     impl_->failures = 0;
-    impl_->on_failure = on_failure;
+    impl_->fn = &fn;
+    impl_->on_failure = &on_failure;
+    impl_->grad_enabled = GradMode::is_enabled();
+    impl_->autocast = amp::autocast_state();
     for (size_t i = 0; i < count; ++i) {
       impl_->workers[i]->error = nullptr;
-      impl_->workers[i]->task = [&fn, i, grad_enabled, autocast] {
-        GradMode::set_enabled(grad_enabled);
-        // The caller's autocast for this task; the worker's cast cache is emptied when it ends, however.
-        amp::set_autocast_state(autocast);
-        struct AutocastReset {
-          ~AutocastReset() { amp::set_autocast_state({}); }
-        } reset;
-        fn(i);
-      };
+      impl_->workers[i]->has_task = true;
     }
   }
   impl_->work_ready.notify_all();
   std::unique_lock lock(impl_->mutex);
   impl_->work_done.wait(lock, [&] { return impl_->pending == 0; });
+  impl_->fn = nullptr;
   impl_->on_failure = nullptr;
   std::vector<Impl::Worker*> failed;
   for (size_t i = 0; i < count; ++i) {

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <new>
 #include <cstdio>
 #include <fstream>
 #include <system_error>
@@ -18,6 +20,19 @@
 #include "core/autograd/grad_mode.h"
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
+
+// Every allocation of this test binary fails while g_fail_allocations is set (ARunAllocatesNothing).
+namespace {
+std::atomic<bool> g_fail_allocations{false};
+}  // namespace
+
+void* operator new(size_t size) {
+  if (g_fail_allocations.load(std::memory_order_relaxed)) throw std::bad_alloc();
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace dpe {
 namespace {
@@ -124,6 +139,31 @@ TEST(WorkerPoolTest, CarriesGradModeAndLimitsCpuThreads) {
   EXPECT_GE(pool.cpu_threads_per_device(), 1);
   EXPECT_LE(pool.cpu_threads_per_device(), std::max(1u, std::thread::hardware_concurrency()));
   EXPECT_THROW(pool.run(3, [](size_t) {}), Error);
+}
+
+// Note [A run allocates nothing] (engine/worker_pool.cc): with every allocation on every thread failing, a
+// run still hands out its tasks, carries the grad mode, and leaves the pool usable. It used to build each
+// worker's task as a std::function (an allocation after the run had started: run() threw and left the
+// workers half-started) and to wrap it again on the worker outside any try (std::terminate: seen under
+// `ulimit -v` in dpe_errors_test).
+TEST(WorkerPoolTest, ARunAllocatesNothing) {
+  DeviceWorkerPool pool(cpu_devices(3));
+  std::atomic<int> ran{0}, grad_enabled{0};
+  const std::function<void(size_t)> task = [&](size_t) {
+    ran.fetch_add(1);
+    grad_enabled.fetch_add(GradMode::is_enabled() ? 1 : 0);
+  };
+  pool.run(3, task);  // each worker's oneTBB arena is set up by its first task
+  {
+    NoGradGuard no_grad;
+    g_fail_allocations = true;
+    pool.run(3, task);
+    g_fail_allocations = false;
+  }
+  EXPECT_EQ(ran.load(), 6);
+  EXPECT_EQ(grad_enabled.load(), 3);
+  pool.run(3, task);
+  EXPECT_EQ(ran.load(), 9);
 }
 
 // A worker thread that cannot be created (memory or the thread limit exhausted) is an exception from the
