@@ -22,8 +22,9 @@
 // Devices: CPU autocast is bfloat16 only (float16 is an error naming the dtype: oneDNN 2.6 has no CPU f16
 // products). Where the CPU lacks bfloat16 instructions (kernels::cpu_has_bf16_instructions()), a CPU guard
 // warns once on stderr and leaves autocast off: oneDNN's emulation is slower than float32 (measured,
-// docs/MIXED_PRECISION.md). CUDA autocast takes bfloat16 or float16 (the default, like PyTorch) for GEMMs;
-// CUDA convolutions stay float32 for now.
+// docs/MIXED_PRECISION.md). CUDA autocast takes bfloat16 or float16 (the default, like PyTorch) for GEMMs
+// (cuBLAS) and convolutions (cuDNN, whose 16-bit results are rounded once before they are widened to float32:
+// core/kernels/conv_cuda.cu).
 //
 // Thread-safety and threads: the state is per thread, like grad mode. dpe's DataParallel hands the calling
 // thread's state to its device workers for each task (engine/worker_pool.h), so a caller's guard covers

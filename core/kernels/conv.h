@@ -1,8 +1,8 @@
 // 2-d convolution (PyTorch's conv2d: cross-correlation, NCHW, groups), forward and its two backward passes.
 //
-// Layouts (all contiguous, dtype float32 or float64, or on CPU bfloat16 operands: each pass's inputs x, w,
-// dy in bfloat16 and its output y, dx or dw and the bias in float32, accumulated in float32: autocast's
-// convolutions, core/amp/autocast.h):
+// Layouts (all contiguous, dtype float32 or float64, or 16-bit operands for autocast's convolutions
+// (core/amp/autocast.h): each pass's inputs x, w, dy in bfloat16 (CPU and CUDA) or float16 (CUDA only),
+// accumulated in float32, and its output y, dx or dw and the bias in float32 (conv2d_output_dtype)):
 //   x:  (N, C_in, H, W)                      y:  (N, C_out, H_out, W_out)
 //   w:  (C_out, C_in / groups, kH, kW)       b:  (C_out) or null
 //   H_out = (H + 2 pad_h - dil_h (kH - 1) - 1) / stride_h + 1, likewise W_out.
@@ -11,7 +11,10 @@
 // per shape, cached); float64 (gradient checks) as im2col + gemm_cpu (core/kernels/matmul.h): no
 // hand-written GEMM in either path.
 // CUDA (conv_cuda.cu): cuDNN (cudnnConvolutionForward / BackwardData / BackwardFilter), deterministic
-// algorithms only, no TF32 (FMA math), so float32 results compare with the CPU's to a few ulps * K.
+// algorithms only, no TF32 (FMA math), so float32 results compare with the CPU's to a few ulps * K. 16-bit
+// operands run on tensor cores, and cuDNN writes 16-bit results (its legacy API has no mixed output type):
+// each output is rounded to the operand type once, then widened to float32, as PyTorch's CUDA autocast
+// rounds it; the CPU's float32 outputs are not rounded.
 //
 // Contract: outputs are overwritten (=), never accumulated; conv2d_backward_weight writes dw for the
 // whole batch. The bias gradient (the sum of dy over N, H_out, W_out) is not computed here: the op
@@ -41,13 +44,19 @@ struct Conv2dShape {
   int64_t w_out() const { return (w + 2 * pad_w - dil_w * (kw - 1) - 1) / stride_w + 1; }
 };
 
+// The dtype of y, dx, dw and the bias for operands of `operands`: float64 for float64, float32 otherwise.
+inline DType conv2d_output_dtype(DType operands) {
+  return operands == DType::Float64 ? DType::Float64 : DType::Float32;
+}
+
 // Throws naming `what` when the shape is not a valid convolution (non-positive sizes, groups not dividing
-// both channel counts, negative padding, an output with no rows/columns, a dtype other than f32/f64/bf16).
+// both channel counts, negative padding, an output with no rows/columns, a dtype other than f32/f64/bf16/f16).
 // The op layer (core/ops/conv.cc) checks the same with tensor shapes in its messages; both backends call
 // this first so a kernel never runs on a shape it cannot handle.
 inline void check_conv2d_shape(const char* what, const Conv2dShape& s) {
-  DPE_CHECK(s.dtype == DType::Float32 || s.dtype == DType::Float64 || s.dtype == DType::BFloat16, what, ": dtype ",
-            s.dtype, " is not float32, float64 or bfloat16");
+  DPE_CHECK(s.dtype == DType::Float32 || s.dtype == DType::Float64 || s.dtype == DType::BFloat16 ||
+                s.dtype == DType::Float16,
+            what, ": dtype ", s.dtype, " is not float32, float64, bfloat16 or float16");
   DPE_CHECK(s.n >= 0 && s.c_in > 0 && s.h > 0 && s.w > 0 && s.c_out > 0 && s.kh > 0 && s.kw > 0, what,
             ": sizes must be positive (N may be 0): N ", s.n, ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ",
             s.c_out, ", kH ", s.kh, ", kW ", s.kw);

@@ -345,10 +345,17 @@ void backward_weight_im2col(const Conv2dShape& s, const double* x, const double*
   }
 }
 
+// conv.h's checks, and no float16 operands: oneDNN 2.6 has no float16 convolutions on CPU (CPU autocast is
+// bfloat16 only).
+void check_cpu_conv(const char* what, const Conv2dShape& s) {
+  check_conv2d_shape(what, s);
+  DPE_CHECK(s.dtype != DType::Float16, what, ": dtype float16 runs on CUDA only (CPU: float32, float64, bfloat16)");
+}
+
 }  // namespace
 
 void conv2d_forward_cpu(const Conv2dShape& s, const void* x, const void* w, const void* b, void* y) {
-  check_conv2d_shape("conv2d_forward_cpu", s);
+  check_cpu_conv("conv2d_forward_cpu", s);
   if (s.n == 0) return;
   if (s.dtype == DType::Float64) {
     forward_im2col(s, static_cast<const double*>(x), static_cast<const double*>(w), static_cast<const double*>(b),
@@ -367,7 +374,7 @@ void conv2d_forward_cpu(const Conv2dShape& s, const void* x, const void* w, cons
 }
 
 void conv2d_backward_data_cpu(const Conv2dShape& s, const void* dy, const void* w, void* dx) {
-  check_conv2d_shape("conv2d_backward_data_cpu", s);
+  check_cpu_conv("conv2d_backward_data_cpu", s);
   if (s.n == 0) return;
   if (s.dtype == DType::Float64) {
     backward_data_im2col(s, static_cast<const double*>(dy), static_cast<const double*>(w), static_cast<double*>(dx));
@@ -379,11 +386,11 @@ void conv2d_backward_data_cpu(const Conv2dShape& s, const void* dy, const void* 
 }
 
 void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void* dy, void* dw) {
-  check_conv2d_shape("conv2d_backward_weight_cpu", s);
+  check_cpu_conv("conv2d_backward_weight_cpu", s);
   if (s.n == 0) {
     // No samples: the gradient is zero (oneDNN is not asked about an empty batch).
     const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);
-    std::memset(dw, 0, count * element_size(s.dtype == DType::Float64 ? DType::Float64 : DType::Float32));
+    std::memset(dw, 0, count * element_size(conv2d_output_dtype(s.dtype)));
     return;
   }
   if (s.dtype == DType::Float64) {

@@ -1,5 +1,6 @@
 // CUDA 2-d convolution on cuDNN (core/kernels/conv.h): cudnnConvolutionForward (+ cudnnAddTensor for the
-// bias), cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter, NCHW float32 / float64, groups.
+// bias), cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter, NCHW float32 / float64, groups;
+// bfloat16 / float16 operands for autocast (Note [16-bit convolutions]).
 //
 // Note [cuDNN algorithm choice]
 // For each (pass, shape) the algorithm is chosen once, from cudnnGet*Algorithm_v7's ranked list, and cached
@@ -9,7 +10,16 @@
 //   - does not use tensor cores (FMA math: no TF32 rounding of float32 inputs),
 // wins; if none is deterministic, the first usable FMA one is taken. So float32 results compare with the
 // CPU's to summation-order error, and a step repeats bit for bit on one GPU. Heuristics (not Find) keep
-// the choice free of timing noise and of the extra memory Find allocates.
+// the choice free of timing noise and of the extra memory Find allocates. 16-bit operands may use tensor
+// cores (their inputs are already 16-bit, nothing is rounded to TF32): the rule is the same without the
+// second condition.
+//
+// Note [16-bit convolutions]
+// conv.h's contract for bfloat16 / float16 operands is float32 outputs. cuDNN's legacy API wants x, w and y
+// in one type (its PSEUDO_HALF / PSEUDO_BFLOAT16 configurations: 16-bit data, float32 compute type), so
+// each pass writes a 16-bit result into a scratch block and one conversion (copy_cuda) widens it into the
+// float32 output; the bias is then added in float32. The result is the float32 accumulation rounded once
+// to the operand type, which is what PyTorch's CUDA autocast returns.
 //
 // Workspace comes from the device's caching allocator and is released right after the call is enqueued:
 // every kernel of a device runs on its one stream, so a later user of the block runs after this call
@@ -25,19 +35,22 @@
 #include "core/cuda/cuda_device.h"
 #include "core/device.h"
 #include "core/kernels/conv.h"
+#include "core/kernels/copy.h"
+#include "core/kernels/layout.h"
 
 namespace dpe::kernels {
 namespace {
 
-// conv.h's checks, and float32/float64 only: the 16-bit autocast convolutions are CPU-only so far (the op
-// layer runs CUDA convolutions in float32 under autocast, docs/MIXED_PRECISION.md).
-void check_cuda_conv(const char* what, const Conv2dShape& s) {
-  check_conv2d_shape(what, s);
-  DPE_CHECK(s.dtype == DType::Float32 || s.dtype == DType::Float64, what, ": dtype ", s.dtype,
-            " is not float32 or float64 (bfloat16 convolutions run on CPU only)");
-}
+bool is_16bit(DType dtype) { return dtype == DType::BFloat16 || dtype == DType::Float16; }
 
-cudnnDataType_t data_type(DType dtype) { return dtype == DType::Float64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT; }
+cudnnDataType_t data_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float64: return CUDNN_DATA_DOUBLE;
+    case DType::BFloat16: return CUDNN_DATA_BFLOAT16;
+    case DType::Float16: return CUDNN_DATA_HALF;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
 
 // cuDNN's descriptors take int sizes.
 int to_int(int64_t v, const char* what) {
@@ -69,26 +82,30 @@ struct ConvDesc {
   ConvDesc& operator=(const ConvDesc&) = delete;
 };
 
-// x: (N, C_in, H, W)  y: (N, C_out, H_out, W_out)  w: (C_out, C_in/g, kH, kW)  bias: (1, C_out, 1, 1)
+// x: (N, C_in, H, W)  y: (N, C_out, H_out, W_out)  w: (C_out, C_in/g, kH, kW), all in the operand type;
+// y_out (y's shape) and bias (1, C_out, 1, 1) in the output type (conv2d_output_dtype).
 struct Descriptors {
-  TensorDesc x, y, bias;
+  TensorDesc x, y, y_out, bias;
   FilterDesc w;
   ConvDesc conv;
 
   Descriptors(const char* what, const Conv2dShape& s) {
-    const cudnnDataType_t t = data_type(s.dtype);
+    const cudnnDataType_t t = data_type(s.dtype), out = data_type(conv2d_output_dtype(s.dtype));
     DPE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.d, CUDNN_TENSOR_NCHW, t, to_int(s.n, what), to_int(s.c_in, what),
                                                to_int(s.h, what), to_int(s.w, what)));
-    DPE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y.d, CUDNN_TENSOR_NCHW, t, to_int(s.n, what), to_int(s.c_out, what),
-                                               to_int(s.h_out(), what), to_int(s.w_out(), what)));
-    DPE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias.d, CUDNN_TENSOR_NCHW, t, 1, to_int(s.c_out, what), 1, 1));
+    for (TensorDesc* d : {&y, &y_out}) {
+      DPE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d->d, CUDNN_TENSOR_NCHW, d == &y ? t : out, to_int(s.n, what),
+                                                 to_int(s.c_out, what), to_int(s.h_out(), what),
+                                                 to_int(s.w_out(), what)));
+    }
+    DPE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias.d, CUDNN_TENSOR_NCHW, out, 1, to_int(s.c_out, what), 1, 1));
     DPE_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.d, t, CUDNN_TENSOR_NCHW, to_int(s.c_out, what),
                                                to_int(s.c_in / s.groups, what), to_int(s.kh, what),
                                                to_int(s.kw, what)));
     DPE_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv.d, to_int(s.pad_h, what), to_int(s.pad_w, what),
                                                     to_int(s.stride_h, what), to_int(s.stride_w, what),
                                                     to_int(s.dil_h, what), to_int(s.dil_w, what),
-                                                    CUDNN_CROSS_CORRELATION, t));
+                                                    CUDNN_CROSS_CORRELATION, out));
     DPE_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv.d, to_int(s.groups, what)));
     DPE_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.d, CUDNN_FMA_MATH));
   }
@@ -115,22 +132,23 @@ bool is_tensor_op(cudnnMathType_t m) {
   return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
 }
 
-// Picks from cuDNN's ranked perf results (any of the three Perf structs).
+// Picks from cuDNN's ranked perf results (any of the three Perf structs); tensor cores only for 16-bit data.
 template <typename Perf>
-Choice pick(const char* what, const std::vector<Perf>& perf, int returned) {
+Choice pick(const char* what, const std::vector<Perf>& perf, int returned, bool allow_tensor_ops) {
   const Perf* fallback = nullptr;
   for (int i = 0; i < returned; ++i) {
     const Perf& p = perf[i];
-    if (p.status != CUDNN_STATUS_SUCCESS || is_tensor_op(p.mathType)) continue;
+    if (p.status != CUDNN_STATUS_SUCCESS || (!allow_tensor_ops && is_tensor_op(p.mathType))) continue;
     if (p.determinism == CUDNN_DETERMINISTIC) return {static_cast<int>(p.algo), p.mathType};
     if (fallback == nullptr) fallback = &p;
   }
-  DPE_CHECK(fallback != nullptr, what, ": cuDNN offers no usable non-tensor-core algorithm for this shape (",
-            returned, " candidates)");
+  DPE_CHECK(fallback != nullptr, what, ": cuDNN offers no usable ",
+            allow_tensor_ops ? "" : "non-tensor-core ", "algorithm for this shape (", returned, " candidates)");
   return {static_cast<int>(fallback->algo), fallback->mathType};
 }
 
-Choice choose(const char* what, Pass pass, cudnnHandle_t handle, const Descriptors& d) {
+Choice choose(const char* what, Pass pass, cudnnHandle_t handle, const Conv2dShape& s, const Descriptors& d) {
+  const bool tensor_ops = is_16bit(s.dtype);
   int count = 0, returned = 0;
   switch (pass) {
     case Pass::Forward: {
@@ -138,21 +156,21 @@ Choice choose(const char* what, Pass pass, cudnnHandle_t handle, const Descripto
       std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(count);
       DPE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.d, d.w.d, d.conv.d, d.y.d, count, &returned,
                                                              perf.data()));
-      return pick(what, perf, returned);
+      return pick(what, perf, returned, tensor_ops);
     }
     case Pass::BackwardData: {
       DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &count));
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(count);
       DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.d, d.y.d, d.conv.d, d.x.d, count,
                                                                   &returned, perf.data()));
-      return pick(what, perf, returned);
+      return pick(what, perf, returned, tensor_ops);
     }
     case Pass::BackwardFilter: {
       DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &count));
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(count);
       DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x.d, d.y.d, d.conv.d, d.w.d, count,
                                                                     &returned, perf.data()));
-      return pick(what, perf, returned);
+      return pick(what, perf, returned, tensor_ops);
     }
   }
   DPE_INTERNAL_ASSERT(false, "unknown conv pass ", static_cast<int>(pass));
@@ -175,7 +193,7 @@ Choice algorithm_for(const char* what, Pass pass, int device, cudnnHandle_t hand
     }
   }
   if (!found) {
-    choice = choose(what, pass, handle, d);
+    choice = choose(what, pass, handle, s, d);
     std::lock_guard lock(mutex);
     cache->emplace(key, choice);
   }
@@ -219,13 +237,28 @@ cudnnHandle_t handle_on(int device, cudaStream_t stream) {
   return handle;
 }
 
+// Runs `pass(result)` so that its `numel` results end up in `out` (conv2d_output_dtype): directly for float32
+// and float64 operands, through a 16-bit scratch block widened afterwards for 16-bit ones (Note [16-bit
+// convolutions]).
+template <typename Run>
+void into_output(cudaStream_t stream, int device, DType operands, int64_t numel, void* out, Run pass) {
+  if (!is_16bit(operands)) {
+    pass(out);
+    return;
+  }
+  Workspace scratch(device, static_cast<size_t>(numel) * element_size(operands));
+  pass(scratch.get());
+  const Layout layout = contiguous_layout(1, &numel);
+  copy_cuda(stream, scratch.get(), operands, layout, out, conv2d_output_dtype(operands), layout);
+}
+
 }  // namespace
 
 // x: (N, C_in, H, W)  w: (C_out, C_in/g, kH, kW)  b: (C_out) or null  y: (N, C_out, H_out, W_out)
 void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, const void* x, const void* w,
                          const void* b, void* y) {
   const char* what = "conv2d_forward_cuda";
-  check_cuda_conv(what, s);
+  check_conv2d_shape(what, s);
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
@@ -235,10 +268,12 @@ void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, 
   DPE_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.d, d.w.d, d.conv.d, d.y.d, algo, &bytes));
   Workspace ws(device, bytes);
   const Scalars k;
-  DPE_CUDNN_CHECK(cudnnConvolutionForward(handle, k.one(s.dtype), d.x.d, x, d.w.d, w, d.conv.d, algo, ws.get(),
-                                          ws.size(), k.zero(s.dtype), d.y.d, y));
+  into_output(stream, device, s.dtype, s.n * s.c_out * s.h_out() * s.w_out(), y, [&](void* result) {
+    DPE_CUDNN_CHECK(cudnnConvolutionForward(handle, k.one(s.dtype), d.x.d, x, d.w.d, w, d.conv.d, algo, ws.get(),
+                                            ws.size(), k.zero(s.dtype), d.y.d, result));
+  });
   if (b != nullptr) {
-    DPE_CUDNN_CHECK(cudnnAddTensor(handle, k.one(s.dtype), d.bias.d, b, k.one(s.dtype), d.y.d, y));
+    DPE_CUDNN_CHECK(cudnnAddTensor(handle, k.one(s.dtype), d.bias.d, b, k.one(s.dtype), d.y_out.d, y));
   }
 }
 
@@ -246,7 +281,7 @@ void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, 
 void conv2d_backward_data_cuda(cudaStream_t stream, int device, const Conv2dShape& s, const void* dy, const void* w,
                                void* dx) {
   const char* what = "conv2d_backward_data_cuda";
-  check_cuda_conv(what, s);
+  check_conv2d_shape(what, s);
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
@@ -257,18 +292,21 @@ void conv2d_backward_data_cuda(cudaStream_t stream, int device, const Conv2dShap
       cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.d, d.y.d, d.conv.d, d.x.d, algo, &bytes));
   Workspace ws(device, bytes);
   const Scalars k;
-  DPE_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, k.one(s.dtype), d.w.d, w, d.y.d, dy, d.conv.d, algo, ws.get(),
-                                               ws.size(), k.zero(s.dtype), d.x.d, dx));
+  into_output(stream, device, s.dtype, s.n * s.c_in * s.h * s.w, dx, [&](void* result) {
+    DPE_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, k.one(s.dtype), d.w.d, w, d.y.d, dy, d.conv.d, algo,
+                                                 ws.get(), ws.size(), k.zero(s.dtype), d.x.d, result));
+  });
 }
 
 // x: (N, C_in, H, W)  dy: (N, C_out, H_out, W_out)  dw: (C_out, C_in/g, kH, kW)
 void conv2d_backward_weight_cuda(cudaStream_t stream, int device, const Conv2dShape& s, const void* x,
                                  const void* dy, void* dw) {
   const char* what = "conv2d_backward_weight_cuda";
-  check_cuda_conv(what, s);
+  check_conv2d_shape(what, s);
+  const int64_t count = s.c_out * (s.c_in / s.groups) * s.kh * s.kw;
   if (s.n == 0) {
-    const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);
-    DPE_CUDA_CHECK(cudaMemsetAsync(dw, 0, count * element_size(s.dtype), stream));
+    DPE_CUDA_CHECK(
+        cudaMemsetAsync(dw, 0, static_cast<size_t>(count) * element_size(conv2d_output_dtype(s.dtype)), stream));
     return;
   }
   cudnnHandle_t handle = handle_on(device, stream);
@@ -280,8 +318,10 @@ void conv2d_backward_weight_cuda(cudaStream_t stream, int device, const Conv2dSh
       cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x.d, d.y.d, d.conv.d, d.w.d, algo, &bytes));
   Workspace ws(device, bytes);
   const Scalars k;
-  DPE_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, k.one(s.dtype), d.x.d, x, d.y.d, dy, d.conv.d, algo,
-                                                 ws.get(), ws.size(), k.zero(s.dtype), d.w.d, dw));
+  into_output(stream, device, s.dtype, count, dw, [&](void* result) {
+    DPE_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, k.one(s.dtype), d.x.d, x, d.y.d, dy, d.conv.d, algo,
+                                                   ws.get(), ws.size(), k.zero(s.dtype), d.w.d, result));
+  });
 }
 
 }  // namespace dpe::kernels

@@ -1,5 +1,5 @@
-// conv2d: input checks, dispatch to the conv kernels (core/kernels/conv.h), and backward. Under CPU autocast
-// (core/amp/autocast.h) the kernels read bfloat16 casts of x, the weight and dy, and write float32.
+// conv2d: input checks, dispatch to the conv kernels (core/kernels/conv.h), and backward. Under autocast
+// (core/amp/autocast.h) the kernels read 16-bit casts of x, the weight and dy, and write float32.
 #include "core/ops/conv.h"
 
 #include "core/amp/autocast.h"
@@ -38,12 +38,9 @@ kernels::Conv2dShape conv_shape(const Tensor& x, const Tensor& weight, std::arra
   return s;
 }
 
-// What the kernels write for operands of s.dtype (conv.h: float32 for bfloat16 operands).
-DType output_dtype(const kernels::Conv2dShape& s) { return s.dtype == DType::Float64 ? DType::Float64 : DType::Float32; }
-
 // dy: (N, C_out, H_out, W_out)  weight: (C_out, C_in/g, kH, kW)  -> dx: (N, C_in, H, W)
 Tensor conv2d_backward_data(const kernels::Conv2dShape& s, const Tensor& dy, const Tensor& weight) {
-  Tensor dx = Tensor::empty({s.n, s.c_in, s.h, s.w}, options_of(weight).with_dtype(output_dtype(s)));
+  Tensor dx = Tensor::empty({s.n, s.c_in, s.h, s.w}, options_of(weight).with_dtype(kernels::conv2d_output_dtype(s.dtype)));
   dispatch(
       weight.device(), [&] { kernels::conv2d_backward_data_cpu(s, dy.data_ptr(), weight.data_ptr(), dx.data_ptr()); },
       [&](auto stream) {
@@ -55,7 +52,7 @@ Tensor conv2d_backward_data(const kernels::Conv2dShape& s, const Tensor& dy, con
 
 // x: (N, C_in, H, W)  dy: (N, C_out, H_out, W_out)  -> dw: (C_out, C_in/g, kH, kW)
 Tensor conv2d_backward_weight(const kernels::Conv2dShape& s, const Tensor& x, const Tensor& dy) {
-  Tensor dw = Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, options_of(x).with_dtype(output_dtype(s)));
+  Tensor dw = Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, options_of(x).with_dtype(kernels::conv2d_output_dtype(s.dtype)));
   dispatch(
       x.device(), [&] { kernels::conv2d_backward_weight_cpu(s, x.data_ptr(), dy.data_ptr(), dw.data_ptr()); },
       [&](auto stream) {
@@ -103,9 +100,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
             ") is smaller than the dilated kernel (", kh_eff, ", ", kw_eff, ")");
 
   kernels::Conv2dShape s = conv_shape(x, weight, stride, padding, dilation, groups);
-  // Autocast: CPU only (CUDA convolutions stay float32 for now, core/amp/autocast.h).
   const std::optional<DType> lowp =
-      x.dtype() == DType::Float32 && x.device().is_cpu() ? amp::lower_precision_dtype(x.device()) : std::nullopt;
+      x.dtype() == DType::Float32 ? amp::lower_precision_dtype(x.device()) : std::nullopt;
   Tensor xc = x.detach().contiguous(), wc = weight.detach().contiguous();
   if (lowp) {
     s.dtype = *lowp;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/amp/autocast.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/conv.h"
@@ -331,6 +332,55 @@ TEST(ConvCudaTest, Conv2dMatchesCpu) {
             return conv2d(t[0], t[1], t.size() > 2 ? t[2] : Tensor(), c.stride, c.padding, c.dilation, c.groups);
           },
           in, dtype == DType::Float32 ? 1e-4 : 1e-12);
+    }
+  }
+}
+
+// Autocast on CUDA (Note [16-bit convolutions], core/kernels/conv_cuda.cu): each pass multiplies 16-bit
+// operands with float32 accumulation and rounds its result to the operand type once before widening it to
+// float32. Reference: the float64 convolution of the same rounded operands (x, w forward; dy, w and x, dy
+// backward) on CPU. Bound: one rounding (2^-8 relative for bfloat16, 2^-11 for float16) of the largest
+// element, doubled for the float32 accumulation. The bias and its gradient stay float32.
+TEST(ConvCudaTest, AutocastConv2dRoundsOperandsAndResultOnce) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    const double unit = dtype == DType::BFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    for (const ConvConfig& c : kConfigs) {
+      SCOPED_TRACE(describe(c) + " " + std::string(dtype_name(dtype)));
+      const Tensor x = randn_leaf({c.n, c.c_in, c.h, c.w}, 61).detach().to(DType::Float32);
+      const Tensor w = randn_leaf({c.c_out, c.c_in / c.groups, c.kh, c.kw}, 62).detach().to(DType::Float32);
+      const Tensor b = c.bias ? randn_leaf({c.c_out}, 63).detach().to(DType::Float32) : Tensor();
+      auto on_gpu = [&](const Tensor& t) { return t.defined() ? t.to(gpu).set_requires_grad(true) : Tensor(); };
+      Tensor xg = on_gpu(x), wg = on_gpu(w), bg = on_gpu(b);
+      Tensor y;
+      {
+        amp::AutocastGuard autocast(DeviceKind::CUDA, dtype);
+        y = conv2d(xg, wg, bg, c.stride, c.padding, c.dilation, c.groups);
+      }
+      ASSERT_EQ(y.dtype(), DType::Float32);
+      const Tensor dy = randn(y.shape());
+      y.backward(dy.to(gpu));
+
+      auto rounded = [&](const Tensor& t) { return t.to(dtype).to(DType::Float64).set_requires_grad(true); };
+      Tensor xr = rounded(x), wr = rounded(w), br = c.bias ? b.to(DType::Float64).set_requires_grad(true) : Tensor();
+      Tensor yr = conv2d(xr, wr, br, c.stride, c.padding, c.dilation, c.groups);
+      yr.backward(dy.to(dtype).to(DType::Float64));
+      // `rounded_part`: the value cuDNN rounded (y before the float32 bias is added).
+      auto expect_within_one_rounding = [&](const Tensor& got, const Tensor& want, const Tensor& rounded_part,
+                                            const char* what) {
+        ASSERT_EQ(got.dtype(), DType::Float32) << what;
+        const double bound = 2 * unit * max_abs_diff(rounded_part, zeros_like(rounded_part)) + 1e-6;
+        EXPECT_LE(max_abs_diff(got.to(Device::cpu(0)).to(DType::Float64), want), bound) << what;
+      };
+      const Tensor conv_only = conv2d(xr.detach(), wr.detach(), Tensor(), c.stride, c.padding, c.dilation, c.groups);
+      expect_within_one_rounding(y, yr, conv_only, "y");
+      expect_within_one_rounding(xg.grad(), xr.grad(), xr.grad(), "dx");
+      expect_within_one_rounding(wg.grad(), wr.grad(), wr.grad(), "dw");
+      if (c.bias) {
+        // dbias sums the unrounded float32 dy.
+        EXPECT_LE(max_abs_diff(bg.grad().to(Device::cpu(0)), sum(dy, std::vector<int64_t>{0, 2, 3})), 1e-5);
+      }
     }
   }
 }
