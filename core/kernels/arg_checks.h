@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "core/kernels/batch_norm.h"
 #include "core/kernels/layout.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/softmax.h"
@@ -20,6 +21,14 @@ inline void check_n(const char* what, int64_t n) { DPE_CHECK(n >= 0, what, ": n 
 inline void check_axis_dims(const char* what, int64_t outer, int64_t size, int64_t inner) {
   DPE_CHECK(outer >= 0 && size >= 0 && inner >= 0, what, ": negative dimension in (outer ", outer, ", size ", size,
             ", inner ", inner, ")");
+}
+
+// A batch-norm shape: N, C, S >= 0; with `needs_values` (the statistics) at least one value per channel.
+inline void check_batch_norm_shape(const char* what, const BatchNormShape& s, bool needs_values = false) {
+  DPE_CHECK(s.n >= 0 && s.c >= 0 && s.s >= 0, what, ": negative dimension in (N ", s.n, ", C ", s.c, ", S ", s.s,
+            ")");
+  DPE_CHECK(!needs_values || s.c == 0 || s.n * s.s > 0, what, ": no values per channel (N ", s.n, ", S ", s.s,
+            ") to take statistics of");
 }
 
 // A known SoftmaxKind, then check_axis_dims.

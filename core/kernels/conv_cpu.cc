@@ -1,11 +1,11 @@
 // CPU 2-d convolution (core/kernels/conv.h).
 //
-// float32: oneDNN's convolution primitives (forward_training, backward_data, backward_weights) on plain
-// NCHW / OIHW (goihw for groups > 1) memory, so no reorder is needed; oneDNN JIT-compiles for the CPU it
-// finds. A primitive is built once per (kind, dtype, shape) and cached (Note [oneDNN primitive cache]).
-// bfloat16 operands (conv.h): the same primitives with bfloat16 inputs and float32 outputs. On these plain
-// layouts oneDNN 2.6 picks its gemm-based bf16 convolution (x64:gemm:jit), measured 1.24-1.34x its f32 one
-// (1 thread, 32x32x3x3 on 26x26, batch 32); its direct jit_bf16 kernels need blocked layouts (issue 16).
+// float32: oneDNN's convolution primitives (forward_training, backward_data, backward_weights) in the
+// layouts oneDNN chooses, the callers' plain NCHW / OIHW (goihw for groups > 1) memory reordered in and out
+// at each call (Note [oneDNN's layouts]); oneDNN JIT-compiles for the CPU it finds. A primitive is built
+// once per (kind, dtype, shape) and cached (Note [oneDNN primitive cache]).
+// bfloat16 operands (conv.h): the same primitives with bfloat16 inputs and float32 outputs (oneDNN 2.6's
+// jit_bf16 / AMX kernels where the CPU has them).
 // float64: oneDNN has no f64 convolution, so im2col (a copy loop) + gemm_cpu (OpenBLAS dgemm); used by the
 // gradient checks, where speed does not matter but exactness does.
 //
@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
@@ -67,11 +68,6 @@ Key key_of(Pass pass, const Conv2dShape& s) {
           s.groups};
 }
 
-struct CachedPrimitive {
-  dnnl::primitive primitive;
-  size_t scratchpad_bytes = 0;
-};
-
 dnnl::engine& cpu_engine() {
   static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed
   return *engine;
@@ -86,27 +82,29 @@ struct Descs {
   dims strides, dilates, pad_l, pad_r;
 };
 
-// Plain descriptors of conv.h's layouts for one pass. oneDNN's dilation counts the gaps (PyTorch's dilation
-// - 1); padding is symmetric, and oneDNN's output-size formula floors like PyTorch's.
+// Descriptors of one pass: conv.h's plain layouts (NCHW / OIHW / GOIHW), or with `any` the same shapes and
+// types in the layouts oneDNN may choose (Note [oneDNN's layouts]). oneDNN's dilation counts the gaps
+// (PyTorch's dilation - 1); padding is symmetric, and oneDNN's output-size formula floors like PyTorch's.
 // Types: float32 throughout, or (bfloat16 operands, conv.h) the pass's inputs in bfloat16 and its output and
 // the bias in float32: forward x, w -> y; backward data dy, w -> dx; backward weights x, dy -> dw. `hint`
 // (the forward descriptor the backward passes are created against) has every tensor in the operand type.
-Descs descs_of(const Conv2dShape& s, Pass pass, bool hint = false) {
+Descs descs_of(const Conv2dShape& s, Pass pass, bool any, bool hint = false) {
   const dt operands = s.dtype == DType::BFloat16 ? dt::bf16 : dt::f32;
   const bool forward = pass == Pass::Forward || pass == Pass::ForwardNoBias;
   const dt src = hint || pass != Pass::BackwardData ? operands : dt::f32;
   const dt weights = hint || pass != Pass::BackwardWeights ? operands : dt::f32;
   const dt dst = hint || !forward ? operands : dt::f32;
+  auto layout = [any](tag plain) { return any ? tag::any : plain; };
   Descs d;
-  d.src = dnnl::memory::desc({s.n, s.c_in, s.h, s.w}, src, tag::nchw);
+  d.src = dnnl::memory::desc({s.n, s.c_in, s.h, s.w}, src, layout(tag::nchw));
   if (s.groups == 1) {
-    d.weights = dnnl::memory::desc({s.c_out, s.c_in, s.kh, s.kw}, weights, tag::oihw);
+    d.weights = dnnl::memory::desc({s.c_out, s.c_in, s.kh, s.kw}, weights, layout(tag::oihw));
   } else {
-    d.weights =
-        dnnl::memory::desc({s.groups, s.c_out / s.groups, s.c_in / s.groups, s.kh, s.kw}, weights, tag::goihw);
+    d.weights = dnnl::memory::desc({s.groups, s.c_out / s.groups, s.c_in / s.groups, s.kh, s.kw}, weights,
+                                   layout(tag::goihw));
   }
   d.bias = dnnl::memory::desc({s.c_out}, dt::f32, tag::x);
-  d.dst = dnnl::memory::desc({s.n, s.c_out, s.h_out(), s.w_out()}, dst, tag::nchw);
+  d.dst = dnnl::memory::desc({s.n, s.c_out, s.h_out(), s.w_out()}, dst, layout(tag::nchw));
   d.strides = {s.stride_h, s.stride_w};
   d.dilates = {s.dil_h - 1, s.dil_w - 1};
   d.pad_l = {s.pad_h, s.pad_w};
@@ -122,7 +120,7 @@ dnnl::primitive_attr user_scratchpad() {
 
 // hint: the descriptor backward passes are created against (descs_of's `hint` types).
 dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dShape& s, bool with_bias, bool hint = false) {
-  Descs d = descs_of(s, with_bias ? Pass::Forward : Pass::ForwardNoBias, hint);
+  Descs d = descs_of(s, with_bias ? Pass::Forward : Pass::ForwardNoBias, /*any=*/true, hint);
   auto desc = with_bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                           dnnl::algorithm::convolution_direct, d.src, d.weights,
                                                           d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
@@ -132,26 +130,73 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dShape& s, bool 
   return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), cpu_engine());
 }
 
+// Note [oneDNN's layouts]
+// oneDNN's direct convolutions (jit:avx512_core, brgconv and jit on AMX for bfloat16) run on blocked layouts
+// (nChw16c, OIhw16i16o, ...); on plain NCHW it falls back to im2col + GEMM (x64:gemm:jit). So every
+// primitive is created with format `any`, and each call reorders its plain inputs into the layouts oneDNN
+// chose and its output back (cached reorder primitives, buffers from dpe). Measured on one core of the
+// 2026-11-25 Xeon (AMX) VM, batch 128, 32 -> 64 channels, 14 x 14, reorders included: float32 forward
+// 11.3 -> 5.5 ms, backward data 13.1 -> 5.3, backward weights 10.0 -> 5.3; bfloat16 7.5 -> 1.5, 8.4 -> 1.8,
+// 6.7 -> 2.2. The activations are reordered at every call; keeping them blocked between layers would save
+// those copies too (issue 16).
+struct Relayout {
+  int arg = 0;                  // DNNL_ARG_SRC, ...
+  bool output = false;          // reordered from the chosen layout into the caller's after the primitive
+  dnnl::memory::desc plain;     // conv.h's layout, the caller's
+  dnnl::memory::desc chosen;    // the layout of the primitive's argument
+  std::optional<dnnl::reorder> reorder;  // plain -> chosen (input) or chosen -> plain (output); none: equal
+};
+
+struct CachedPrimitive {
+  dnnl::primitive primitive;
+  size_t scratchpad_bytes = 0;
+  std::vector<Relayout> relayouts;  // the pass's arguments but the bias (always plain)
+};
+
+// `arg`'s relayout between conv.h's plain layout and the one the primitive chose.
+Relayout relayout_of(int arg, bool output, const dnnl::memory::desc& plain, const dnnl::memory::desc& chosen) {
+  Relayout r{arg, output, plain, chosen, std::nullopt};
+  if (chosen != plain) {
+    r.reorder = output ? dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), chosen, cpu_engine(), plain))
+                       : dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), plain, cpu_engine(), chosen));
+  }
+  return r;
+}
+
 CachedPrimitive build(Pass pass, const Conv2dShape& s) {
-  Descs d = descs_of(s, pass);
+  const Descs any = descs_of(s, pass, /*any=*/true), plain = descs_of(s, pass, /*any=*/false);
   switch (pass) {
     case Pass::Forward:
     case Pass::ForwardNoBias: {
       auto pd = forward_pd(s, pass == Pass::Forward);
-      return {dnnl::convolution_forward(pd), pd.scratchpad_desc().get_size()};
+      return {dnnl::convolution_forward(pd),
+              pd.scratchpad_desc().get_size(),
+              {relayout_of(DNNL_ARG_SRC, false, plain.src, pd.src_desc()),
+               relayout_of(DNNL_ARG_WEIGHTS, false, plain.weights, pd.weights_desc()),
+               relayout_of(DNNL_ARG_DST, true, plain.dst, pd.dst_desc())}};
     }
     case Pass::BackwardData: {
-      auto desc = dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst,
-                                                        d.strides, d.dilates, d.pad_l, d.pad_r);
-      dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(), forward_pd(s, false, true));
-      return {dnnl::convolution_backward_data(pd), pd.scratchpad_desc().get_size()};
+      auto desc = dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, any.src, any.weights,
+                                                        any.dst, any.strides, any.dilates, any.pad_l, any.pad_r);
+      dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(),
+                                                         forward_pd(s, false, true));
+      return {dnnl::convolution_backward_data(pd),
+              pd.scratchpad_desc().get_size(),
+              {relayout_of(DNNL_ARG_DIFF_DST, false, plain.dst, pd.diff_dst_desc()),
+               relayout_of(DNNL_ARG_WEIGHTS, false, plain.weights, pd.weights_desc()),
+               relayout_of(DNNL_ARG_DIFF_SRC, true, plain.src, pd.diff_src_desc())}};
     }
     case Pass::BackwardWeights: {
-      auto desc = dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src, d.weights,
-                                                           d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
+      auto desc = dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any.src,
+                                                           any.weights, any.dst, any.strides, any.dilates,
+                                                           any.pad_l, any.pad_r);
       dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), cpu_engine(),
                                                             forward_pd(s, false, true));
-      return {dnnl::convolution_backward_weights(pd), pd.scratchpad_desc().get_size()};
+      return {dnnl::convolution_backward_weights(pd),
+              pd.scratchpad_desc().get_size(),
+              {relayout_of(DNNL_ARG_SRC, false, plain.src, pd.src_desc()),
+               relayout_of(DNNL_ARG_DIFF_DST, false, plain.dst, pd.diff_dst_desc()),
+               relayout_of(DNNL_ARG_DIFF_WEIGHTS, true, plain.weights, pd.diff_weights_desc())}};
     }
   }
   DPE_INTERNAL_ASSERT(false, "unknown conv pass ", static_cast<int>(pass));
@@ -173,40 +218,73 @@ std::shared_ptr<const CachedPrimitive> primitive_for(Pass pass, const Conv2dShap
   return cache->emplace(key, std::move(built)).first->second;
 }
 
-// Runs the cached primitive of `pass` with the given (argument id, descriptor, pointer) triples.
+// One argument of a call: its oneDNN id and the caller's pointer (conv.h's plain layout).
 struct Arg {
   int id;
-  dnnl::memory::desc desc;
   const void* ptr;
 };
 
-// The scratchpad of one call: 64-byte aligned, uninitialised (a std::vector zero-filled it on every call).
+// A buffer dpe allocates for oneDNN (a scratchpad, a reordered argument): 64-byte aligned, uninitialised,
+// its allocation checked and named (Note [Exceptions and oneDNN]).
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
+using Buffer = std::unique_ptr<void, FreeDeleter>;
 
+Buffer allocate(const char* what, const char* purpose, size_t bytes, const Conv2dShape& s) {
+  Buffer buffer(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  DPE_CHECK(buffer != nullptr, what, ": out of memory allocating the ", bytes, "-byte ", purpose, " for N ", s.n,
+            ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ", s.c_out);
+  return buffer;
+}
+
+// Runs the cached primitive of `pass` on the caller's plain buffers: the bias as it is, the other arguments
+// through their relayouts (Note [oneDNN's layouts]).
 void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initializer_list<Arg> args) {
   // Note [Exceptions and oneDNN] (onednn_cpu.cc): nothing thrown in here leaves as anything but a dpe::Error.
   try {
     auto prim = primitive_for(pass, s);
-    std::unique_ptr<void, FreeDeleter> scratchpad;
-    if (prim->scratchpad_bytes > 0) {
-      const size_t bytes = (prim->scratchpad_bytes + 63) / 64 * 64;
-      scratchpad.reset(std::aligned_alloc(64, bytes));
-      DPE_CHECK(scratchpad != nullptr, what, ": out of memory allocating the ", prim->scratchpad_bytes,
-                "-byte oneDNN scratchpad for N ", s.n, ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ",
-                s.c_out);
-    }
+    dnnl::stream stream(cpu_engine());
+    std::vector<Buffer> buffers;
     std::unordered_map<int, dnnl::memory> memories;
-    for (const Arg& a : args) memories.emplace(a.id, dnnl::memory(a.desc, cpu_engine(), const_cast<void*>(a.ptr)));
+    std::vector<std::pair<const Relayout*, dnnl::memory>> outputs;  // reordered into the caller's after
+    for (const Arg& a : args) {
+      auto user = [&](const dnnl::memory::desc& desc) {
+        return dnnl::memory(desc, cpu_engine(), const_cast<void*>(a.ptr));
+      };
+      if (a.id == DNNL_ARG_BIAS) {
+        memories.emplace(a.id, user(dnnl::memory::desc({s.c_out}, dt::f32, tag::x)));
+        continue;
+      }
+      auto r = std::find_if(prim->relayouts.begin(), prim->relayouts.end(),
+                            [&](const Relayout& x) { return x.arg == a.id; });
+      DPE_INTERNAL_ASSERT(r != prim->relayouts.end(), what, ": argument ", a.id, " is not one of the pass's");
+      if (!r->reorder) {
+        memories.emplace(a.id, user(r->chosen));
+        continue;
+      }
+      buffers.push_back(allocate(what, "reordered argument", r->chosen.get_size(), s));
+      dnnl::memory chosen(r->chosen, cpu_engine(), buffers.back().get());
+      if (r->output) {
+        outputs.emplace_back(&*r, user(r->plain));
+      } else {
+        dnnl::memory from = user(r->plain);
+        r->reorder->execute(stream, from, chosen);
+      }
+      memories.emplace(a.id, chosen);
+    }
     if (prim->scratchpad_bytes > 0) {
+      buffers.push_back(allocate(what, "oneDNN scratchpad", prim->scratchpad_bytes, s));
       // The scratchpad descriptor is a plain byte buffer of that size.
       memories.emplace(DNNL_ARG_SCRATCHPAD,
                        dnnl::memory(dnnl::memory::desc({static_cast<int64_t>(prim->scratchpad_bytes)}, dt::u8, tag::x),
-                                    cpu_engine(), scratchpad.get()));
+                                    cpu_engine(), buffers.back().get()));
     }
-    dnnl::stream stream(cpu_engine());
     prim->primitive.execute(stream, memories);
+    for (auto& [r, to] : outputs) {
+      dnnl::memory from = memories.at(r->arg);
+      r->reorder->execute(stream, from, to);
+    }
     stream.wait();
   } catch (...) {
     // The shape was validated, so a failure is out of memory or an unsupported case in this oneDNN build.
@@ -362,14 +440,12 @@ void conv2d_forward_cpu(const Conv2dShape& s, const void* x, const void* w, cons
                    static_cast<double*>(y));
     return;
   }
-  const Descs d = descs_of(s, Pass::Forward);
   if (b != nullptr) {
     run_onednn("conv2d_forward_cpu", Pass::Forward, s,
-               {{DNNL_ARG_SRC, d.src, x}, {DNNL_ARG_WEIGHTS, d.weights, w}, {DNNL_ARG_BIAS, d.bias, b},
-                {DNNL_ARG_DST, d.dst, y}});
+               {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_BIAS, b}, {DNNL_ARG_DST, y}});
   } else {
     run_onednn("conv2d_forward_cpu", Pass::ForwardNoBias, s,
-               {{DNNL_ARG_SRC, d.src, x}, {DNNL_ARG_WEIGHTS, d.weights, w}, {DNNL_ARG_DST, d.dst, y}});
+               {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, y}});
   }
 }
 
@@ -380,9 +456,8 @@ void conv2d_backward_data_cpu(const Conv2dShape& s, const void* dy, const void* 
     backward_data_im2col(s, static_cast<const double*>(dy), static_cast<const double*>(w), static_cast<double*>(dx));
     return;
   }
-  const Descs d = descs_of(s, Pass::BackwardData);
   run_onednn("conv2d_backward_data_cpu", Pass::BackwardData, s,
-             {{DNNL_ARG_DIFF_DST, d.dst, dy}, {DNNL_ARG_WEIGHTS, d.weights, w}, {DNNL_ARG_DIFF_SRC, d.src, dx}});
+             {{DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, dx}});
 }
 
 void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void* dy, void* dw) {
@@ -397,9 +472,8 @@ void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void*
     backward_weight_im2col(s, static_cast<const double*>(x), static_cast<const double*>(dy), static_cast<double*>(dw));
     return;
   }
-  const Descs d = descs_of(s, Pass::BackwardWeights);
   run_onednn("conv2d_backward_weight_cpu", Pass::BackwardWeights, s,
-             {{DNNL_ARG_SRC, d.src, x}, {DNNL_ARG_DIFF_DST, d.dst, dy}, {DNNL_ARG_DIFF_WEIGHTS, d.weights, dw}});
+             {{DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_DIFF_WEIGHTS, dw}});
 }
 
 }  // namespace dpe::kernels

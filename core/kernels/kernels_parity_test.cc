@@ -21,6 +21,7 @@
 
 #include "core/allocator.h"
 #include "core/device.h"
+#include "core/kernels/batch_norm.h"
 #include "core/kernels/copy.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/matmul.h"
@@ -610,6 +611,83 @@ TYPED_TEST(Parity, SoftmaxBackward) {
 
 // ---------------------------------------------------------------------------------------------------------
 // Random fills.
+
+// Batch normalisation's passes (batch_norm.h), each fed the same inputs on both sides (the CPU's statistics
+// for the elementwise passes). Sums accumulate in double on both in different orders, then round once: one or
+// two ulps of the result's scale. The elementwise passes compute the same float expression, up to FMA
+// contraction: a few ulps of the magnitudes that meet in it.
+TYPED_TEST(Parity, BatchNormPasses) {
+  SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  for (const BatchNormShape& base : {BatchNormShape{{}, 7, 3, 1}, BatchNormShape{{}, 4, 5, 33},
+                                     BatchNormShape{{}, 2, 64, 196}, BatchNormShape{{}, 1, 1, (int64_t(1) << 20) + 3},
+                                     BatchNormShape{{}, 3, 0, 4}}) {
+    BatchNormShape s = base;
+    s.dtype = dtype_of<T>();
+    const std::string what = "N " + std::to_string(s.n) + " C " + std::to_string(s.c) + " S " + std::to_string(s.s);
+    const size_t total = static_cast<size_t>(s.n * s.c * s.s), channels = static_cast<size_t>(s.c);
+    const std::vector<T> x = random_vector<T, Rng>(total, 2, 6, s.s + 31), dy = random_vector<T, Rng>(total, -1, 1, 37);
+    const std::vector<T> w = random_vector<T, Rng>(channels, 0.5, 2, 41), b = random_vector<T, Rng>(channels, -1, 1, 43);
+    std::vector<T> mean(channels), var(channels), invstd(channels), y(total), g(channels), gx(channels), dx(total);
+    batch_norm_stats_cpu(s, x.data(), mean.data(), var.data());
+    for (size_t c = 0; c < channels; ++c) invstd[c] = T(1) / std::sqrt(var[c] + T(1e-5));
+    batch_norm_elemt_cpu(s, x.data(), mean.data(), invstd.data(), w.data(), b.data(), y.data());
+    batch_norm_backward_reduce_cpu(s, dy.data(), x.data(), mean.data(), g.data(), gx.data());
+    batch_norm_backward_elemt_cpu(s, true, dy.data(), x.data(), mean.data(), invstd.data(), w.data(), g.data(),
+                                  gx.data(), dx.data());
+
+    auto d_x = upload(x), d_dy = upload(dy), d_w = upload(w), d_b = upload(b), d_mean = upload(mean),
+         d_invstd = upload(invstd), d_g = upload(g), d_gx = upload(gx);
+    DeviceBuffer d_out(std::max<size_t>(1, bytes_of(x))), d_c1(std::max<size_t>(1, bytes_of(mean))),
+        d_c2(std::max<size_t>(1, bytes_of(mean)));
+    // Per channel: sum |x|, sum |dy|, sum |dy (x - mean)|: the scales of the sums' rounding.
+    std::vector<double> sum_x(channels), sum_dy(channels), sum_dy_xmu(channels);
+    for (size_t k = 0; k < total; ++k) {
+      const size_t c = k / static_cast<size_t>(s.s) % channels;
+      sum_x[c] += std::abs(double(x[k]));
+      sum_dy[c] += std::abs(double(dy[k]));
+      sum_dy_xmu[c] += std::abs(double(dy[k]) * (double(x[k]) - double(mean[c])));
+    }
+    const double m = double(s.n * s.s);
+    batch_norm_stats_cuda(stream(), s, d_x->get(), d_c1.get(), d_c2.get());
+    expect_close(mean, download<T>(d_c1, channels), [&](size_t c) { return 2 * kEps<T> * sum_x[c] / m; },
+                 "stats mean " + what);
+    expect_close(var, download<T>(d_c2, channels), [&](size_t c) { return 4 * kEps<T> * var[c]; }, "stats var " + what);
+
+    batch_norm_elemt_cuda(stream(), s, d_x->get(), d_mean->get(), d_invstd->get(), d_w->get(), d_b->get(), d_out.get());
+    expect_close(y, download<T>(d_out, total),
+                 [&](size_t k) {
+                   const size_t c = k / static_cast<size_t>(s.s) % channels;
+                   return 4 * kEps<T> * (std::abs(double(x[k]) - mean[c]) * invstd[c] * w[c] + std::abs(double(b[c])));
+                 },
+                 "elemt " + what);
+
+    batch_norm_backward_reduce_cuda(stream(), s, d_dy->get(), d_x->get(), d_mean->get(), d_c1.get(), d_c2.get());
+    expect_close(g, download<T>(d_c1, channels), [&](size_t c) { return 2 * kEps<T> * sum_dy[c]; },
+                 "backward_reduce sum_dy " + what);
+    expect_close(gx, download<T>(d_c2, channels), [&](size_t c) { return 2 * kEps<T> * sum_dy_xmu[c]; },
+                 "backward_reduce sum_dy_xmu " + what);
+
+    for (bool batch_stats : {true, false}) {
+      std::vector<T> want = dx;
+      if (!batch_stats) {
+        batch_norm_backward_elemt_cpu(s, false, dy.data(), nullptr, nullptr, invstd.data(), w.data(), nullptr, nullptr,
+                                      want.data());
+      }
+      batch_norm_backward_elemt_cuda(stream(), s, batch_stats, d_dy->get(), d_x->get(), d_mean->get(),
+                                     d_invstd->get(), d_w->get(), d_g->get(), d_gx->get(), d_out.get());
+      expect_close(want, download<T>(d_out, total),
+                   [&](size_t k) {
+                     const size_t c = k / static_cast<size_t>(s.s) % channels;
+                     const double terms = std::abs(double(dy[k])) + std::abs(double(g[c])) / m +
+                                          std::abs(double(x[k]) - mean[c]) * invstd[c] * invstd[c] *
+                                              std::abs(double(gx[c])) / m;
+                     return 8 * kEps<T> * terms * invstd[c] * w[c];
+                   },
+                   std::string("backward_elemt ") + (batch_stats ? "batch " : "running ") + what);
+    }
+  }
+}
 
 TYPED_TEST(Parity, RandomFills) {
   SKIP_WITHOUT_GPU();

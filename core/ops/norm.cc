@@ -1,11 +1,17 @@
-// Normalisation ops composed from differentiable ops (see core/ops/norm.h).
+// Normalisation ops: batch_norm on the fused kernels of core/kernels/batch_norm.h, layer_norm and rms_norm
+// composed from differentiable ops (see core/ops/norm.h).
 #include "core/ops/norm.h"
 
+#include "core/autograd/function.h"
 #include "core/autograd/grad_mode.h"
+#include "core/dispatch.h"
+#include "core/kernels/batch_norm.h"
 #include "core/ops.h"
 #include "core/ops/op_checks.h"
 
 namespace dpe {
+
+using detail::options_of;
 
 namespace {
 
@@ -34,39 +40,97 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
             "batch_norm: running_mean and running_var must both be given or both be absent");
   DPE_CHECK(eps >= 0, "batch_norm: eps ", eps, " is negative");
 
-  // Work on x viewed as (N, C, S), S = product of the spatial dims (a view when x is contiguous): the
-  // statistics are two reductions (over S, then N) whatever x's rank.
+  // x viewed as (N, C, S), S = the product of the spatial dims, for the kernels (core/kernels/batch_norm.h):
+  // two passes forward (statistics, normalisation) and two backward (per-channel sums, input gradient).
   const int64_t N = x.size(0);
-  const int64_t S = N * C > 0 ? x.numel() / (N * C) : 0;
-  Tensor x3 = x.reshape({N, C, S});
-  const Shape param_shape{1, C, 1};  // broadcasts a (C) tensor over (N, C, S)
-  const int64_t count = N * S;        // values per channel
+  const int64_t S = N * C > 0 ? x.numel() / (N * C) : 1;
+  const kernels::BatchNormShape shape{x.dtype(), N, C, S};
+  const int64_t count = N * S;  // values per channel
+  const Tensor xc = x.detach().contiguous();
+  const TensorOptions per_channel = options_of(x);
 
-  Tensor y;
-  if (training || !running_mean.defined()) {
+  const bool batch_stats = training || !running_mean.defined();
+  Tensor mean, invstd;
+  if (batch_stats) {
     DPE_CHECK(count > (training ? 1 : 0), "batch_norm: expected more than 1 value per channel when training, got input ",
               "size ", shape_str(x.shape()));
-    const double inv_count = 1.0 / static_cast<double>(count);
-    Tensor mean = mul(sum(x3, {0, 2}, /*keepdim=*/true), inv_count);  // (1, C, 1)
-    Tensor centered = sub(x3, mean);
-    Tensor var = mul(sum(square(centered), {0, 2}, /*keepdim=*/true), inv_count);  // biased, (1, C, 1)
-    y = mul(centered, rsqrt(add(var, eps)));
+    mean = Tensor::empty({C}, per_channel);
+    Tensor var = Tensor::empty({C}, per_channel);
+    dispatch(
+        x.device(), [&] { kernels::batch_norm_stats_cpu(shape, xc.data_ptr(), mean.data_ptr(), var.data_ptr()); },
+        [&](auto stream) {
+          kernels::batch_norm_stats_cuda(stream, shape, xc.data_ptr(), mean.data_ptr(), var.data_ptr());
+        });
+    NoGradGuard no_grad;
+    invstd = rsqrt(add(var, eps));
     if (training && running_mean.defined()) {
-      NoGradGuard no_grad;
       const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
       Tensor rm = running_mean, rv = running_var;  // handles: the update lands in the caller's buffers
       rm.mul_(1.0 - momentum);
-      rm.add_(mean.detach().reshape({C}), momentum);
+      rm.add_(mean, momentum);
       rv.mul_(1.0 - momentum);
-      rv.add_(var.detach().reshape({C}), momentum * unbias);
+      rv.add_(var, momentum * unbias);
     }
   } else {
-    Tensor rm = running_mean.detach().view(param_shape), rv = running_var.detach().view(param_shape);
-    y = mul(sub(x3, rm), rsqrt(add(rv, eps)));
+    NoGradGuard no_grad;
+    mean = running_mean.detach().clone();  // the node keeps the values this forward used
+    invstd = rsqrt(add(running_var.detach(), eps));
   }
-  if (weight.defined()) y = mul(y, weight.view(param_shape));
-  if (bias.defined()) y = add(y, bias.view(param_shape));
-  y = y.reshape(x.shape());
+
+  const Tensor w = weight.defined() ? weight.detach() : Tensor(), b = bias.defined() ? bias.detach() : Tensor();
+  auto ptr = [](const Tensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
+  Tensor y = Tensor::empty(x.shape(), options_of(x));
+  dispatch(
+      x.device(),
+      [&] { kernels::batch_norm_elemt_cpu(shape, xc.data_ptr(), mean.data_ptr(), invstd.data_ptr(), ptr(w), ptr(b), y.data_ptr()); },
+      [&](auto stream) {
+        kernels::batch_norm_elemt_cuda(stream, shape, xc.data_ptr(), mean.data_ptr(), invstd.data_ptr(), ptr(w), ptr(b),
+                                       y.data_ptr());
+      });
+
+  const bool grad_x = x.requires_grad(), grad_w = weight.defined() && weight.requires_grad();
+  const bool grad_b = bias.defined() && bias.requires_grad();
+  autograd::record(y, {x, weight, bias}, "BatchNormBackward",
+                   [shape, batch_stats, xc, mean, invstd, w, grad_x, grad_w, grad_b, ptr](const Tensor& g) {
+                     const Tensor dy = g.contiguous();
+                     // The per-channel sums: for the parameters' gradients, and for dx under batch statistics.
+                     Tensor sum_dy, sum_dy_xmu;
+                     if (grad_w || grad_b || (grad_x && batch_stats)) {
+                       sum_dy = Tensor::empty({shape.c}, options_of(mean));
+                       sum_dy_xmu = Tensor::empty({shape.c}, options_of(mean));
+                       dispatch(
+                           dy.device(),
+                           [&] {
+                             kernels::batch_norm_backward_reduce_cpu(shape, dy.data_ptr(), xc.data_ptr(),
+                                                                     mean.data_ptr(), sum_dy.data_ptr(),
+                                                                     sum_dy_xmu.data_ptr());
+                           },
+                           [&](auto stream) {
+                             kernels::batch_norm_backward_reduce_cuda(stream, shape, dy.data_ptr(), xc.data_ptr(),
+                                                                      mean.data_ptr(), sum_dy.data_ptr(),
+                                                                      sum_dy_xmu.data_ptr());
+                           });
+                     }
+                     Tensor dx;
+                     if (grad_x) {
+                       dx = Tensor::empty(xc.shape(), options_of(dy));
+                       dispatch(
+                           dy.device(),
+                           [&] {
+                             kernels::batch_norm_backward_elemt_cpu(shape, batch_stats, dy.data_ptr(), xc.data_ptr(),
+                                                                    mean.data_ptr(), invstd.data_ptr(), ptr(w),
+                                                                    ptr(sum_dy), ptr(sum_dy_xmu), dx.data_ptr());
+                           },
+                           [&](auto stream) {
+                             kernels::batch_norm_backward_elemt_cuda(stream, shape, batch_stats, dy.data_ptr(),
+                                                                     xc.data_ptr(), mean.data_ptr(), invstd.data_ptr(),
+                                                                     ptr(w), ptr(sum_dy), ptr(sum_dy_xmu),
+                                                                     dx.data_ptr());
+                           });
+                     }
+                     return std::vector<Tensor>{dx, grad_w ? mul(sum_dy_xmu, invstd) : Tensor(),
+                                                grad_b ? sum_dy : Tensor()};
+                   });
   return y;
 }
 

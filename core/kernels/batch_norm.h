@@ -1,0 +1,57 @@
+// Batch normalisation's four passes (PyTorch's batch_norm_stats, batch_norm_elemt, batch_norm_backward_reduce
+// and batch_norm_backward_elemt), so that a BatchNorm layer reads its activations twice forward and twice
+// backward instead of once per elementwise op of the composed formula (core/ops/norm.cc).
+//
+// Layout: x, y, dy, dx are contiguous (N, C, S) (S: the product of the spatial dims, 1 for (N, C) input);
+// channel c's M = N * S values are x[n, c, s] for every n and s. Per-channel vectors (mean, var, invstd,
+// weight, bias, sum_dy, sum_dy_xmu) are contiguous (C). Every pointer has dtype `dtype`: float32 or float64.
+// weight and bias may be null (1 and 0).
+//
+// Numerics: per-channel sums accumulate in double in a fixed order (CPU: planes in n order, each plane's mean
+// and squared deviations combined by Chan's update; CUDA: one block per channel, a fixed-shape tree), so
+// results do not depend on the thread count. The variance is the mean of squared deviations from the mean
+// (two passes' accuracy, no E[x^2] - E[x]^2 cancellation).
+// Aliasing: y may be x, dx may be dy (each element is read before it is written); nothing else may overlap.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/kernels/backend_types.h"
+
+namespace dpe::kernels {
+
+struct BatchNormShape {
+  DType dtype = DType::Float32;
+  int64_t n = 0, c = 0, s = 0;
+};
+
+// mean[c] = sum over (n, s) of x / M;  var[c] = sum of (x - mean[c])^2 / M (biased). Needs M > 0.
+void batch_norm_stats_cpu(const BatchNormShape& shape, const void* x, void* mean, void* var);
+void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& shape, const void* x, void* mean, void* var);
+
+// y = (x - mean[c]) * invstd[c] * weight[c] + bias[c].
+void batch_norm_elemt_cpu(const BatchNormShape& shape, const void* x, const void* mean, const void* invstd,
+                          const void* weight, const void* bias, void* y);
+void batch_norm_elemt_cuda(cudaStream_t stream, const BatchNormShape& shape, const void* x, const void* mean,
+                           const void* invstd, const void* weight, const void* bias, void* y);
+
+// sum_dy[c] = sum of dy;  sum_dy_xmu[c] = sum of dy * (x - mean[c]).  (weight's gradient is
+// sum_dy_xmu * invstd, bias's is sum_dy.)
+void batch_norm_backward_reduce_cpu(const BatchNormShape& shape, const void* dy, const void* x, const void* mean,
+                                    void* sum_dy, void* sum_dy_xmu);
+void batch_norm_backward_reduce_cuda(cudaStream_t stream, const BatchNormShape& shape, const void* dy, const void* x,
+                                     const void* mean, void* sum_dy, void* sum_dy_xmu);
+
+// The input gradient. batch_stats (the forward normalised with this batch's mean and variance, which depend
+// on x):  dx = (dy - sum_dy/M - (x - mean) * invstd^2 * sum_dy_xmu/M) * invstd * weight.
+// Otherwise (running statistics, constants):  dx = dy * invstd * weight; x, mean, sum_dy, sum_dy_xmu unused
+// (may be null).
+void batch_norm_backward_elemt_cpu(const BatchNormShape& shape, bool batch_stats, const void* dy, const void* x,
+                                   const void* mean, const void* invstd, const void* weight, const void* sum_dy,
+                                   const void* sum_dy_xmu, void* dx);
+void batch_norm_backward_elemt_cuda(cudaStream_t stream, const BatchNormShape& shape, bool batch_stats,
+                                    const void* dy, const void* x, const void* mean, const void* invstd,
+                                    const void* weight, const void* sum_dy, const void* sum_dy_xmu, void* dx);
+
+}  // namespace dpe::kernels
