@@ -1,8 +1,9 @@
 // Normalisation ops (PyTorch semantics): batch_norm, layer_norm, rms_norm.
 //
-// All three are compositions of differentiable ops of core/ops.h (sum/mean, sub, mul, rsqrt): autograd
-// derives their backward, including the batch statistics' dependence on x in training mode. See
-// docs/LAYERS.md "Normalization, dropout, embedding" for why (and what a fused kernel would buy).
+// batch_norm runs on fused kernels (core/kernels/batch_norm.h: two passes over x forward, two backward, its
+// backward written out, including the batch statistics' dependence on x in training mode); layer_norm and
+// rms_norm are compositions of differentiable ops of core/ops.h (sum/mean, sub, mul, rsqrt) whose backward
+// autograd derives. docs/LAYERS.md "Normalization, dropout, embedding" says why.
 // Optional tensors (weight, bias, running stats) are passed as undefined Tensor() when absent.
 #pragma once
 
