@@ -80,6 +80,8 @@ class Backend {
   virtual void scatter(int rank, const PostedAll& posted) = 0;
   virtual void all_to_all(int rank, const PostedAll& posted) = 0;
   virtual std::vector<uint8_t> broadcast_object(int rank, const PostedAll& posted) = 0;
+  // ProcessGroup::set_work_shares, validated and normalised (empty: equal). Called between collectives.
+  virtual void set_work_shares(const std::vector<double>& shares) {}
   // The group's two meetings already make a barrier among this process's members; a backend that spans
   // processes meets the other processes here.
   virtual void barrier(int rank) {}

@@ -1,5 +1,6 @@
 #include "collectives/process_group.h"
 
+#include <cmath>
 #include <set>
 
 #include "collectives/backend.h"
@@ -86,6 +87,23 @@ void ProcessGroup::abort(const std::string& reason) {
   // announced must be this one, the cause.
   backend_impl_->abort(reason);
   rendezvous_.abort(reason);
+}
+
+void ProcessGroup::set_work_shares(const std::vector<double>& shares) {
+  std::vector<double> normalised;
+  if (!shares.empty()) {
+    DPE_CHECK(shares.size() == devices_.size(), "ProcessGroup::set_work_shares: ", shares.size(), " shares for ",
+              size(), " members");
+    double total = 0;
+    for (size_t r = 0; r < shares.size(); ++r) {
+      DPE_CHECK(std::isfinite(shares[r]) && shares[r] > 0, "ProcessGroup::set_work_shares: share ", shares[r],
+                " of member ", r, " (", devices_[r], ") is not a positive finite number");
+      total += shares[r];
+    }
+    for (double w : shares) normalised.push_back(w / total);
+  }
+  backend_impl_->set_work_shares(normalised);
+  work_shares_ = std::move(normalised);
 }
 
 bool launched_by_mpi() { return collectives::MpiWorld::launched_by_mpi(); }

@@ -111,6 +111,16 @@ class ProcessGroup {
   // the caller).
   std::vector<uint8_t> broadcast_object(int rank, const std::vector<uint8_t>& bytes, int root);
 
+  // How much of each reduction member r does in this process (all_reduce, reduce): shares[r] of the
+  // elements, where the backend splits the work among members (the shared-memory backend, which gives every
+  // member 1/size() by default; the others ignore it). DDP's auto split sets it to the devices' speed
+  // weights, so that a slow device does a smaller part of the all-reduce too. Results are the same for any
+  // shares (each element is reduced by one member, over the members in rank order). size() positive finite
+  // values (normalised here), or empty for equal shares; anything else throws naming the value. Call between
+  // collectives (no member inside one).
+  void set_work_shares(const std::vector<double>& shares);
+  const std::vector<double>& work_shares() const { return work_shares_; }  // normalised; empty: equal
+
   // Wakes every member waiting in a collective with an error carrying `reason` (a replica failed and its
   // partners must not wait for it); every collective throws until reset(), which the owner calls once no
   // member is inside one.
@@ -161,6 +171,7 @@ class ProcessGroup {
   Rendezvous rendezvous_;
   std::vector<const Posted*> posted_;  // member r's arguments, valid between its two meetings
   std::vector<int64_t> sequence_;      // per member: collectives called (error messages)
+  std::vector<double> work_shares_;   // set_work_shares's, normalised
   std::array<std::atomic<int64_t>, kNumCollectives> calls_{};
   std::unique_ptr<collectives::Backend> backend_impl_;  // chosen once, by the constructor
   int injected_rank_ = -1;  // inject_failure_for_tests; read and cleared by that member's own thread

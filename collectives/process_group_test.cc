@@ -3,6 +3,7 @@
 // timeout, abort and argument-mismatch paths. The same checks run on CUDA logical devices (peer-copy) and
 // a one-GPU NCCL group when a GPU is present.
 #include "collectives/process_group.h"
+#include "collectives/shared_memory_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -300,6 +301,52 @@ TEST(ProcessGroupTest, AbortWakesWaitingMembers) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   group.abort("replica 1 failed");
   waiter.join();
+}
+
+// set_work_shares: members reduce parts of every buffer proportional to their shares (work_range), and the
+// results are the same bits whatever the shares (each element is still summed over the members in order).
+TEST(ProcessGroupTest, WorkSharesMoveWhoReducesNotWhatIsComputed) {
+  // The ranges tile [0, count), follow the shares to within a 64-byte line, and are equal without shares.
+  for (const std::vector<double>& shares : {std::vector<double>{}, std::vector<double>{0.1, 0.6, 0.3},
+                                            std::vector<double>{1e-9, 1e-9, 1 - 2e-9}}) {
+    int64_t next = 0;
+    for (int r = 0; r < 3; ++r) {
+      auto [begin, end] = collectives::work_range(100003, 4, 3, r, shares);
+      EXPECT_EQ(begin, next) << r;
+      const double share = shares.empty() ? 1.0 / 3 : shares[r];
+      EXPECT_NEAR(static_cast<double>(end - begin), share * 100003, 16) << r;
+      next = end;
+    }
+    EXPECT_EQ(next, 100003);
+  }
+  auto devices = cpu_devices(3);
+  ProcessGroup group(devices);
+  std::vector<std::vector<float>> results;
+  for (const std::vector<double>& shares : {std::vector<double>{}, std::vector<double>{1, 6, 3},
+                                            std::vector<double>{1e-6, 1e-6, 1}}) {
+    group.set_work_shares(shares);
+    EXPECT_EQ(group.work_shares().size(), shares.size());
+    std::vector<Tensor> t;
+    for (int r = 0; r < 3; ++r) t.push_back(randn({100003}, devices[r]) * (r + 1.0));
+    const std::vector<Tensor> inputs = t;
+    for (Tensor& x : t) x = x.clone();
+    EXPECT_EQ(run_members(3, [&](int r) { group.all_reduce(r, t[r]); }), std::vector<std::string>(3, ""));
+    for (int r = 1; r < 3; ++r) EXPECT_EQ(t[r].to_vector<float>(), t[0].to_vector<float>());
+    // Against the sum in member order, element by element.
+    std::vector<float> want = inputs[0].to_vector<float>();
+    for (int r = 1; r < 3; ++r) {
+      std::vector<float> x = inputs[r].to_vector<float>();
+      for (size_t i = 0; i < want.size(); ++i) want[i] += x[i];
+    }
+    EXPECT_EQ(t[0].to_vector<float>(), want);
+  }
+  EXPECT_EQ(group.work_shares(), (std::vector<double>{1e-6 / (1 + 2e-6), 1e-6 / (1 + 2e-6), 1 / (1 + 2e-6)}));
+  EXPECT_NE(error_of([&] { group.set_work_shares({1, 2}); }).find("2 shares for 3 members"), std::string::npos);
+  EXPECT_NE(error_of([&] { group.set_work_shares({1, 0, 2}); })
+                .find("share 0 of member 1 (cpu:1) is not a positive finite number"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { group.set_work_shares({1, 2, std::nan("")}); }).find("share nan of member 2"),
+            std::string::npos);
 }
 
 TEST(ProcessGroupTest, MismatchedArgumentsFailOnEveryMemberAndKeepTheGroupUsable) {

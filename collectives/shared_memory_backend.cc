@@ -1,6 +1,7 @@
 #include "collectives/shared_memory_backend.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/copy.h"
 #include "core/error.h"
@@ -8,19 +9,17 @@
 
 namespace dpe::collectives {
 
-namespace {
-
-// [begin, end) of the elements member `rank` of `n` works on: equal shares, aligned to 64-byte lines so
-// that no two members write one cache line.
-std::pair<int64_t, int64_t> share_of(int64_t count, size_t element_bytes, int n, int rank) {
-  int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(element_bytes));
-  int64_t per = (count + n - 1) / n;
-  per = (per + align - 1) / align * align;
-  int64_t begin = std::min(count, per * rank);
-  return {begin, std::min(count, begin + per)};
+std::pair<int64_t, int64_t> work_range(int64_t count, size_t element_bytes, int n, int rank,
+                                       const std::vector<double>& shares) {
+  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(element_bytes));
+  auto boundary = [&](int r) {
+    double before = 0;
+    for (int k = 0; k < r; ++k) before += shares.empty() ? 1.0 / n : shares[static_cast<size_t>(k)];
+    const auto at = static_cast<int64_t>(std::llround(before * static_cast<double>(count)));
+    return r == n ? count : std::min(count, (at + align - 1) / align * align);
+  };
+  return {boundary(rank), boundary(rank + 1)};
 }
-
-}  // namespace
 
 std::unique_ptr<Backend> make_shared_memory_backend(const std::vector<Device>& devices) {
   return std::make_unique<SharedMemoryBackend>(devices);
@@ -33,7 +32,7 @@ void SharedMemoryBackend::copy(const Tensor& dst, const Tensor& src) const {
 
 std::vector<Tensor> SharedMemoryBackend::share_of_every_tensor(int rank, const PostedAll& posted) const {
   const Tensor& mine = posted[rank]->tensor;  // validated: every member's has this count and dtype
-  auto [begin, end] = share_of(mine.numel(), element_size(mine.dtype()), size(), rank);
+  auto [begin, end] = work_range(mine.numel(), element_size(mine.dtype()), size(), rank, shares_);
   std::vector<Tensor> slices;
   if (begin == end) return slices;
   for (const Posted* p : posted) slices.push_back(flat_slice(p->tensor, begin, end));

@@ -8,7 +8,9 @@
 // The flat forms (all_gather_into_tensor, reduce_scatter_tensor) are served as the list forms.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "collectives/backend.h"
@@ -32,19 +34,27 @@ class SharedMemoryBackend : public Backend {
   void scatter(int rank, const PostedAll& posted) override;
   void all_to_all(int rank, const PostedAll& posted) override;
   std::vector<uint8_t> broadcast_object(int rank, const PostedAll& posted) override;
+  void set_work_shares(const std::vector<double>& shares) override { shares_ = shares; }
 
  protected:
   int size() const { return static_cast<int>(devices_.size()); }
   // dst = src, element for element (nothing when they are the same buffer or empty).
   void copy(const Tensor& dst, const Tensor& src) const;
-  // Member `rank`'s share (share_of) of every member's `tensor`, flat; empty when that share is empty.
+  // Member `rank`'s work_range of every member's `tensor`, flat; empty when the range is.
   std::vector<Tensor> share_of_every_tensor(int rank, const PostedAll& posted) const;
   // dsts[m] = op over srcs[k], computed by member `rank` (its device does the arithmetic off the host).
   void combine(int rank, const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs, ReduceOp op) const;
 
   std::vector<Device> devices_;
+  std::vector<double> shares_;  // set_work_shares: normalised, or empty for equal shares
 };
 
 std::unique_ptr<Backend> make_shared_memory_backend(const std::vector<Device>& devices);
+
+// [begin, end) of the `count` elements (of element_bytes each) member `rank` of `n` reduces: `shares`
+// (normalised, one per member; empty: 1/n each) of them, boundaries rounded up to 64-byte lines so that no two
+// members write one cache line. Every member computes the same boundaries, so the ranges tile [0, count).
+std::pair<int64_t, int64_t> work_range(int64_t count, size_t element_bytes, int n, int rank,
+                                       const std::vector<double>& shares);
 
 }  // namespace dpe::collectives

@@ -57,6 +57,13 @@ void expect_slow_device_gets_a_smaller_chunk(ParallelMode mode) {
   EXPECT_LE(step.chunk_sizes[1], 14) << mode_name(mode);
   EXPECT_GT(step.ms_per_sample[1], 2 * step.ms_per_sample[0]) << mode_name(mode);
   EXPECT_GT(step.device_compute_ms[0], 0.0);
+  if (mode == ParallelMode::DDP) {
+    // DDP's all-reduce work follows the split: the slow device reduces the smaller part of every bucket.
+    ASSERT_NE(dp.process_group(), nullptr);
+    const std::vector<double>& shares = dp.process_group()->work_shares();
+    ASSERT_EQ(shares.size(), 2u);
+    for (size_t d = 0; d < 2; ++d) EXPECT_NEAR(shares[d], step.split_weights[d], 1e-12);
+  }
 }
 
 TEST(AutoSplit, ASlowedDeviceGetsASmallerChunkInDp) { expect_slow_device_gets_a_smaller_chunk(ParallelMode::DP); }

@@ -191,7 +191,11 @@ void DataParallel::observe_split() {
   std::vector<int64_t> samples = report_.chunk_sizes;
   samples.resize(device_ids_.size(), 0);
   report_.device_compute_ms.resize(device_ids_.size(), 0.0);
+  const std::vector<double> before = auto_split_->weights();
   auto_split_->observe(samples, report_.device_compute_ms);
+  // DDP's all-reduce follows the split too: each member reduces a part of every bucket proportional to its
+  // device's speed (ProcessGroup::set_work_shares), or the slow devices would still do an equal part.
+  if (group_ && auto_split_->weights() != before) group_->set_work_shares(auto_split_->weights());
   report_.split_weights = auto_split_->weights();
   report_.ms_per_sample = auto_split_->ms_per_sample();
 }

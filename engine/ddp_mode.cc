@@ -64,6 +64,7 @@ void DataParallel::connect_replicas() {
   if (!group_ || group_->size() != static_cast<int>(device_ids_.size())) {
     group_ = std::make_shared<ProcessGroup>(device_ids_, ProcessGroupOptions{options_.backend, options_.timeout});
   }
+  if (auto_split_) group_->set_work_shares(auto_split_->weights());  // see observe_split
   // The deterministic mode's BatchNorm statistics are per virtual shard: SyncBatchNorm stays unsynchronised.
   for (size_t r = 0; r < replicas_.size(); ++r) {
     sync_batchnorm_layers_ = nn::set_sync_batchnorm_group(*replicas_[r], options_.deterministic ? nullptr : group_,
