@@ -36,33 +36,44 @@ std::vector<std::pair<Tensor, Tensor>> batches(const Run& run) {
   return out;
 }
 
-nn::StateDict train(const Run& run, int devices, ParallelMode mode) {
+nn::StateDict train(const Run& run, const std::vector<Device>& devices, ParallelMode mode) {
   manual_seed(80);
-  DataParallel dp(models::make_model(run.model), {.device_ids = cpu_devices(devices), .mode = mode, .deterministic = true,
-                                                  .virtual_shards = run.virtual_shards});
+  auto model = models::make_model(run.model);
+  model->to(devices[0]);
+  DataParallel dp(model, {.device_ids = devices, .mode = mode, .deterministic = true,
+                          .virtual_shards = run.virtual_shards});
   dp.set_optimizer([&](const std::vector<Tensor>& p) -> std::unique_ptr<optim::Optimizer> {
     if (run.adamw) return std::make_unique<optim::AdamW>(p, optim::AdamWOptions{.lr = 1e-3});
     return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
   });
   const LossFn loss = models::model_loss(run.model);
   for (const auto& [x, y] : batches(run)) dp.train_step(x, y, loss);
-  return dp.module().state_dict();
+  nn::StateDict state = dp.module().state_dict();
+  for (auto& [name, t] : state) t = t.to(Device::cpu(0));
+  return state;
 }
 
-void expect_bitwise_the_same_everywhere(const Run& run) {
-  const nn::StateDict want = train(run, 1, ParallelMode::DP);
-  for (int devices : {1, 2, 3, 4}) {
+// devices[0..n) for each n of `counts`, DP and DDP, against one device in DP mode.
+void expect_bitwise_the_same_everywhere(const Run& run, const std::vector<Device>& devices,
+                                        const std::vector<int>& counts) {
+  const nn::StateDict want = train(run, {devices[0]}, ParallelMode::DP);
+  for (int count : counts) {
+    const std::vector<Device> used(devices.begin(), devices.begin() + count);
     for (ParallelMode mode : {ParallelMode::DP, ParallelMode::DDP}) {
-      if (devices == 1 && mode == ParallelMode::DP) continue;
-      const nn::StateDict got = train(run, devices, mode);
+      if (count == 1 && mode == ParallelMode::DP) continue;
+      const nn::StateDict got = train(run, used, mode);
       ASSERT_EQ(got.size(), want.size());
       for (size_t k = 0; k < got.size(); ++k) {
         EXPECT_TRUE(equal(got[k].second, want[k].second))
-            << run.model << (run.adamw ? " adamw" : " sgd") << " batch " << run.batch << ", " << devices << " devices "
+            << run.model << (run.adamw ? " adamw" : " sgd") << " batch " << run.batch << ", " << count << " devices "
             << mode_name(mode) << ": " << got[k].first << " differs by " << max_abs_diff(got[k].second, want[k].second);
       }
     }
   }
+}
+
+void expect_bitwise_the_same_everywhere(const Run& run) {
+  expect_bitwise_the_same_everywhere(run, cpu_devices(4), {1, 2, 3, 4});
 }
 
 TEST(Deterministic, MlpIsBitwiseTheSameForAnyDeviceCountAndModeWithSgd) { expect_bitwise_the_same_everywhere({"mlp", false, 32, 20}); }
@@ -74,6 +85,18 @@ TEST(Deterministic, AnUnevenBatchIsBitwiseTheSameToo) { expect_bitwise_the_same_
 // K = 8: 3 devices take 3, 3 and 2 shards, which no subtree of the fixed tree matches.
 TEST(Deterministic, EightVirtualShardsAreBitwiseTheSameToo) { expect_bitwise_the_same_everywhere({"mlp", true, 40, 10, 8}); }
 TEST(Deterministic, AnUnevenCnnBatchIsBitwiseTheSameToo) { expect_bitwise_the_same_everywhere({"cnn", false, 13, 20}); }
+
+// CUDA devices: every logical device this process sees (`DPE_CUDA_LOGICAL_DEVICES=0,0` makes two of one GPU;
+// the GPU suite runs the CUDA tests that way too), 1 and all of them, DP and DDP: the same bits. The models
+// have no Embedding, whose CUDA backward (index_add's atomics) is not deterministic.
+TEST(DeterministicCuda, MlpAndCnnAreBitwiseTheSameOnOneAndEveryCudaDevice) {
+  const int n = cuda_device_count();
+  if (n < 2) GTEST_SKIP() << "needs two CUDA devices (DPE_CUDA_LOGICAL_DEVICES=0,0 on one GPU); this process sees " << n;
+  std::vector<Device> devices;
+  for (int i = 0; i < n; ++i) devices.push_back(Device::cuda(i));
+  expect_bitwise_the_same_everywhere({"mlp", true, 30, 10}, devices, {1, n});
+  expect_bitwise_the_same_everywhere({"cnn", false, 13, 10}, devices, {1, n});
+}
 
 // Without the mode, device counts give different bits (the sums run in another order): the test above is not
 // vacuous.

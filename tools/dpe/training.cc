@@ -97,9 +97,6 @@ void check_engine_options(const EngineOptions& options) {
     DPE_CHECK(options.split == SplitRule::Chunk, "--deterministic cuts every batch into its own virtual shards; "
               "--split ", split_rule_name(options.split), " does not apply");
     DPE_CHECK(!options.dist, "--deterministic runs in one process; it cannot be combined with --dist");
-    for (const Device& d : options.devices) {
-      DPE_CHECK(d.is_cpu(), "--deterministic runs on CPU devices for now, got ", d);
-    }
   }
   check_precision(options.precision, options.devices);
   DPE_CHECK(std::find(kReduceDtypes.begin(), kReduceDtypes.end(), options.reduce_dtype) != kReduceDtypes.end(),
