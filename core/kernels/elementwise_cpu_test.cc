@@ -107,9 +107,11 @@ TYPED_TEST(ElementwiseCpu, UnaryMatchesDoubleReference) {
 TYPED_TEST(ElementwiseCpu, UnaryInPlaceAndSpecialValues) {
   using T = TypeParam;
   const T inf = std::numeric_limits<T>::infinity();
-  std::vector<T> x = {T(-2), T(0), T(3), -inf, inf};
-  unary_cpu(UnaryOp::Relu, dtype_of<T>(), 5, x.data(), x.data());
-  EXPECT_EQ(x, (std::vector<T>{T(0), T(0), T(3), T(0), inf}));
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> x = {T(-2), T(0), T(3), -inf, inf, nan};
+  unary_cpu(UnaryOp::Relu, dtype_of<T>(), 6, x.data(), x.data());
+  EXPECT_EQ(std::vector<T>(x.begin(), x.end() - 1), (std::vector<T>{T(0), T(0), T(3), T(0), inf}));
+  EXPECT_TRUE(std::isnan(x[5])) << "relu(NaN) is NaN in PyTorch (a NaN activation must not be hidden), got " << x[5];
   std::vector<T> e = {-inf, T(0), inf};
   unary_cpu(UnaryOp::Exp, dtype_of<T>(), 3, e.data(), e.data());
   EXPECT_EQ(e, (std::vector<T>{T(0), T(1), inf}));
@@ -153,6 +155,11 @@ TYPED_TEST(ElementwiseCpu, ActivationBackwardExactValues) {
   const std::vector<T> bad_dy = {std::numeric_limits<T>::infinity(), std::numeric_limits<T>::quiet_NaN(), T(5)};
   activation_backward_cpu(ActivationOp::Relu, dtype_of<T>(), 3, x.data(), bad_dy.data(), dx.data());
   EXPECT_EQ(dx, (std::vector<T>{T(0), T(0), T(5)}));
+  // At a NaN input the gradient passes (PyTorch: x <= 0 is false for NaN).
+  const std::vector<T> nan_x = {std::numeric_limits<T>::quiet_NaN()}, one_dy = {T(3)};
+  std::vector<T> nan_dx(1);
+  activation_backward_cpu(ActivationOp::Relu, dtype_of<T>(), 1, nan_x.data(), one_dy.data(), nan_dx.data());
+  EXPECT_EQ(nan_dx[0], T(3));
   activation_backward_cpu(ActivationOp::Tanh, dtype_of<T>(), 3, x.data(), dy.data(), dx.data());
   EXPECT_EQ(dx[1], T(5));
   activation_backward_cpu(ActivationOp::Sigmoid, dtype_of<T>(), 3, x.data(), dy.data(), dx.data());

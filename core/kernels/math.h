@@ -28,7 +28,7 @@ DPE_HOST_DEVICE T apply_unary(UnaryOp op, T x) {
     case UnaryOp::Abs: return abs(x);
     case UnaryOp::Square: return x * x;
     case UnaryOp::Reciprocal: return T(1) / x;
-    case UnaryOp::Relu: return x > T(0) ? x : T(0);
+    case UnaryOp::Relu: return x <= T(0) ? T(0) : x;  // NaN stays NaN, like PyTorch's relu
     case UnaryOp::Gelu: return T(0.5) * x * (T(1) + erf(x * T(0.70710678118654752440)));
     case UnaryOp::Silu: return x * sigmoid_of(x);
     case UnaryOp::Tanh: return tanh(x);
@@ -42,10 +42,10 @@ template <typename T>
 DPE_HOST_DEVICE T activation_backward(ActivationOp op, T x, T dy) {
   using std::erf, std::exp, std::tanh;
   switch (op) {
-    // PyTorch's threshold_backward: 0 wherever x <= 0, even for an infinite or NaN dy. Written as a select of
-    // two loaded values, which vectorises (dy * (x > 0) compiled to a compare-and-branch per element, scalar:
-    // 6% of an MLP step).
-    case ActivationOp::Relu: return x > T(0) ? dy : T(0);
+    // PyTorch's threshold_backward: 0 wherever x <= 0, even for an infinite or NaN dy; dy where x is NaN (the
+    // forward passed the NaN on). Written as a select of two loaded values, which vectorises (dy * (x > 0)
+    // compiled to a compare-and-branch per element, scalar: 6% of an MLP step).
+    case ActivationOp::Relu: return x <= T(0) ? T(0) : dy;
     case ActivationOp::Gelu: {
       T cdf = T(0.5) * (T(1) + erf(x * T(0.70710678118654752440)));
       T pdf = exp(T(-0.5) * x * x) * T(0.39894228040143267794);  // 1/sqrt(2*pi)
