@@ -2,10 +2,18 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/autograd/node.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/pool.h"
 #include "layers/containers.h"
+#include "layers/activation.h"
 #include "layers/linear.h"
+#include "layers/pooling.h"
 #include "tests/testing/errors.h"
 
 namespace dpe::nn {
@@ -181,6 +189,37 @@ TEST(ModuleTest, TrainEvalToZeroGrad) {
   EXPECT_FALSE(handle.grad().defined());
   m.to(DType::Float64);
   EXPECT_EQ(handle.dtype(), DType::Float64);
+}
+
+// Note [ReLU before MaxPool2d] (containers.cc): Sequential pools before the ReLU, and values and gradients are
+// bit for bit those of ReLU then MaxPool2d, with ties, windows of negatives and zeros, -0.0, infinities, NaN
+// and padding; the swap shows in the graph (the output's node is the ReLU's).
+TEST(ModuleTest, SequentialPoolsBeforeTheReluWithTheSameBits) {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  Tensor x = randn({2, 3, 6, 6}, DType::Float64);
+  std::vector<double> v = x.to_vector<double>();
+  const std::vector<double> specials = {nan, -1, -2, -3, 0, -0.0, 0, -5, 2, 2, 2, -1, inf, -inf, -inf, -inf};
+  std::copy(specials.begin(), specials.end(), v.begin());
+  v[40] = v[41] = v[46] = 1.5;  // a tie of positive maxima
+  x = Tensor::from_vector(v, x.shape());
+  for (int64_t padding : {0, 1}) {
+    SCOPED_TRACE(padding);
+    Tensor a = x.clone().set_requires_grad(true), b = x.clone().set_requires_grad(true);
+    Sequential seq({std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(2 + padding, 2, padding)});
+    Tensor got = seq.forward(a);
+    Tensor want = max_pool2d(relu(b), {2 + padding, 2 + padding}, {2, 2}, {padding, padding});
+    EXPECT_EQ(got.grad_fn()->name(), "ReluBackward");
+    const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+    ASSERT_EQ(g.size(), w.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      EXPECT_TRUE(std::memcmp(&g[i], &w[i], sizeof(double)) == 0 || (std::isnan(g[i]) && std::isnan(w[i])))
+          << "output " << i << ": " << g[i] << " vs " << w[i];
+    }
+    Tensor dy = randn(got.shape(), DType::Float64);
+    got.backward(dy);
+    want.backward(dy);
+    EXPECT_TRUE(equal(a.grad(), b.grad())) << max_abs_diff(a.grad(), b.grad());
+  }
 }
 
 }  // namespace
