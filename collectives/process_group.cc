@@ -219,8 +219,8 @@ void ProcessGroup::check_flat(int rank, const char* what, const Tensor& flat, co
 template <typename Validate, typename Work>
 void ProcessGroup::run(int rank, Posted& mine, const Validate& validate, const Work& work) {
   check_rank(rank, collective_name(mine.kind));
-  if (rank == injected_rank_ && mine.kind == injected_kind_) {
-    injected_rank_ = -1;
+  if (mine.kind == injected_kind_ && injected_rank_.load() == rank) {
+    injected_rank_.store(-1);
     DPE_CHECK(false, "failure injected into ", collective_name(mine.kind), " on member ", rank);
   }
   NoGradGuard no_grad;

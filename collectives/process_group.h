@@ -140,8 +140,8 @@ class ProcessGroup {
   // Tests: member `rank`'s next call of `kind` throws "failure injected into <kind> on member <rank>" instead
   // of taking part (its partners then learn of it as of any member's failure). Call between collectives.
   void inject_failure_for_tests(int rank, Collective kind) {
-    injected_rank_ = rank;
     injected_kind_ = kind;
+    injected_rank_ = rank;
   }
 
  private:
@@ -174,7 +174,9 @@ class ProcessGroup {
   std::vector<double> work_shares_;   // set_work_shares's, normalised
   std::array<std::atomic<int64_t>, kNumCollectives> calls_{};
   std::unique_ptr<collectives::Backend> backend_impl_;  // chosen once, by the constructor
-  int injected_rank_ = -1;  // inject_failure_for_tests; read and cleared by that member's own thread
+  // inject_failure_for_tests: every member reads it, the member it names clears it (atomic: the others' reads
+  // race with that write; TSan saw it).
+  std::atomic<int> injected_rank_{-1};
   Collective injected_kind_ = Collective::AllReduce;
 };
 
