@@ -43,10 +43,11 @@ double lane_sum(int64_t n, const F& f) {
   return sum;
 }
 
-// Calls body(n, c, offset of the plane (n, c)) for every plane, one task each (S values of work).
+// Calls body(p, c, offset) for every plane p = n * C + c, its channel c and the offset p * S of its first
+// value, one task each (S values of work).
 template <typename F>
 void for_each_plane(const BatchNormShape& s, const F& body) {
-  parallel_tasks(s.n * s.c, s.s, [&](int64_t p) { body(p / s.c, p % s.c, p * s.s); });
+  parallel_tasks(s.n * s.c, s.s, [&](int64_t p) { body(static_cast<size_t>(p), p % s.c, p * s.s); });
 }
 
 }  // namespace
@@ -58,7 +59,7 @@ void batch_norm_stats_cpu(const BatchNormShape& s, const void* x, void* mean, vo
     // Each plane's mean and squared deviations (two passes over S values, the second from cache), in memory
     // order; then per channel Chan's update merges its planes in n order.
     std::vector<double> plane_mean(static_cast<size_t>(s.n * s.c)), plane_m2(plane_mean.size());
-    for_each_plane(s, [&](int64_t n, int64_t c, int64_t offset) {
+    for_each_plane(s, [&](size_t p, int64_t, int64_t offset) {
       const T* plane = static_cast<const T*>(x) + offset;
       const double mu = lane_sum(s.s, [&](int64_t i) { return static_cast<double>(plane[i]); }) /
                         static_cast<double>(s.s);
@@ -66,8 +67,8 @@ void batch_norm_stats_cpu(const BatchNormShape& s, const void* x, void* mean, vo
         const double d = plane[i] - mu;
         return d * d;
       });
-      plane_mean[static_cast<size_t>(n * s.c + c)] = mu;
-      plane_m2[static_cast<size_t>(n * s.c + c)] = m2;
+      plane_mean[p] = mu;
+      plane_m2[p] = m2;
     });
     for (int64_t c = 0; c < s.c; ++c) {
       double count = 0, m = 0, m2 = 0;
@@ -91,7 +92,7 @@ void batch_norm_elemt_cpu(const BatchNormShape& s, const void* x, const void* me
     using T = typename decltype(tag)::type;
     const T *xs = static_cast<const T*>(x), *ms = static_cast<const T*>(mean), *is = static_cast<const T*>(invstd);
     const T *ws = static_cast<const T*>(weight), *bs = static_cast<const T*>(bias);
-    for_each_plane(s, [&](int64_t, int64_t c, int64_t offset) {
+    for_each_plane(s, [&](size_t, int64_t c, int64_t offset) {
       const T mu = ms[c], scale = static_cast<T>(is[c] * at(ws, c, 1.0)), shift = static_cast<T>(at(bs, c, 0.0));
       const T* in = xs + offset;
       T* out = static_cast<T*>(y) + offset;
@@ -107,12 +108,11 @@ void batch_norm_backward_reduce_cpu(const BatchNormShape& s, const void* dy, con
     using T = typename decltype(tag)::type;
     // Per plane in memory order, then per channel over its planes in n order.
     std::vector<double> plane_g(static_cast<size_t>(s.n * s.c)), plane_gx(plane_g.size());
-    for_each_plane(s, [&](int64_t n, int64_t c, int64_t offset) {
+    for_each_plane(s, [&](size_t p, int64_t c, int64_t offset) {
       const T *g = static_cast<const T*>(dy) + offset, *in = static_cast<const T*>(x) + offset;
       const double mu = static_cast<const T*>(mean)[c];
-      plane_g[static_cast<size_t>(n * s.c + c)] = lane_sum(s.s, [&](int64_t i) { return static_cast<double>(g[i]); });
-      plane_gx[static_cast<size_t>(n * s.c + c)] =
-          lane_sum(s.s, [&](int64_t i) { return static_cast<double>(g[i]) * (in[i] - mu); });
+      plane_g[p] = lane_sum(s.s, [&](int64_t i) { return static_cast<double>(g[i]); });
+      plane_gx[p] = lane_sum(s.s, [&](int64_t i) { return static_cast<double>(g[i]) * (in[i] - mu); });
     });
     for (int64_t c = 0; c < s.c; ++c) {
       double sum = 0, sum_xmu = 0;
@@ -134,7 +134,7 @@ void batch_norm_backward_elemt_cpu(const BatchNormShape& s, bool batch_stats, co
     using T = typename decltype(tag)::type;
     const T *dys = static_cast<const T*>(dy), *xs = static_cast<const T*>(x), *ws = static_cast<const T*>(weight);
     const double inv_m = batch_stats ? 1.0 / static_cast<double>(s.n * s.s) : 0.0;
-    for_each_plane(s, [&](int64_t, int64_t c, int64_t offset) {
+    for_each_plane(s, [&](size_t, int64_t c, int64_t offset) {
       const double inv = static_cast<const T*>(invstd)[c];
       const T scale = static_cast<T>(inv * at(ws, c, 1.0));
       const T* g = dys + offset;
