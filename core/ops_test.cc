@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -75,6 +76,34 @@ TEST(OpsTest, Reductions) {
   EXPECT_EQ(sum(zeros({0})).item(), 0);
   EXPECT_THROW(max(zeros({0})), Error);
   EXPECT_THROW(mean(a, 2), Error);
+}
+
+// sum over several dimensions reduces each run of adjacent ones in one pass over their product: the same
+// shapes, keepdim or not, empty dimensions, and values and gradients as one dimension at a time.
+TEST(OpsTest, SumOverSeveralDimensions) {
+  const std::vector<std::vector<int64_t>> cases = {{0, 2, 3}, {1, 2}, {3, 1, 2}, {0, 3}, {0, 1, 2, 3}};
+  for (const std::vector<int64_t>& dims : cases) {
+    for (bool keepdim : {false, true}) {
+      SCOPED_TRACE(detail::str_cat("dims ", dims.size(), " from ", dims[0], keepdim ? ", keepdim" : ""));
+      Tensor x = arange(120).reshape({2, 3, 4, 5}).set_requires_grad(true);
+      std::vector<int64_t> sorted = dims;
+      std::sort(sorted.rbegin(), sorted.rend());
+      Tensor one_at_a_time = x.detach();
+      for (int64_t d : sorted) one_at_a_time = sum(one_at_a_time, d, keepdim);
+      Tensor y = sum(x, dims, keepdim);
+      EXPECT_EQ(y.shape(), one_at_a_time.shape());
+      EXPECT_EQ(values(y), values(one_at_a_time));  // small integers: exact in any order
+      sum(mul(y, y)).backward();  // dx = 2 y, broadcast over the reduced dimensions
+      Tensor expected = y.detach();
+      if (!keepdim) {
+        for (auto d = sorted.rbegin(); d != sorted.rend(); ++d) expected = expected.unsqueeze(*d);
+      }
+      EXPECT_EQ(values(x.grad()), values(mul(expected.expand(x.shape()), 2.0).contiguous()));
+    }
+  }
+  EXPECT_EQ(sum(zeros({2, 0, 3}), {1, 2}).shape(), (Shape{2}));
+  EXPECT_EQ(sum(zeros({2, 0, 3}), {1, 2}, true).shape(), (Shape{2, 1, 1}));
+  EXPECT_EQ(values(sum(zeros({2, 0, 3}), {1, 2}, true)), (std::vector<float>{0, 0}));
 }
 
 TEST(OpsTest, Matmul) {

@@ -234,6 +234,37 @@ TEST(PoolTest, MaxPoolUnpaddedSearchMatchesTheGeneralOne) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) << i;
 }
 
+// float32 MaxPool2d(2) runs its own vector kernel (Note [2x2 max-pool]); float64 the general unpadded search.
+// Widths 2..41 cover full vectors, masked tails and rows shorter than a vector, odd sizes a dropped last row
+// and column; values with many ties, both zeros, infinities and NaNs: the same values (sign of zero included)
+// and indices.
+TEST(PoolTest, MaxPool2x2FloatKernelMatchesTheGeneralSearch) {
+  std::mt19937 gen(7);
+  const double specials[] = {0.0, -0.0, std::numeric_limits<double>::infinity(),
+                             -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()};
+  std::uniform_int_distribution<int> pick(-3, 6);  // -3..1: small integers (ties), 2..6: a special value
+  for (int64_t w = 2; w <= 41; ++w) {
+    const int64_t h = w % 3 + 2;
+    std::vector<double> values(static_cast<size_t>(3 * h * w));
+    for (double& v : values) {
+      const int k = pick(gen);
+      v = k <= 1 ? k : specials[k - 2];
+    }
+    SCOPED_TRACE(detail::str_cat("input (3, ", h, ", ", w, ")"));
+    Tensor x = f64(values, {1, 3, h, w});
+    ValuesIndices general = max_pool2d_with_indices(x, {2, 2}, {2, 2});
+    ValuesIndices vector = max_pool2d_with_indices(x.to(DType::Float32), {2, 2}, {2, 2});
+    EXPECT_EQ(vector.indices.to_vector<int64_t>(), general.indices.to_vector<int64_t>());
+    std::vector<double> a = vector.values.to(DType::Float64).to_vector<double>();
+    std::vector<double> b = general.values.to_vector<double>();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE((a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i])) || (std::isnan(a[i]) && std::isnan(b[i])))
+          << i << ": " << a[i] << " against " << b[i];
+    }
+  }
+}
+
 TEST(PoolTest, AvgPoolCountsPadding) {
   // 2x2 ones, kernel 2, stride 1, padding 1: corners see one element of four, edges two, the centre four.
   Tensor x = ones({1, 1, 2, 2}, DType::Float64);

@@ -142,8 +142,31 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   for (int64_t d : dims) sorted.push_back(normalize_dim(d, x.dim(), "sum"));
   std::sort(sorted.rbegin(), sorted.rend());
   DPE_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), "sum: a dimension repeats in the list");
+  // Highest first keeps lower indices valid. A run of adjacent dimensions is one reduction over their
+  // product: a convolution's bias gradient, sum(dy, {0, 2, 3}), sums each H x W plane in one pass instead of
+  // W-long rows and then H-long columns (bench/cnn_kernels_bench, one core: 0.64 -> 0.12 ms for the CNN's
+  // 64 x 64 x 14 x 14).
   Tensor out = x;
-  for (int64_t d : sorted) out = sum_impl(out, d, keepdim);  // highest first keeps lower indices valid
+  for (size_t i = 0; i < sorted.size();) {
+    const int64_t hi = sorted[i];
+    int64_t lo = hi;
+    for (++i; i < sorted.size() && sorted[i] == lo - 1; ++i) lo = sorted[i];
+    if (lo == hi) {
+      out = sum_impl(out, hi, keepdim);
+      continue;
+    }
+    Shape merged(out.shape().begin(), out.shape().begin() + lo);
+    merged.push_back(shape_numel(Shape(out.shape().begin() + lo, out.shape().begin() + hi + 1)));
+    merged.insert(merged.end(), out.shape().begin() + hi + 1, out.shape().end());
+    Shape result = out.shape();
+    out = sum_impl(out.reshape(merged), lo, false);
+    if (keepdim) {
+      std::fill(result.begin() + lo, result.begin() + hi + 1, 1);
+    } else {
+      result.erase(result.begin() + lo, result.begin() + hi + 1);
+    }
+    out = out.reshape(result);
+  }
   return out;
 }
 

@@ -1,0 +1,163 @@
+// Times the memory-bound kernels of the CNN's training step (models/models.cc:
+// conv32 - pool - conv64 + BN - pool - fc128 - fc10) on the shapes one CPU
+// device sees in `dpe bench --model cnn --batch-size 128` on two devices (64
+// samples each), on one thread as a device worker runs them, and prints each
+// kernel's time and its bytes moved per second. These kernels are what a
+// bfloat16 step spends most of its time in once AMX runs the convolutions
+// (docs/BENCHMARKS.md); a kernel far below the copy rate printed first has room
+// to go.
+//
+// Usage: bazel run --config=cpu_only //bench:cnn_kernels_bench [--
+// --min_seconds=0.3]
+#include <omp.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/kernels/copy.h"
+#include "core/kernels/elementwise.h"
+#include "core/kernels/layout.h"
+#include "core/kernels/pool.h"
+#include "core/kernels/reduce.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace k = dpe::kernels;
+
+// The best time of one call in ms: calls repeated until min_seconds have
+// passed, at least 5 times.
+double best_ms(double min_seconds, const std::function<void()>& call) {
+  call();  // warm the caches and page in the buffers
+  double best = 1e30;
+  const Clock::time_point start = Clock::now();
+  for (int rep = 0; rep < 5 || std::chrono::duration<double>(Clock::now() - start).count() < min_seconds; ++rep) {
+    const Clock::time_point t = Clock::now();
+    call();
+    best = std::min(best, std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+  }
+  return best;
+}
+
+void report(const std::string& name, double ms, double bytes) {
+  std::printf("%-44s %8.3f ms %7.1f GB/s\n", name.c_str(), ms, bytes / ms * 1e-6);
+}
+
+std::vector<float> random_floats(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+k::Layout flat(const int64_t& n) { return k::contiguous_layout(1, &n); }
+
+void bench_max_pool(double min_seconds, int64_t n, int64_t c, int64_t hw) {
+  k::Pool2dShape s;
+  s.planes = n * c;
+  s.h = s.w = hw;
+  s.h_out = s.w_out = hw / 2;
+  s.kh = s.kw = s.stride_h = s.stride_w = 2;
+  const int64_t in = s.planes * hw * hw, out = s.planes * s.h_out * s.w_out;
+  std::vector<float> x = random_floats(in, 1), y(out), dy = random_floats(out, 2), dx(in);
+  std::vector<int64_t> indices(out);
+  const std::string shape =
+      std::to_string(n) + "x" + std::to_string(c) + "x" + std::to_string(hw) + "x" + std::to_string(hw);
+  report("max_pool2d 2x2 forward " + shape,
+         best_ms(min_seconds, [&] { k::max_pool2d_cpu(s, x.data(), y.data(), indices.data()); }),
+         4.0 * in + 12.0 * out);
+  report("max_pool2d 2x2 backward " + shape,
+         best_ms(min_seconds, [&] { k::max_pool2d_backward_cpu(s, dy.data(), indices.data(), dx.data()); }),
+         12.0 * out + 4.0 * in);
+}
+
+void bench_relu(double min_seconds, int64_t numel, const std::string& what) {
+  std::vector<float> x = random_floats(numel, 3), y(numel), dy = random_floats(numel, 4), dx(numel);
+  report("relu forward " + what,
+         best_ms(min_seconds, [&] { k::unary_cpu(k::UnaryOp::Relu, dpe::DType::Float32, numel, x.data(), y.data()); }),
+         8.0 * numel);
+  report("relu backward " + what,
+         best_ms(min_seconds,
+                 [&] {
+                   k::activation_backward_cpu(k::ActivationOp::Relu, dpe::DType::Float32, numel, x.data(), dy.data(),
+                                              dx.data());
+                 }),
+         12.0 * numel);
+}
+
+// autocast's cast of a float32 activation (or its gradient) to bfloat16 for a
+// convolution.
+void bench_cast(double min_seconds, int64_t numel, const std::string& what) {
+  std::vector<float> x = random_floats(numel, 5);
+  std::vector<dpe::BFloat16> y(static_cast<size_t>(numel));
+  const k::Layout layout = flat(numel);
+  report("cast float32 -> bfloat16 " + what,
+         best_ms(min_seconds,
+                 [&] { k::copy_cpu(x.data(), dpe::DType::Float32, layout, y.data(), dpe::DType::BFloat16, layout); }),
+         6.0 * numel);
+}
+
+// A convolution's bias gradient, dy summed over (N, H, W) per channel, as
+// sum(dy, {0, 2, 3}) reduces it: each H x W plane, then the planes of a
+// channel.
+void bench_bias_grad(double min_seconds, int64_t n, int64_t c, int64_t hw) {
+  const int64_t numel = n * c * hw * hw;
+  std::vector<float> dy = random_floats(numel, 6), by_plane(n * c), db(c);
+  const std::string shape =
+      std::to_string(n) + "x" + std::to_string(c) + "x" + std::to_string(hw) + "x" + std::to_string(hw);
+  report("bias gradient sum(dy, {0, 2, 3}) " + shape,
+         best_ms(min_seconds,
+                 [&] {
+                   k::reduce_cpu(k::AxisReduction::Sum, dpe::DType::Float32, n * c, hw * hw, 1, dy.data(),
+                                 by_plane.data());
+                   k::reduce_cpu(k::AxisReduction::Sum, dpe::DType::Float32, 1, n, c, by_plane.data(), db.data());
+                 }),
+         4.0 * numel);
+}
+
+void bench_copy_rate(double min_seconds) {
+  const int64_t numel = int64_t{1} << 22;
+  std::vector<float> x = random_floats(numel, 7), y(numel);
+  report("reference: memcpy 16 MiB",
+         best_ms(min_seconds, [&] { std::memcpy(y.data(), x.data(), numel * sizeof(float)); }), 8.0 * numel);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double min_seconds = 0.2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--min_seconds=", 0) == 0) {
+      min_seconds = std::atof(arg.c_str() + 14);
+    } else {
+      std::fprintf(stderr, "unknown argument '%s'; expected --min_seconds=S\n", arg.c_str());
+      return 2;
+    }
+  }
+  omp_set_num_threads(1);
+  tbb::task_arena one_core(1);
+  one_core.execute([&] {
+    bench_copy_rate(min_seconds);
+    bench_max_pool(min_seconds, 64, 32, 28);
+    bench_max_pool(min_seconds, 64, 64, 14);
+    bench_relu(min_seconds, 64 * 32 * 14 * 14, "64x32x14x14");
+    bench_relu(min_seconds, 64 * 64 * 7 * 7, "64x64x7x7");
+    bench_cast(min_seconds, 64 * 32 * 14 * 14, "64x32x14x14 (conv2's input)");
+    bench_cast(min_seconds, 64 * 64 * 14 * 14, "64x64x14x14 (conv2's dy)");
+    bench_cast(min_seconds, 64 * 32 * 28 * 28, "64x32x28x28 (conv1's dy)");
+    bench_bias_grad(min_seconds, 64, 32, 28);
+    bench_bias_grad(min_seconds, 64, 64, 14);
+  });
+  return 0;
+}
