@@ -1,14 +1,11 @@
-// Times the memory-bound kernels of the CNN's training step (models/models.cc:
-// conv32 - pool - conv64 + BN - pool - fc128 - fc10) on the shapes one CPU
-// device sees in `dpe bench --model cnn --batch-size 128` on two devices (64
-// samples each), on one thread as a device worker runs them, and prints each
-// kernel's time and its bytes moved per second. These kernels are what a
-// bfloat16 step spends most of its time in once AMX runs the convolutions
-// (docs/BENCHMARKS.md); a kernel far below the copy rate printed first has room
-// to go.
+// Times the memory-bound kernels of the CNN's training step (models/models.cc: conv32 - pool - conv64 + BN -
+// pool - fc128 - fc10) on the shapes one CPU device sees in `dpe bench --model cnn --batch-size 128` on two
+// devices (64 samples each), on one thread as a device worker runs them, and prints each kernel's time and
+// the bytes it moves per second. These kernels are what a bfloat16 step spends most of its time in once AMX
+// runs the convolutions (docs/BENCHMARKS.md); one far below the memcpy rate printed first has room to go.
+// Last, the second convolution's backward as two calls and as one (dy reordered for oneDNN once).
 //
-// Usage: bazel run --config=cpu_only //bench:cnn_kernels_bench [--
-// --min_seconds=0.3]
+// Usage: bazel run --config=cpu_only //bench:cnn_kernels_bench [-- --min_seconds=0.3]
 #include <omp.h>
 #include <tbb/task_arena.h>
 
@@ -23,6 +20,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/kernels/conv.h"
 #include "core/kernels/copy.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/layout.h"
@@ -48,8 +46,13 @@ double best_ms(double min_seconds, const std::function<void()>& call) {
   return best;
 }
 
+// bytes: what the kernel reads and writes at least; 0 for a compute-bound kernel (no rate printed).
 void report(const std::string& name, double ms, double bytes) {
-  std::printf("%-44s %8.3f ms %7.1f GB/s\n", name.c_str(), ms, bytes / ms * 1e-6);
+  if (bytes > 0) {
+    std::printf("%-44s %8.3f ms %7.1f GB/s\n", name.c_str(), ms, bytes / ms * 1e-6);
+  } else {
+    std::printf("%-44s %8.3f ms\n", name.c_str(), ms);
+  }
 }
 
 std::vector<float> random_floats(int64_t n, uint32_t seed) {
@@ -125,6 +128,40 @@ void bench_bias_grad(double min_seconds, int64_t n, int64_t c, int64_t hw) {
          4.0 * numel);
 }
 
+// The CNN's second convolution's backward (32 -> 64 channels, 3x3, padding 1, 14 x 14), both gradients: as two
+// calls, each reordering dy into oneDNN's layout, and as conv2d_backward_cpu's one call, which reorders it once.
+void bench_conv_backward(double min_seconds, dpe::DType dtype) {
+  k::Conv2dShape s;
+  s.dtype = dtype;
+  s.n = 64;
+  s.c_in = 32;
+  s.h = s.w = 14;
+  s.c_out = 64;
+  s.kh = s.kw = 3;
+  s.pad_h = s.pad_w = 1;
+  const int64_t x_numel = s.n * s.c_in * s.h * s.w, w_numel = s.c_out * s.c_in * 9, dy_numel = s.n * s.c_out * 196;
+  const size_t bytes = dtype == dpe::DType::BFloat16 ? 2 : 4;
+  auto operand = [&](int64_t numel, uint32_t seed) {
+    std::vector<float> f = random_floats(numel, seed);
+    std::vector<char> out(static_cast<size_t>(numel) * bytes);
+    const k::Layout layout = flat(numel);
+    k::copy_cpu(f.data(), dpe::DType::Float32, layout, out.data(), dtype, layout);
+    return out;
+  };
+  std::vector<char> x = operand(x_numel, 8), w = operand(w_numel, 9), dy = operand(dy_numel, 10);
+  std::vector<float> dx(x_numel), dw(w_numel);  // float32 outputs in both dtypes
+  const std::string name = dtype == dpe::DType::BFloat16 ? " bfloat16" : " float32";
+  report("conv2 backward, two calls" + name, best_ms(min_seconds, [&] {
+           k::conv2d_backward_data_cpu(s, dy.data(), w.data(), dx.data());
+           k::conv2d_backward_weight_cpu(s, x.data(), dy.data(), dw.data());
+         }),
+         0);
+  report("conv2 backward, one call" + name, best_ms(min_seconds, [&] {
+           k::conv2d_backward_cpu(s, x.data(), w.data(), dy.data(), dx.data(), dw.data());
+         }),
+         0);
+}
+
 void bench_copy_rate(double min_seconds) {
   const int64_t numel = int64_t{1} << 22;
   std::vector<float> x = random_floats(numel, 7), y(numel);
@@ -158,6 +195,8 @@ int main(int argc, char** argv) {
     bench_cast(min_seconds, 64 * 32 * 28 * 28, "64x32x28x28 (conv1's dy)");
     bench_bias_grad(min_seconds, 64, 32, 28);
     bench_bias_grad(min_seconds, 64, 64, 14);
+    bench_conv_backward(min_seconds, dpe::DType::Float32);
+    bench_conv_backward(min_seconds, dpe::DType::BFloat16);
   });
   return 0;
 }

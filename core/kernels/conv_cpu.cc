@@ -137,8 +137,8 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dShape& s, bool 
 // chose and its output back (cached reorder primitives, buffers from dpe). Measured on one core of the
 // 2026-11-25 Xeon (AMX) VM, batch 128, 32 -> 64 channels, 14 x 14, reorders included: float32 forward
 // 11.3 -> 5.5 ms, backward data 13.1 -> 5.3, backward weights 10.0 -> 5.3; bfloat16 7.5 -> 1.5, 8.4 -> 1.8,
-// 6.7 -> 2.2. The activations are reordered at every call; keeping them blocked between layers would save
-// those copies too (issue 16).
+// 6.7 -> 2.2. The activations are reordered at every call (a backward's two passes share dy's reorder:
+// conv2d_backward_cpu); keeping them blocked between layers would save those copies too (issue 16).
 struct Relayout {
   int arg = 0;                  // DNNL_ARG_SRC, ...
   bool output = false;          // reordered from the chosen layout into the caller's after the primitive
@@ -238,9 +238,23 @@ Buffer allocate(const char* what, const char* purpose, size_t bytes, const Conv2
   return buffer;
 }
 
+// Inputs already reordered into a chosen layout, for the next pass of the same call (conv2d_backward_cpu:
+// backward data and backward weights read the same dy).
+struct ReorderedInputs {
+  struct Entry {
+    const void* plain;
+    dnnl::memory::desc chosen;
+    dnnl::memory memory;
+  };
+  std::vector<Entry> entries;
+  std::vector<Buffer> buffers;
+};
+
 // Runs the cached primitive of `pass` on the caller's plain buffers: the bias as it is, the other arguments
-// through their relayouts (Note [oneDNN's layouts]).
-void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initializer_list<Arg> args) {
+// through their relayouts (Note [oneDNN's layouts]). `reordered`: inputs reordered by an earlier pass are
+// taken from it, and this pass's are added.
+void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initializer_list<Arg> args,
+                ReorderedInputs* reordered = nullptr) {
   // Note [Exceptions and oneDNN] (onednn_cpu.cc): nothing thrown in here leaves as anything but a dpe::Error.
   try {
     auto prim = primitive_for(pass, s);
@@ -263,13 +277,23 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
         memories.emplace(a.id, user(r->chosen));
         continue;
       }
-      buffers.push_back(allocate(what, "reordered argument", r->chosen.get_size(), s));
-      dnnl::memory chosen(r->chosen, cpu_engine(), buffers.back().get());
+      if (reordered != nullptr && !r->output) {
+        auto done = std::find_if(reordered->entries.begin(), reordered->entries.end(),
+                                 [&](const auto& e) { return e.plain == a.ptr && e.chosen == r->chosen; });
+        if (done != reordered->entries.end()) {
+          memories.emplace(a.id, done->memory);
+          continue;
+        }
+      }
+      std::vector<Buffer>& owner = reordered != nullptr && !r->output ? reordered->buffers : buffers;
+      owner.push_back(allocate(what, "reordered argument", r->chosen.get_size(), s));
+      dnnl::memory chosen(r->chosen, cpu_engine(), owner.back().get());
       if (r->output) {
         outputs.emplace_back(&*r, user(r->plain));
       } else {
         dnnl::memory from = user(r->plain);
         r->reorder->execute(stream, from, chosen);
+        if (reordered != nullptr) reordered->entries.push_back({a.ptr, r->chosen, chosen});
       }
       memories.emplace(a.id, chosen);
     }
@@ -451,29 +475,37 @@ void conv2d_forward_cpu(const Conv2dShape& s, const void* x, const void* w, cons
 
 void conv2d_backward_data_cpu(const Conv2dShape& s, const void* dy, const void* w, void* dx) {
   check_cpu_conv("conv2d_backward_data_cpu", s);
-  if (s.n == 0) return;
-  if (s.dtype == DType::Float64) {
-    backward_data_im2col(s, static_cast<const double*>(dy), static_cast<const double*>(w), static_cast<double*>(dx));
-    return;
-  }
-  run_onednn("conv2d_backward_data_cpu", Pass::BackwardData, s,
-             {{DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, dx}});
+  conv2d_backward_cpu(s, nullptr, w, dy, dx, nullptr);
 }
 
 void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void* dy, void* dw) {
   check_cpu_conv("conv2d_backward_weight_cpu", s);
+  conv2d_backward_cpu(s, x, nullptr, dy, nullptr, dw);
+}
+
+void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, const void* dy, void* dx, void* dw) {
+  check_cpu_conv("conv2d_backward_cpu", s);
   if (s.n == 0) {
-    // No samples: the gradient is zero (oneDNN is not asked about an empty batch).
+    // No samples: dx is empty and dw zero (oneDNN is not asked about an empty batch).
     const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);
-    std::memset(dw, 0, count * element_size(conv2d_output_dtype(s.dtype)));
+    if (dw != nullptr) std::memset(dw, 0, count * element_size(conv2d_output_dtype(s.dtype)));
     return;
   }
   if (s.dtype == DType::Float64) {
-    backward_weight_im2col(s, static_cast<const double*>(x), static_cast<const double*>(dy), static_cast<double*>(dw));
+    const auto* dy64 = static_cast<const double*>(dy);
+    if (dx != nullptr) backward_data_im2col(s, dy64, static_cast<const double*>(w), static_cast<double*>(dx));
+    if (dw != nullptr) backward_weight_im2col(s, static_cast<const double*>(x), dy64, static_cast<double*>(dw));
     return;
   }
-  run_onednn("conv2d_backward_weight_cpu", Pass::BackwardWeights, s,
-             {{DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_DIFF_WEIGHTS, dw}});
+  ReorderedInputs reordered;
+  if (dx != nullptr) {
+    run_onednn("conv2d_backward_data_cpu", Pass::BackwardData, s,
+               {{DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, dx}}, &reordered);
+  }
+  if (dw != nullptr) {
+    run_onednn("conv2d_backward_weight_cpu", Pass::BackwardWeights, s,
+               {{DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_DIFF_WEIGHTS, dw}}, &reordered);
+  }
 }
 
 }  // namespace dpe::kernels

@@ -2,6 +2,8 @@
 // (core/amp/autocast.h) the kernels read 16-bit casts of x, the weight and dy, and write float32.
 #include "core/ops/conv.h"
 
+#include <utility>
+
 #include "core/amp/autocast.h"
 #include "core/autograd/function.h"
 #include "core/dispatch.h"
@@ -38,28 +40,28 @@ kernels::Conv2dShape conv_shape(const Tensor& x, const Tensor& weight, std::arra
   return s;
 }
 
-// dy: (N, C_out, H_out, W_out)  weight: (C_out, C_in/g, kH, kW)  -> dx: (N, C_in, H, W)
-Tensor conv2d_backward_data(const kernels::Conv2dShape& s, const Tensor& dy, const Tensor& weight) {
-  Tensor dx = Tensor::empty({s.n, s.c_in, s.h, s.w}, options_of(weight).with_dtype(kernels::conv2d_output_dtype(s.dtype)));
+// dy: (N, C_out, H_out, W_out)  x: (N, C_in, H, W)  weight: (C_out, C_in/g, kH, kW)
+//   -> {dx: (N, C_in, H, W) if grad_x, dw: (C_out, C_in/g, kH, kW) if grad_w}; x is read only for dw, weight
+//   only for dx. On CPU one call makes both (dy reordered once for oneDNN).
+std::pair<Tensor, Tensor> conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy, const Tensor& x,
+                                          const Tensor& weight, bool grad_x, bool grad_w) {
+  const TensorOptions out = options_of(dy).with_dtype(kernels::conv2d_output_dtype(s.dtype));
+  Tensor dx = grad_x ? Tensor::empty({s.n, s.c_in, s.h, s.w}, out) : Tensor();
+  Tensor dw = grad_w ? Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, out) : Tensor();
+  auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
   dispatch(
-      weight.device(), [&] { kernels::conv2d_backward_data_cpu(s, dy.data_ptr(), weight.data_ptr(), dx.data_ptr()); },
+      dy.device(),
+      [&] { kernels::conv2d_backward_cpu(s, ptr(x), ptr(weight), dy.data_ptr(), ptr(dx), ptr(dw)); },
       [&](auto stream) {
-        kernels::conv2d_backward_data_cuda(stream, weight.device().index, s, dy.data_ptr(), weight.data_ptr(),
-                                           dx.data_ptr());
+        const int device = dy.device().index;
+        if (grad_x) {
+          kernels::conv2d_backward_data_cuda(stream, device, s, dy.data_ptr(), weight.data_ptr(), dx.data_ptr());
+        }
+        if (grad_w) {
+          kernels::conv2d_backward_weight_cuda(stream, device, s, x.data_ptr(), dy.data_ptr(), dw.data_ptr());
+        }
       });
-  return dx;
-}
-
-// x: (N, C_in, H, W)  dy: (N, C_out, H_out, W_out)  -> dw: (C_out, C_in/g, kH, kW)
-Tensor conv2d_backward_weight(const kernels::Conv2dShape& s, const Tensor& x, const Tensor& dy) {
-  Tensor dw = Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, options_of(x).with_dtype(kernels::conv2d_output_dtype(s.dtype)));
-  dispatch(
-      x.device(), [&] { kernels::conv2d_backward_weight_cpu(s, x.data_ptr(), dy.data_ptr(), dw.data_ptr()); },
-      [&](auto stream) {
-        kernels::conv2d_backward_weight_cuda(stream, x.device().index, s, x.data_ptr(), dy.data_ptr(),
-                                             dw.data_ptr());
-      });
-  return dw;
+  return {dx, dw};
 }
 
 }  // namespace
@@ -125,8 +127,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
                    [s, saved_x, saved_w, grad_x, grad_w, grad_b, lowp](const Tensor& g) -> std::vector<Tensor> {
                      Tensor dy = g.contiguous();
                      Tensor dy_op = lowp ? amp::cast_operand(dy, *lowp) : dy;
-                     Tensor dx = grad_x ? conv2d_backward_data(s, dy_op, saved_w) : Tensor();
-                     Tensor dw = grad_w ? conv2d_backward_weight(s, saved_x, dy_op) : Tensor();
+                     auto [dx, dw] = conv2d_backward(s, dy_op, saved_x, saved_w, grad_x, grad_w);
                      Tensor db = grad_b ? sum(dy, std::vector<int64_t>{0, 2, 3}) : Tensor();
                      return {dx, dw, db};
                    });
