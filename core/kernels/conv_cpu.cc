@@ -259,7 +259,9 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
   try {
     auto prim = primitive_for(pass, s);
     dnnl::stream stream(cpu_engine());
-    std::vector<Buffer> buffers;
+    ReorderedInputs own;
+    ReorderedInputs& inputs = reordered != nullptr ? *reordered : own;
+    std::vector<Buffer> buffers;  // the outputs' and the scratchpad
     std::unordered_map<int, dnnl::memory> memories;
     std::vector<std::pair<const Relayout*, dnnl::memory>> outputs;  // reordered into the caller's after
     for (const Arg& a : args) {
@@ -277,15 +279,15 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
         memories.emplace(a.id, user(r->chosen));
         continue;
       }
-      if (reordered != nullptr && !r->output) {
-        auto done = std::find_if(reordered->entries.begin(), reordered->entries.end(),
+      if (!r->output) {
+        auto done = std::find_if(inputs.entries.begin(), inputs.entries.end(),
                                  [&](const auto& e) { return e.plain == a.ptr && e.chosen == r->chosen; });
-        if (done != reordered->entries.end()) {
+        if (done != inputs.entries.end()) {
           memories.emplace(a.id, done->memory);
           continue;
         }
       }
-      std::vector<Buffer>& owner = reordered != nullptr && !r->output ? reordered->buffers : buffers;
+      std::vector<Buffer>& owner = r->output ? buffers : inputs.buffers;
       owner.push_back(allocate(what, "reordered argument", r->chosen.get_size(), s));
       dnnl::memory chosen(r->chosen, cpu_engine(), owner.back().get());
       if (r->output) {
@@ -293,7 +295,7 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
       } else {
         dnnl::memory from = user(r->plain);
         r->reorder->execute(stream, from, chosen);
-        if (reordered != nullptr) reordered->entries.push_back({a.ptr, r->chosen, chosen});
+        inputs.entries.push_back({a.ptr, r->chosen, chosen});
       }
       memories.emplace(a.id, chosen);
     }

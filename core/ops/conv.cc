@@ -14,6 +14,7 @@
 namespace dpe {
 
 using detail::check_compute_dtype;
+using detail::data_or_null;
 using detail::options_of;
 
 namespace {
@@ -48,10 +49,12 @@ std::pair<Tensor, Tensor> conv2d_backward(const kernels::Conv2dShape& s, const T
   const TensorOptions out = options_of(dy).with_dtype(kernels::conv2d_output_dtype(s.dtype));
   Tensor dx = grad_x ? Tensor::empty({s.n, s.c_in, s.h, s.w}, out) : Tensor();
   Tensor dw = grad_w ? Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, out) : Tensor();
-  auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
   dispatch(
       dy.device(),
-      [&] { kernels::conv2d_backward_cpu(s, ptr(x), ptr(weight), dy.data_ptr(), ptr(dx), ptr(dw)); },
+      [&] {
+        kernels::conv2d_backward_cpu(s, data_or_null(x), data_or_null(weight), dy.data_ptr(), data_or_null(dx),
+                                     data_or_null(dw));
+      },
       [&](auto stream) {
         const int device = dy.device().index;
         if (grad_x) {
@@ -112,7 +115,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
   }
   Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
   Tensor y = Tensor::empty({s.n, s.c_out, s.h_out(), s.w_out()}, options_of(x));
-  const void* b_ptr = bc.defined() ? bc.data_ptr() : nullptr;
+  const void* b_ptr = data_or_null(bc);
   dispatch(
       x.device(), [&] { kernels::conv2d_forward_cpu(s, xc.data_ptr(), wc.data_ptr(), b_ptr, y.data_ptr()); },
       [&](auto stream) {

@@ -11,6 +11,7 @@
 
 namespace dpe {
 
+using detail::data_or_null;
 using detail::options_of;
 
 namespace {
@@ -78,20 +79,22 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   }
 
   const Tensor w = weight.defined() ? weight.detach() : Tensor(), b = bias.defined() ? bias.detach() : Tensor();
-  auto ptr = [](const Tensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
   Tensor y = Tensor::empty(x.shape(), options_of(x));
   dispatch(
       x.device(),
-      [&] { kernels::batch_norm_elemt_cpu(shape, xc.data_ptr(), mean.data_ptr(), invstd.data_ptr(), ptr(w), ptr(b), y.data_ptr()); },
+      [&] {
+        kernels::batch_norm_elemt_cpu(shape, xc.data_ptr(), mean.data_ptr(), invstd.data_ptr(), data_or_null(w),
+                                      data_or_null(b), y.data_ptr());
+      },
       [&](auto stream) {
-        kernels::batch_norm_elemt_cuda(stream, shape, xc.data_ptr(), mean.data_ptr(), invstd.data_ptr(), ptr(w), ptr(b),
-                                       y.data_ptr());
+        kernels::batch_norm_elemt_cuda(stream, shape, xc.data_ptr(), mean.data_ptr(), invstd.data_ptr(),
+                                       data_or_null(w), data_or_null(b), y.data_ptr());
       });
 
   const bool grad_x = x.requires_grad(), grad_w = weight.defined() && weight.requires_grad();
   const bool grad_b = bias.defined() && bias.requires_grad();
   autograd::record(y, {x, weight, bias}, "BatchNormBackward",
-                   [shape, batch_stats, xc, mean, invstd, w, grad_x, grad_w, grad_b, ptr](const Tensor& g) {
+                   [shape, batch_stats, xc, mean, invstd, w, grad_x, grad_w, grad_b](const Tensor& g) {
                      const Tensor dy = g.contiguous();
                      // The per-channel sums: for the parameters' gradients, and for dx under batch statistics.
                      Tensor sum_dy, sum_dy_xmu;
@@ -118,14 +121,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                            dy.device(),
                            [&] {
                              kernels::batch_norm_backward_elemt_cpu(shape, batch_stats, dy.data_ptr(), xc.data_ptr(),
-                                                                    mean.data_ptr(), invstd.data_ptr(), ptr(w),
-                                                                    ptr(sum_dy), ptr(sum_dy_xmu), dx.data_ptr());
+                                                                    mean.data_ptr(), invstd.data_ptr(), data_or_null(w),
+                                                                    data_or_null(sum_dy), data_or_null(sum_dy_xmu),
+                                                                    dx.data_ptr());
                            },
                            [&](auto stream) {
                              kernels::batch_norm_backward_elemt_cuda(stream, shape, batch_stats, dy.data_ptr(),
                                                                      xc.data_ptr(), mean.data_ptr(), invstd.data_ptr(),
-                                                                     ptr(w), ptr(sum_dy), ptr(sum_dy_xmu),
-                                                                     dx.data_ptr());
+                                                                     data_or_null(w), data_or_null(sum_dy),
+                                                                     data_or_null(sum_dy_xmu), dx.data_ptr());
                            });
                      }
                      return std::vector<Tensor>{dx, grad_w ? mul(sum_dy_xmu, invstd) : Tensor(),

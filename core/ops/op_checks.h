@@ -24,4 +24,7 @@ inline void check_same_device_and_dtype(const Tensor& a, const Tensor& b, const 
 
 inline TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).with_device(t.device()); }
 
+// A kernel's pointer for an optional tensor: its data, or null when it is undefined.
+inline void* data_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
 }  // namespace dpe::detail
