@@ -36,10 +36,44 @@ std::unique_ptr<BackendAllocator> make_backend(const Device& d) {
 
 void* detail::take_cached(BlockCache& cache, size_t size) {
   auto it = cache.find(size);
-  if (it == cache.end() || it->second.empty()) return nullptr;
-  void* ptr = it->second.back();
-  it->second.pop_back();
+  if (it == cache.end() || it->second.free.empty()) return nullptr;
+  void* ptr = it->second.free.back();
+  it->second.free.pop_back();
   return ptr;
+}
+
+void detail::add_block(BlockCache& cache, size_t size) {
+  SizeClass& c = cache[size];
+  c.free.reserve(c.blocks + 1);
+  ++c.blocks;
+}
+
+void detail::remove_block(BlockCache& cache, size_t size) noexcept {
+  auto it = cache.find(size);
+  DPE_INTERNAL_ASSERT(it != cache.end() && it->second.blocks > it->second.free.size(), "no block of ", size,
+                      " bytes outside the cache");
+  if (--it->second.blocks == 0) cache.erase(it);
+}
+
+void detail::put_cached(BlockCache& cache, size_t size, void* ptr) noexcept {
+  auto it = cache.find(size);
+  DPE_INTERNAL_ASSERT(it != cache.end() && it->second.free.size() < it->second.blocks, "a block of ", size,
+                      " bytes was given back without its place in the cache");
+  it->second.free.push_back(ptr);  // within the capacity add_block reserved
+}
+
+void detail::release_cached(BlockCache& cache, const std::function<void(void*, size_t)>& release) {
+  for (auto it = cache.begin(); it != cache.end();) {
+    const size_t size = it->first;
+    SizeClass& c = it->second;
+    while (!c.free.empty()) {
+      void* ptr = c.free.back();
+      c.free.pop_back();
+      --c.blocks;
+      release(ptr, size);
+    }
+    it = c.blocks == 0 ? cache.erase(it) : std::next(it);
+  }
 }
 
 CachingAllocator::CachingAllocator(Device device, std::unique_ptr<BackendAllocator> backend)
@@ -65,12 +99,14 @@ void* CachingAllocator::allocate(size_t nbytes) {
   std::lock_guard lock(mutex_);
   void* ptr = detail::take_cached(cache_, size);
   if (ptr == nullptr) {
+    detail::add_block(cache_, size);
     ptr = backend_->allocate(size);
     if (ptr == nullptr) {  // out of memory: give the cache back and try once more
       release_cache_locked();
       ptr = backend_->allocate(size);
     }
     if (ptr == nullptr) {
+      detail::remove_block(cache_, size);
       int64_t free_bytes = backend_->free_bytes();
       DPE_CHECK(false, "out of memory on ", device_, ": tried to allocate ", size, " bytes with ",
                 stats_.allocated_bytes, " bytes already allocated",
@@ -85,13 +121,13 @@ void* CachingAllocator::allocate(size_t nbytes) {
   return ptr;
 }
 
-void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
+void CachingAllocator::deallocate(void* ptr, size_t nbytes) noexcept {
   if (ptr == nullptr) return;
   size_t size = round_size(nbytes);
   std::lock_guard lock(mutex_);
   stats_.allocated_bytes -= size;
   DPE_INTERNAL_ASSERT(stats_.allocated_bytes >= 0, "allocator accounting went negative on ", device_);
-  cache_[size].push_back(ptr);
+  detail::put_cached(cache_, size, ptr);
 }
 
 MemoryStats CachingAllocator::stats() const {
@@ -110,13 +146,10 @@ void CachingAllocator::empty_cache() {
 }
 
 void CachingAllocator::release_cache_locked() {
-  for (auto& [size, blocks] : cache_) {
-    for (void* ptr : blocks) {
-      backend_->deallocate(ptr);
-      stats_.reserved_bytes -= size;
-    }
-  }
-  cache_.clear();
+  detail::release_cached(cache_, [&](void* ptr, size_t size) {
+    stats_.reserved_bytes -= size;
+    backend_->deallocate(ptr);
+  });
 }
 
 CachingAllocator& allocator_for(const Device& d) {

@@ -33,10 +33,28 @@ struct MemoryStats {
 };
 
 namespace detail {
-// Free blocks by rounded size: the cache of the device allocators and of the pinned host allocator.
-using BlockCache = std::unordered_map<size_t, std::vector<void*>>;
+// The free blocks of one rounded size, in the cache of a device allocator or of the pinned host allocator.
+// Invariant: `free` has capacity for all `blocks` blocks of this size that exist, cached or in use. The room
+// is made when a block is created (add_block, which may throw), so giving a block back (put_cached) never
+// allocates: blocks are given back from destructors, where running out of memory would end the process
+// in std::terminate.
+struct SizeClass {
+  std::vector<void*> free;
+  size_t blocks = 0;
+};
+using BlockCache = std::unordered_map<size_t, SizeClass>;
 // Removes and returns a cached block of exactly `size` bytes, or nullptr when there is none.
 void* take_cached(BlockCache& cache, size_t size);
+// Makes room for one more block of `size`; call before creating it, and remove_block if creating it fails.
+// Throws std::bad_alloc when out of memory, leaving the cache as it was.
+void add_block(BlockCache& cache, size_t size);
+// Forgets one block of `size` that is not in the cache (creating it failed, or it goes back to the backend).
+void remove_block(BlockCache& cache, size_t size) noexcept;
+// Returns a block of `size` made after add_block to the cache. Never allocates.
+void put_cached(BlockCache& cache, size_t size, void* ptr) noexcept;
+// Hands every cached block to `release(ptr, size)` and forgets it (a block is forgotten before its call, so
+// the cache stays consistent when `release` throws).
+void release_cached(BlockCache& cache, const std::function<void(void*, size_t)>& release);
 }  // namespace detail
 
 // Raw memory of one device. Implementations: CPU (aligned malloc), CUDA (cudaMalloc on the logical
@@ -61,8 +79,9 @@ class CachingAllocator {
   // Returns a block of at least nbytes (nullptr for 0 bytes); throws dpe::Error naming the device
   // when the device is out of memory.
   void* allocate(size_t nbytes);
-  // `nbytes` is the size passed to allocate() for this pointer.
-  void deallocate(void* ptr, size_t nbytes);
+  // `nbytes` is the size passed to allocate() for this pointer. Never throws (it runs in destructors): the
+  // block's place in the cache was made when the block was created.
+  void deallocate(void* ptr, size_t nbytes) noexcept;
 
   MemoryStats stats() const;
   void reset_peak();

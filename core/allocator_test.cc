@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/ops.h"
+#include "tests/testing/failing_new.h"
 
 namespace dpe {
 namespace {
@@ -69,6 +73,42 @@ TEST(AllocatorTest, SizesNearSizeMaxDoNotWrap) {
           << e.what();
     }
   }
+}
+
+class AlignedAllocBackend final : public BackendAllocator {
+ public:
+  void* allocate(size_t nbytes) override { return std::aligned_alloc(64, nbytes); }
+  void deallocate(void* ptr) override { std::free(ptr); }
+};
+
+// Blocks are given back from destructors (Storage), where an exception ends the process in std::terminate.
+// Giving one back once grew its size's free list, and under `ulimit -v` (dpe_errors_test) that push_back
+// threw std::bad_alloc out of ~Storage. Now a block's place in the list is made when the block is created.
+TEST(AllocatorTest, GivingBlocksBackAllocatesNothing) {
+  CachingAllocator allocator(Device::cpu(0), std::make_unique<AlignedAllocBackend>());
+  std::vector<std::pair<void*, size_t>> blocks;
+  for (size_t nbytes : {size_t{100}, size_t{600}, size_t{5000}, size_t{70000}, size_t{17} << 20}) {
+    for (int i = 0; i < 9; ++i) blocks.emplace_back(allocator.allocate(nbytes), nbytes);
+  }
+  {
+    testing::FailingNew fail;
+    for (auto [ptr, nbytes] : blocks) allocator.deallocate(ptr, nbytes);  // noexcept: bad_alloc would terminate
+  }
+  EXPECT_EQ(allocator.stats().allocated_bytes, 0);
+  const int64_t backend_allocations = allocator.stats().num_backend_allocations;
+  for (auto& [ptr, nbytes] : blocks) ptr = allocator.allocate(nbytes);  // all from the cache
+  EXPECT_EQ(allocator.stats().num_backend_allocations, backend_allocations);
+
+  // empty_cache gives back the cached blocks and keeps the places of those still in use.
+  allocator.deallocate(blocks[0].first, blocks[0].second);
+  allocator.empty_cache();
+  {
+    testing::FailingNew fail;
+    for (size_t i = 1; i < blocks.size(); ++i) allocator.deallocate(blocks[i].first, blocks[i].second);
+  }
+  EXPECT_EQ(allocator.stats().allocated_bytes, 0);
+  allocator.empty_cache();
+  EXPECT_EQ(allocator.stats().reserved_bytes, 0);
 }
 
 TEST(AllocatorTest, ThreadSafe) {

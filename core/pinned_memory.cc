@@ -24,15 +24,25 @@ void* CachingHostAllocator::allocate(size_t nbytes) {
   collect_completed_locked();
   void* ptr = detail::take_cached(free_, size);
   if (ptr == nullptr) {
+    // Room for the new block in free_ and awaiting_ first, so that deallocate never allocates.
+    awaiting_.reserve(blocks_.size() + 1);
+    detail::add_block(free_, size);
     ptr = backend_->allocate(size);
     if (ptr == nullptr) {  // out of pinned memory: give the cache back and try once more
       release_free_locked();
       ptr = backend_->allocate(size);
     }
+    if (ptr == nullptr) detail::remove_block(free_, size);
     DPE_CHECK(ptr != nullptr, "out of pinned host memory: tried to allocate ", size, " bytes with ",
               stats_.allocated_bytes, " bytes already allocated and ", stats_.reserved_bytes,
               " reserved (pinned memory is locked into RAM; use smaller batches or pin_memory=false)");
-    blocks_[ptr].size = size;
+    try {
+      blocks_[ptr].size = size;
+    } catch (...) {
+      backend_->deallocate(ptr);
+      detail::remove_block(free_, size);
+      throw;
+    }
     stats_.reserved_bytes += static_cast<int64_t>(size);
     ++stats_.num_backend_allocations;
   }
@@ -45,7 +55,7 @@ void* CachingHostAllocator::allocate(size_t nbytes) {
   return ptr;
 }
 
-void CachingHostAllocator::deallocate(void* ptr) {
+void CachingHostAllocator::deallocate(void* ptr) noexcept {
   if (ptr == nullptr) return;
   std::lock_guard lock(mutex_);
   auto it = blocks_.find(ptr);
@@ -54,9 +64,9 @@ void CachingHostAllocator::deallocate(void* ptr) {
   block.in_use = false;
   stats_.allocated_bytes -= static_cast<int64_t>(block.size);
   if (block.uses.empty()) {
-    free_[block.size].push_back(ptr);
+    detail::put_cached(free_, block.size, ptr);
   } else {
-    awaiting_.push_back(ptr);
+    awaiting_.push_back(ptr);  // within the capacity reserved when the block was made
   }
 }
 
@@ -78,21 +88,18 @@ void CachingHostAllocator::collect_completed_locked() {
     Block& block = blocks_.at(ptr);
     std::erase_if(block.uses, completed);
     if (!block.uses.empty()) return false;
-    free_[block.size].push_back(ptr);
+    detail::put_cached(free_, block.size, ptr);
     return true;
   };
   std::erase_if(awaiting_, now_free);
 }
 
 void CachingHostAllocator::release_free_locked() {
-  for (auto& [size, ptrs] : free_) {
-    for (void* ptr : ptrs) {
-      backend_->deallocate(ptr);
-      blocks_.erase(ptr);
-      stats_.reserved_bytes -= static_cast<int64_t>(size);
-    }
-  }
-  free_.clear();
+  detail::release_cached(free_, [&](void* ptr, size_t size) {
+    blocks_.erase(ptr);
+    stats_.reserved_bytes -= static_cast<int64_t>(size);
+    backend_->deallocate(ptr);
+  });
 }
 
 MemoryStats CachingHostAllocator::stats() const {

@@ -53,7 +53,8 @@ class CachingHostAllocator {
   // A block of at least nbytes (nullptr for 0 bytes); throws dpe::Error when pinned memory runs out.
   void* allocate(size_t nbytes);
   // ptr: a pointer allocate() returned. The block becomes reusable once every recorded use has completed.
-  void deallocate(void* ptr);
+  // Never throws (it runs in destructors): the block's places in free_ and awaiting_ were made with it.
+  void deallocate(void* ptr) noexcept;
   // Marks the live block starting at `ptr` as read or written by work enqueued so far on CUDA device
   // `device`'s stream. Returns false (and records nothing) when ptr is not the start of a live pinned block.
   bool record_use(const void* ptr, int device);

@@ -9,11 +9,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <vector>
 
 #include "core/ops.h"
 #include "tests/testing/errors.h"
+#include "tests/testing/failing_new.h"
 
 #if DPE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -155,6 +158,29 @@ TEST(CachingHostAllocatorTest, OutOfMemoryGivesTheCacheBackThenNamesTheSizes) {
                          "allocated"), std::string::npos)
       << message;
   alloc.deallocate(b);
+}
+
+// Pinned blocks are given back from destructors (Storage): that must not allocate, whether the block goes
+// to the cache or waits for a copy still reading it (core/allocator_test.cc's GivingBlocksBackAllocatesNothing).
+TEST(CachingHostAllocatorTest, GivingBlocksBackAllocatesNothing) {
+  FakeBackendState s;
+  CachingHostAllocator alloc(std::make_unique<FakeBackend>(&s));
+  std::vector<void*> blocks;
+  for (size_t nbytes : {512u, 4096u, 70000u}) {
+    for (int i = 0; i < 9; ++i) blocks.push_back(alloc.allocate(nbytes));
+  }
+  for (size_t i = 0; i < blocks.size(); i += 2) alloc.record_use(blocks[i], 0);  // a copy still reads these
+  {
+    testing::FailingNew fail;
+    for (void* p : blocks) alloc.deallocate(p);  // noexcept: bad_alloc would terminate
+  }
+  EXPECT_EQ(alloc.stats().allocated_bytes, 0);
+  alloc.empty_cache();
+  EXPECT_EQ(s.backend_frees, 13);  // the 13 blocks no copy reads
+  std::fill(s.done.begin(), s.done.end(), true);
+  alloc.empty_cache();
+  EXPECT_EQ(s.backend_frees, 27);
+  EXPECT_EQ(s.held, 0u);
 }
 
 TEST(PinnedMemoryTest, AvailableExactlyWhereACudaDeviceIs) {

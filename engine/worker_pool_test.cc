@@ -20,19 +20,7 @@
 #include "core/autograd/grad_mode.h"
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
-
-// Every allocation of this test binary fails while g_fail_allocations is set (ARunAllocatesNothing).
-namespace {
-std::atomic<bool> g_fail_allocations{false};
-}  // namespace
-
-void* operator new(size_t size) {
-  if (g_fail_allocations.load(std::memory_order_relaxed)) throw std::bad_alloc();
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
+#include "tests/testing/failing_new.h"
 
 namespace dpe {
 namespace {
@@ -156,9 +144,8 @@ TEST(WorkerPoolTest, ARunAllocatesNothing) {
   pool.run(3, task);  // each worker's oneTBB arena is set up by its first task
   {
     NoGradGuard no_grad;
-    g_fail_allocations = true;
+    testing::FailingNew fail;
     pool.run(3, task);
-    g_fail_allocations = false;
   }
   EXPECT_EQ(ran.load(), 6);
   EXPECT_EQ(grad_enabled.load(), 3);

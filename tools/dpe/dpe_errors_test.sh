@@ -3,7 +3,8 @@
 # (tools/dpe/main.cc: 2 error, 3 out of memory, 4 unexpected), never in an abort or a hang: endless and
 # oversized files, checkpoints whose headers claim more than the file holds, and training under address-space
 # limits (ulimit -v), where out of memory once ended in glibc's "libgcc_s.so.1 must be installed for
-# unwinding to work" abort (oneDNN), in std::terminate (the worker pool) or in a hang at exit (OpenBLAS).
+# unwinding to work" abort (oneDNN), in std::terminate (the worker pool; a tensor's destructor, whose block
+# grew the allocator's free list) or in a hang at exit (OpenBLAS).
 set -uo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
