@@ -1,12 +1,16 @@
 // Runs a kernel on the backend of a device: `cpu()` on CPU devices, `cuda(stream)` on CUDA devices with
 // the device's GPU current and its compute stream passed explicitly.
 //
+// Both return through a lost-thread checkpoint (core/lost_thread.h): a kernel that returns on a worker
+// the engine has given up on goes no further.
+//
 // `cuda` must be a generic lambda ([&](auto stream) {...}): in a build without CUDA it is never
 // instantiated, so it may name *_cuda kernels that this build does not define.
 #pragma once
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/lost_thread.h"
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_device.h"
@@ -18,11 +22,13 @@ template <typename CpuFn, typename CudaFn>
 void dispatch(const Device& device, CpuFn&& cpu, CudaFn&& cuda) {
   if (device.is_cpu()) {
     cpu();
+    checkpoint_if_lost();
     return;
   }
 #if DPE_WITH_CUDA
   cuda::DeviceGuard guard(device.index);
   cuda(cuda::stream(device.index));
+  checkpoint_if_lost();
 #else
   (void)cuda;
   DPE_CHECK(false, "cannot run on ", device, ": this dpe build has no CUDA support");

@@ -76,7 +76,7 @@ void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
     if (i == 0) check_master_placement();  // before cloning a misplaced master
   }
   check_deterministic_options();
-  pool_ = std::make_unique<DeviceWorkerPool>(device_ids_, options_.deterministic ? 1 : 0);
+  pool_ = make_pool();
   if (options_.mode == ParallelMode::DDP) init_ddp();
   if (options_.mode == ParallelMode::DP && spans_processes(options_.backend)) init_dp_across_processes();
   build_reducer();
@@ -131,7 +131,7 @@ void DataParallel::refresh_trainable() {
   build_reducer();
 }
 
-DataParallel::~DataParallel() = default;
+DataParallel::~DataParallel() { abandon_to_lost_workers(); }
 
 int64_t DataParallel::threads_created() const { return pool_->threads_created(); }
 

@@ -110,7 +110,9 @@ struct DataParallelOptions {
   // backward of the step API. Every process
   // constructs its DataParallel at the same point.
   CollectiveBackend backend = CollectiveBackend::Auto;
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);  // a replica that never arrives
+  // A replica that never arrives: the collectives' timeout, and the straggler timeout after which a replica
+  // still running when another has finished is declared lost (docs/DATA_PARALLEL.md "A failed device").
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // Bitwise-reproducible steps whatever the device count and mode (engine/deterministic_step.cc,
   // docs/DATA_PARALLEL.md "Deterministic mode"): the step API cuts every batch into virtual_shards fixed
   // shards (0: max(4, devices)), runs each alone on whichever device, and sums their gradients in a fixed
@@ -326,6 +328,12 @@ class DataParallel {
   // started with gradients (which a redo would lose). Called inside forward_backward's handler.
   std::string recover(const ReplicaError& failure, const std::vector<Tensor>& buffers, bool accumulated);
   void drop_device(size_t replica);
+  // The worker pool over device_ids_: options_.timeout is also its straggler timeout (a replica still running
+  // that long after another finished is lost: engine/worker_pool.h).
+  std::unique_ptr<DeviceWorkerPool> make_pool() const;
+  // Keeps alive for good what the pool's lost workers may still reach (their replicas and optimizers, the
+  // group, the reducers): their threads are left behind (Note [Lost workers] in engine/worker_pool.cc).
+  void abandon_to_lost_workers();
   void connect_replicas();  // DDP: the process group over device_ids_ and the SyncBatchNorm layers' groups
   double forward_backward_deterministic(const Tensor& input, const Tensor& target, const LossFn& loss);
   void check_deterministic_options() const;

@@ -5,6 +5,7 @@
 
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/lost_thread.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
 #include "engine/ddp_reducer.h"
@@ -162,10 +163,13 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
         return;
       }
       start = Clock::now();
+      // checkpoint_if_lost: before each write into this frame (core/lost_thread.h).
       Tensor out = replicas_[r]->forward(x);
+      checkpoint_if_lost();
       forward_ms[r] = ms_since(start);
       start = Clock::now();
       Tensor loss = checked_loss(loss_fn, out, y);
+      checkpoint_if_lost();
       loss_ms[r] = ms_since(start);
 
       start = Clock::now();
@@ -173,6 +177,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
       if (sync) ddp_reducer_->mark_unused_parameters(r, root);
       root.backward();
       if (sync) ddp_reducer_->finalize_backward(r);
+      checkpoint_if_lost();
       backward_ms[r] = ms_since(start);
       losses[r] = loss.item();
       if (across_processes && sync) global_loss[r] = loss_over_processes(*group_, rank, losses[r], sizes[r]);

@@ -21,6 +21,7 @@
 
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/lost_thread.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
 #include "engine/timing.h"
@@ -131,9 +132,11 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
       Tensor x = input.narrow(dim, shard_offset[k], shard_rows[k]).to(device_ids_[d]).contiguous();
       Tensor y = target.narrow(dim, shard_offset[k], shard_rows[k]).to(device_ids_[d]).contiguous();
       Tensor loss = checked_loss(loss_fn, replica.forward(x), y);
+      checkpoint_if_lost();  // before each write into this frame (core/lost_thread.h)
       forward_ms[d] += ms_since(phase);
       phase = Clock::now();
       backward_root(loss * (static_cast<double>(shard_rows[k]) / static_cast<double>(batch))).backward();
+      checkpoint_if_lost();
       backward_ms[d] += ms_since(phase);
       losses[k] = loss.item();
       for (size_t p = 0; p < replica_params_[d].size(); ++p) {

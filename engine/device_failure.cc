@@ -5,9 +5,15 @@
 //
 // A replica that does not arrive at a collective within the group's timeout is dropped too: the partner that
 // timed out reports first, and the group names who it waited for.
-// Not covered (docs/DATA_PARALLEL.md "A failed device"): a thread stuck inside a kernel for good (it cannot be
-// killed, and rebuilding the pool would wait for it); failures across processes; a step onto gradients accumulated
-// by earlier backwards (no_sync, or forward_backward without zero_grad), which cannot be redone exactly.
+// A replica stuck for good (in a kernel, a wait) is declared lost by the worker pool's straggler timeout and
+// dropped like a failed one; its thread is left behind with everything it may still reach kept alive
+// (abandon_to_lost_workers). Not covered (docs/DATA_PARALLEL.md "A failed device"): failures across
+// processes; a step onto gradients accumulated by earlier backwards (no_sync, or forward_backward without
+// zero_grad), which cannot be redone exactly.
+#include <algorithm>
+#include <memory>
+#include <mutex>
+
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "engine/data_parallel.h"
@@ -18,6 +24,15 @@
 namespace dpe {
 
 namespace {
+
+// What lost workers may still reach, never destroyed: their threads may wake at any time (Note [Lost workers]).
+void keep_forever(std::shared_ptr<void> object) {
+  static auto* mutex = new std::mutex;
+  static auto* kept = new std::vector<std::shared_ptr<void>>;
+  if (!object) return;
+  std::lock_guard lock(*mutex);
+  kept->push_back(std::move(object));
+}
 
 bool is_out_of_memory(const std::string& message) { return message.find("out of memory") != std::string::npos; }
 
@@ -47,6 +62,11 @@ std::string DataParallel::recover(const ReplicaError& failure, const std::vector
                                                                   "recover: ", why, ")"), failure.later_failures());
   };
   const DeviceFailurePolicy policy = options_.on_device_failure;
+  // Lost workers (stuck past the straggler timeout) are dropped whatever failed first.
+  const std::vector<size_t> lost = pool_->lost_workers();
+  if (!lost.empty() && policy == DeviceFailurePolicy::RetrySmallerChunk) {
+    cannot("a device is lost (stuck), and retry_smaller_chunk only handles out-of-memory errors");
+  }
   if (policy == DeviceFailurePolicy::RetrySmallerChunk && !oom) throw;
   if (spans_processes(options_.backend)) cannot("the group spans processes");
   if (accumulated) cannot("gradients accumulated before this step would be lost");
@@ -67,10 +87,19 @@ std::string DataParallel::recover(const ReplicaError& failure, const std::vector
     done = detail::str_cat(device, " (replica ", r, ") ran out of memory with ", shares[r], " samples; the step was "
                            "redone with ", shares[r] / 2, " there");
   } else {
-    if (device_ids_.size() == 1) cannot("it was the last device");
-    if (options_.mode == ParallelMode::DP && r == 0) cannot(detail::str_cat("DP's master is on ", device));
-    drop_device(r);
-    done = detail::str_cat("dropped ", device, " (replica ", r, "): ", cause, failure.what(), "; the step was redone on ",
+    std::vector<size_t> dropped = lost;
+    if (std::find(dropped.begin(), dropped.end(), r) == dropped.end()) dropped.push_back(r);
+    std::sort(dropped.begin(), dropped.end());
+    if (dropped.size() >= device_ids_.size()) cannot("it was the last device");
+    if (options_.mode == ParallelMode::DP && dropped[0] == 0) {
+      cannot(detail::str_cat("DP's master is on ", device_ids_[0]));
+    }
+    std::string names;
+    for (size_t d : dropped) {
+      names += detail::str_cat(names.empty() ? "" : ", ", device_ids_[d], " (replica ", d, ")");
+    }
+    for (auto it = dropped.rbegin(); it != dropped.rend(); ++it) drop_device(*it);
+    done = detail::str_cat("dropped ", names, ": ", cause, failure.what(), "; the step was redone on ",
                            device_ids_.size(), " device(s) from ", device_ids_[0]);
   }
   // Undo the failed step's buffer updates (BatchNorm running statistics): every replica from replica 0's.
@@ -80,9 +109,28 @@ std::string DataParallel::recover(const ReplicaError& failure, const std::vector
   return done;
 }
 
+std::unique_ptr<DeviceWorkerPool> DataParallel::make_pool() const {
+  return std::make_unique<DeviceWorkerPool>(device_ids_, options_.deterministic ? 1 : 0, options_.timeout);
+}
+
+void DataParallel::abandon_to_lost_workers() {
+  if (!pool_) return;
+  const std::vector<size_t> lost = pool_->lost_workers();
+  if (lost.empty()) return;
+  for (size_t r : lost) {
+    if (r < replicas_.size()) keep_forever(replicas_[r]);
+    if (r < optimizers_.size()) keep_forever(std::shared_ptr<optim::Optimizer>(std::move(optimizers_[r])));
+  }
+  keep_forever(group_);
+  keep_forever(std::shared_ptr<DdpReducer>(std::move(ddp_reducer_)));
+  keep_forever(std::shared_ptr<GradientReducer>(std::move(reducer_)));
+}
+
 void DataParallel::drop_device(size_t r) {
   const Device dropped = device_ids_[r];
-  // The old pool first: its threads are idle (the failed task returned its exception), so this joins them.
+  abandon_to_lost_workers();
+  // The old pool first: its threads are idle (the failed task returned its exception) or lost (left behind),
+  // so this joins the others.
   pool_.reset();
   ddp_reducer_.reset();
   reducer_.reset();
@@ -97,7 +145,7 @@ void DataParallel::drop_device(size_t r) {
   if (options_.split == SplitRule::Weighted) erase_at(options_.split_weights, r);
   if (auto_split_) auto_split_ = std::make_unique<AutoSplit>(static_cast<int>(device_ids_.size()));
   if (output_device_ == dropped) output_device_ = device_ids_[0];
-  pool_ = std::make_unique<DeviceWorkerPool>(device_ids_, options_.deterministic ? 1 : 0);
+  pool_ = make_pool();
   if (options_.mode == ParallelMode::DDP) connect_replicas();
   build_reducer();
 }

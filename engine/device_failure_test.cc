@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/autograd/function.h"
+#include "core/lost_thread.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
 #include "layers/activation.h"
@@ -18,14 +19,20 @@
 #include "optim/adam.h"
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
+#include "tests/testing/gate.h"
 
 namespace dpe {
 namespace {
 
 using testing::cpu_devices;
 using testing::error_of;
+using testing::eventually;
+using testing::Gate;
 
-enum class Phase { None, Forward, Loss, Backward, OutOfMemory, Stall };
+enum class Phase { None, Forward, Loss, Backward, OutOfMemory, Stall, Hang };
+
+// Where a Phase::Hang replica waits: a kernel that does not return until the test opens the gate.
+Gate* hang_gate = nullptr;
 
 // The fault to inject: where, on which device, in which step (counted by the test).
 struct Fault {
@@ -46,7 +53,9 @@ class Faulty : public nn::Cloneable<Faulty> {
   }
   Tensor forward(const Tensor& x) override {
     DPE_CHECK(!hits(Phase::Forward, x), "injected failure in forward on ", x.device());
-    if (hits(Phase::Stall, x)) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the timeout
+    // Past the group's timeout (1 s), within the straggler timeout after the partners fail (2 s in all).
+    if (hits(Phase::Stall, x)) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    if (hits(Phase::Hang, x)) hang_gate->wait();
     DPE_CHECK(!(hits(Phase::OutOfMemory, x) && x.size(0) > 3), "out of memory on ", x.device(), ": injected (", x.size(0),
               " samples; at most 3 fit)");
     Tensor h = relu(fc1->forward(x));
@@ -75,10 +84,11 @@ OptimizerFactory adamw() {
 
 // 6 steps on 3 devices, the fault armed in step `at` only; returns the master's parameters.
 std::vector<Tensor> train(ParallelMode mode, DeviceFailurePolicy policy, Phase phase, int at, bool deterministic,
-                          std::vector<std::string>* recovered = nullptr, std::vector<Device>* survivors = nullptr) {
+                          std::vector<std::string>* recovered = nullptr, std::vector<Device>* survivors = nullptr,
+                          std::chrono::milliseconds timeout = std::chrono::minutes(5)) {
   manual_seed(91);
-  DataParallel dp(std::make_shared<Faulty>(), {.device_ids = cpu_devices(3), .mode = mode, .deterministic = deterministic,
-                                               .on_device_failure = policy});
+  DataParallel dp(std::make_shared<Faulty>(), {.device_ids = cpu_devices(3), .mode = mode, .timeout = timeout,
+                                               .deterministic = deterministic, .on_device_failure = policy});
   dp.set_optimizer(adamw());
   fault.phase = phase;
   for (int step = 0; step < 6; ++step) {
@@ -182,13 +192,60 @@ TEST(DeviceFailure, AFailureInsideTheAllReduceDropsItsDevice) {
 
 // A replica that stalls past the group's timeout (1 s; the two others arrive within it of each other even on a
 // loaded machine): its partners time out first, and the device dropped is the one they waited for, not theirs.
+// It arrives (1.5 s) before the straggler timeout would declare it lost (2 s), so the step waits for it.
 TEST(DeviceFailure, ADeviceThatDoesNotArriveInTimeIsTheOneDropped) {
   fault.phase = Phase::Stall;
+  const int64_t parked = parked_lost_threads();
   const std::string what = train_dropping_in_step_2(std::chrono::milliseconds(1000), [](DataParallel&, bool now) {
     fault.armed = now;
   });
   EXPECT_NE(what.find("dropped cpu:1 (replica 1): it did not arrive in time: "), std::string::npos) << what;
   EXPECT_NE(what.find("waiting for cpu:1 (rank 1), which never called it"), std::string::npos) << what;
+  EXPECT_EQ(parked_lost_threads(), parked);
+}
+
+// A replica stuck for good (a kernel that never returns; here until the test opens its gate at the end) is
+// declared lost when it is still running the timeout (1 s) after another replica finished (DP: the others'
+// forward; DDP: the partners' all-reduce timing out on it): dropped, and the step redone on the survivors.
+// When its kernel finally returns, its thread parks at the next checkpoint (core/lost_thread.h) instead of
+// running on into a step that is gone (run under ASan too).
+TEST(DeviceFailure, AStuckDeviceIsDeclaredLostAndDropped) {
+#if defined(__SANITIZE_THREAD__)
+  // What the lost thread touched before it got stuck, the engine later frees or rewrites, and no
+  // happens-before edge can order the two: the thread never synchronises again. ThreadSanitizer reports
+  // those pairs however far apart in time; ASan checks that nothing is touched after being freed.
+  GTEST_SKIP() << "a thread left behind cannot be ordered with the engine's later writes (see the comment)";
+#endif
+  const std::vector<Tensor> want = one_device();
+  for (ParallelMode mode : {ParallelMode::DP, ParallelMode::DDP}) {
+    SCOPED_TRACE(mode_name(mode));
+    hang_gate = new Gate;  // never freed: the stuck thread waits on it
+    const int64_t parked = parked_lost_threads();
+    std::vector<std::string> recovered;
+    std::vector<Device> survivors;
+    expect_close(train(mode, DeviceFailurePolicy::DropDevice, Phase::Hang, 2, false, &recovered, &survivors,
+                       std::chrono::milliseconds(1000)),
+                 want, mode_name(mode));
+    ASSERT_EQ(recovered.size(), 1u);
+    EXPECT_NE(recovered[0].find("dropped cpu:1 (replica 1): "), std::string::npos) << recovered[0];
+    if (mode == ParallelMode::DP) {
+      EXPECT_NE(recovered[0].find("did not finish within 1000 ms of the first device that did (stuck in a kernel or a "
+                                  "wait?): the device is lost"),
+                std::string::npos)
+          << recovered[0];
+    }
+    EXPECT_EQ(survivors, (std::vector<Device>{Device::cpu(0), Device::cpu(2)}));
+    hang_gate->release();
+    EXPECT_TRUE(eventually([&] { return parked_lost_threads() == parked + 1; }));
+  }
+  // Under the default policy the step fails naming the lost device, and nothing hangs.
+  hang_gate = new Gate;
+  EXPECT_NE(error_of([] {
+              train(ParallelMode::DP, DeviceFailurePolicy::Fail, Phase::Hang, 0, false, nullptr, nullptr,
+                    std::chrono::milliseconds(500));
+            }).find("replica 1 on cpu:1: did not finish within 500 ms"),
+            std::string::npos);
+  fault.armed = false;
 }
 
 TEST(DeviceFailure, OutOfMemoryShrinksTheDevicesChunk) {

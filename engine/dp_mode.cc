@@ -6,6 +6,7 @@
 #include "core/autograd/grad_mode.h"
 #include "core/autograd/node.h"
 #include "core/error.h"
+#include "core/lost_thread.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
 #include "engine/ddp_reducer.h"
@@ -71,6 +72,7 @@ class DataParallelGatherNode final : public autograd::Node {
       dp_->pool_->run(used, [&](size_t i) {
         const auto replica_start = Clock::now();
         if (!roots[i].empty()) autograd::backward(roots[i], root_grads[i]);
+        checkpoint_if_lost();  // before writing into this frame (core/lost_thread.h)
         compute_ms[i] += ms_since(replica_start);
       });
     } catch (...) {
@@ -297,7 +299,9 @@ std::vector<std::vector<Tensor>> DataParallel::parallel_apply(const nn::ModuleIn
     const auto replica_start = Clock::now();
     std::vector<Tensor> mine;
     for (const auto& per_tensor : scattered.chunks) mine.push_back(per_tensor[i]);
-    outputs[i] = replicas_[i]->forward_args(with_tensors(input, slots, mine));
+    std::vector<Tensor> out = replicas_[i]->forward_args(with_tensors(input, slots, mine));
+    checkpoint_if_lost();  // before writing into this frame (core/lost_thread.h)
+    outputs[i] = std::move(out);
     report_.device_compute_ms[i] = ms_since(replica_start);
   });
   for (size_t i = 1; i < used; ++i) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/lost_thread.h"
 #include "engine/data_parallel.h"
 #include "optim/grad_scaler.h"
 
@@ -59,7 +60,9 @@ void DataParallel::scaled_optimizer_step() {
         optim::Optimizer& optimizer = *optimizers_[r];
         const bool found_inf = any_over_processes(*group_, static_cast<int>(r), unscaled_found_inf(scaler, optimizer));
         scaler.record_unscaled(optimizer, found_inf);
-        stepped[r] = scaler.step(optimizer);
+        const bool took_step = scaler.step(optimizer);
+        checkpoint_if_lost();  // before writing into this frame (core/lost_thread.h)
+        stepped[r] = took_step;
       });
       for (size_t r = 1; r < stepped.size(); ++r) {
         DPE_INTERNAL_ASSERT(stepped[r] == stepped[0], "DDP: replica ", r, " and replica 0 took different skip "

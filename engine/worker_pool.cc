@@ -7,7 +7,9 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <condition_variable>
 #include <exception>
@@ -18,6 +20,7 @@
 #include "core/amp/autocast.h"
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/lost_thread.h"
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_device.h"
@@ -93,6 +96,17 @@ std::string message_of(const std::exception_ptr& e) {
 
 }  // namespace
 
+// Note [Lost workers]
+// With a straggler timeout, run() waits for the workers still running at most that long after the first
+// worker of the run finished; those still running then are declared lost (their flag, which is also their
+// thread's core/lost_thread.h flag), reported as failures, and left behind: run() returns without them. A
+// lost worker never runs again (run() refuses it), and its thread is detached, not joined, when the pool
+// goes. What keeps that safe: the thread shares Impl (a shared_ptr), so the state it reads outlives the
+// pool; if its task ever returns, the worker sees the flag under the mutex and ends without touching the
+// run (its task fields point into a caller that is gone); and inside the task, a returning kernel stops at
+// the next lost-thread checkpoint. Whatever else the task references (the replica's module, a process
+// group) the caller must keep alive for good (engine/device_failure.cc).
+
 // Note [A run allocates nothing]
 // run() hands out its work as pointers and plain values (Impl's task fields, Worker::has_task), never as a
 // std::function built per task: that would allocate once the pool's state says a run is under way, and out
@@ -107,6 +121,8 @@ struct DeviceWorkerPool::Impl {
     std::thread thread;
     size_t index = 0;
     bool has_task = false;  // set by run(), cleared by the worker when it takes the task
+    bool running = false;   // set by run(), cleared by the worker when its task has returned
+    std::atomic<bool> lost{false};  // declared lost by run() (Note [Lost workers]); never cleared
     std::exception_ptr error;
     uint64_t failure_order = 0;  // this run's failures are numbered 0, 1, ... in the order they happened
   };
@@ -121,6 +137,9 @@ struct DeviceWorkerPool::Impl {
   std::condition_variable work_done;
   uint64_t generation = 0;  // bumped by each run(); a worker runs its task once per generation
   size_t pending = 0;
+  size_t finished = 0;      // workers of this run whose task has returned
+  std::chrono::steady_clock::time_point first_finished_at;  // when the first of them did
+  std::chrono::milliseconds straggler_timeout{0};
   bool stopping = false;
   uint64_t failures = 0;                 // failures numbered so far in this run
   // This run's task (Note [A run allocates nothing]): the caller's objects, alive until run() returns.
@@ -130,6 +149,7 @@ struct DeviceWorkerPool::Impl {
   amp::AutocastState autocast;
 
   void loop(Worker& w) {
+    set_thread_lost_flag(&w.lost);
     std::unique_ptr<tbb::task_arena> arena;
     if (w.device.is_cpu()) {
       const int threads = w.cores.empty() ? cpu_threads : static_cast<int>(w.cores.size());
@@ -149,23 +169,33 @@ struct DeviceWorkerPool::Impl {
     }
     uint64_t seen = 0;
     while (true) {
+      // The task fields, read under the mutex: a worker declared lost must not read them again while a later
+      // run() sets them.
+      const std::function<void(size_t)>* task_fn = nullptr;
+      const FailureCallback* task_on_failure = nullptr;
+      bool task_grad_enabled = true;
+      amp::AutocastState task_autocast;
       {
         std::unique_lock lock(mutex);
         work_ready.wait(lock, [&] { return stopping || (generation != seen && w.has_task); });
         if (stopping) return;
         seen = generation;
         w.has_task = false;
+        task_fn = fn;
+        task_on_failure = on_failure;
+        task_grad_enabled = grad_enabled;
+        task_autocast = autocast;
       }
-      // pending counts this worker until the end of the iteration, so run() has not returned and everything
-      // the task fields point to is alive.
+      // pending counts this worker until the end of the iteration (unless it is declared lost), so run() has
+      // not returned and everything the task fields point to is alive.
       auto task = [&] {
-        GradMode::set_enabled(grad_enabled);
+        GradMode::set_enabled(task_grad_enabled);
         // The caller's autocast for this task; the worker's cast cache is emptied when it ends, however.
-        amp::set_autocast_state(autocast);
+        amp::set_autocast_state(task_autocast);
         struct AutocastReset {
           ~AutocastReset() { amp::set_autocast_state({}); }
         } reset;
-        (*fn)(w.index);
+        (*task_fn)(w.index);
       };
       std::exception_ptr error = capture([&] {
 #if DPE_WITH_CUDA
@@ -178,14 +208,19 @@ struct DeviceWorkerPool::Impl {
           task();
         }
       });
+      {
+        std::lock_guard lock(mutex);
+        // Declared lost while the task ran: run() has returned without this worker, and the task fields
+        // point into a caller that is gone. Touch nothing and end the thread (Note [Lost workers]).
+        if (w.lost) return;
+        w.running = false;
+        if (finished++ == 0) first_finished_at = std::chrono::steady_clock::now();
+        if (error) w.failure_order = failures++;
+      }
       if (error) {
-        {
-          std::lock_guard lock(mutex);
-          w.failure_order = failures++;
-        }
-        if (*on_failure) {
+        if (*task_on_failure) {
           try {
-            (*on_failure)(w.index, error);
+            (*task_on_failure)(w.index, error);
           } catch (...) {
           }
         }
@@ -195,10 +230,50 @@ struct DeviceWorkerPool::Impl {
       if (--pending == 0) work_done.notify_all();
     }
   }
+
+  // Waits until every worker of the run has returned, or, with a straggler timeout, until the workers still
+  // running straggler_timeout after the first one finished are declared lost. Returns the lost ones.
+  std::vector<Worker*> wait_for_workers(std::unique_lock<std::mutex>& lock, size_t count) {
+    std::vector<Worker*> lost_now;
+    if (straggler_timeout.count() <= 0 || count < 2) {
+      work_done.wait(lock, [&] { return pending == 0; });
+      return lost_now;
+    }
+    // Woken only when the run is done, not per finished worker (that would cost a context switch per worker
+    // and step): between those, run() looks at least once per straggler_timeout, and once a worker has
+    // finished it sleeps exactly until that worker's deadline.
+    while (pending > 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (finished > 0 && finished < count && now >= first_finished_at + straggler_timeout) break;
+      const auto until = finished > 0 && finished < count ? first_finished_at + straggler_timeout
+                                                          : now + straggler_timeout;
+      work_done.wait_until(lock, until, [&] { return pending == 0; });
+    }
+    if (pending == 0) return lost_now;
+    for (size_t i = 0; i < count; ++i) {
+      Worker& w = *workers[i];
+      if (!w.running) continue;
+      w.lost.store(true, std::memory_order_release);
+      w.running = false;
+      w.failure_order = failures++;
+      w.error = std::make_exception_ptr(Error(detail::str_cat(
+          "did not finish within ", straggler_timeout.count(), " ms of the first device that did (stuck in a "
+          "kernel or a wait?): the device is lost, its thread left behind")));
+      --pending;
+      lost_now.push_back(&w);
+    }
+    work_done.wait(lock, [&] { return pending == 0; });  // those that finished meanwhile
+    return lost_now;
+  }
 };
 
-DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices, int cpu_threads) : impl_(std::make_unique<Impl>()) {
+DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices, int cpu_threads,
+                                   std::chrono::milliseconds straggler_timeout)
+    : impl_(std::make_shared<Impl>()) {
   DPE_CHECK(!devices.empty(), "DeviceWorkerPool: no devices");
+  DPE_CHECK(straggler_timeout.count() >= 0, "DeviceWorkerPool: straggler_timeout must not be negative, got ",
+            straggler_timeout.count(), " ms");
+  impl_->straggler_timeout = straggler_timeout;
   impl_->devices = std::move(devices);
   int cpu_devices = static_cast<int>(
       std::count_if(impl_->devices.begin(), impl_->devices.end(), [](const Device& d) { return d.is_cpu(); }));
@@ -218,7 +293,8 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices, int cpu_threads)
   for (auto& worker : impl_->workers) {
     Impl::Worker* w = worker.get();
     try {
-      w->thread = std::thread([this, w] { impl_->loop(*w); });
+      // The thread shares the pool's state: a lost worker's thread may outlive the pool (Note [Lost workers]).
+      w->thread = std::thread([impl = impl_, w] { impl->loop(*w); });
     } catch (...) {
       // Creating a thread fails (std::system_error, EAGAIN) when memory or the thread limit runs out. Stop the
       // workers already started: destroying their joinable std::threads would call std::terminate.
@@ -242,7 +318,13 @@ DeviceWorkerPool::~DeviceWorkerPool() {
     impl_->stopping = true;
   }
   impl_->work_ready.notify_all();
-  for (auto& w : impl_->workers) w->thread.join();
+  for (auto& w : impl_->workers) {
+    if (w->lost) {
+      w->thread.detach();
+    } else {
+      w->thread.join();
+    }
+  }
 }
 
 size_t DeviceWorkerPool::size() const { return impl_->workers.size(); }
@@ -250,15 +332,29 @@ const std::vector<Device>& DeviceWorkerPool::devices() const { return impl_->dev
 int64_t DeviceWorkerPool::threads_created() const { return impl_->threads_created; }
 int DeviceWorkerPool::cpu_threads_per_device() const { return impl_->cpu_threads; }
 
+std::vector<size_t> DeviceWorkerPool::lost_workers() const {
+  std::lock_guard lock(impl_->mutex);
+  std::vector<size_t> lost;
+  for (const auto& w : impl_->workers) {
+    if (w->lost) lost.push_back(w->index);
+  }
+  return lost;
+}
+
 void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica)>& fn,
                            const FailureCallback& on_failure) {
   DPE_CHECK(count <= size(), "DeviceWorkerPool::run: ", count, " replicas for ", size(), " workers");
   if (count == 0) return;
+  for (size_t i = 0; i < count; ++i) {
+    DPE_CHECK(!impl_->workers[i]->lost, "DeviceWorkerPool::run: the worker of ", impl_->devices[i], " (replica ", i,
+              ") was lost in an earlier run (its task never finished); a lost device does not run again");
+  }
   {
     std::unique_lock lock(impl_->mutex);
     DPE_INTERNAL_ASSERT(impl_->pending == 0, "DeviceWorkerPool::run is not reentrant");
     ++impl_->generation;
     impl_->pending = count;
+    impl_->finished = 0;
     impl_->failures = 0;
     impl_->fn = &fn;
     impl_->on_failure = &on_failure;
@@ -267,11 +363,12 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
     for (size_t i = 0; i < count; ++i) {
       impl_->workers[i]->error = nullptr;
       impl_->workers[i]->has_task = true;
+      impl_->workers[i]->running = true;
     }
   }
   impl_->work_ready.notify_all();
   std::unique_lock lock(impl_->mutex);
-  impl_->work_done.wait(lock, [&] { return impl_->pending == 0; });
+  impl_->wait_for_workers(lock, count);
   impl_->fn = nullptr;
   impl_->on_failure = nullptr;
   std::vector<Impl::Worker*> failed;

@@ -21,10 +21,17 @@
 // affinity mask is an error naming both.
 // The caller's grad mode and autocast state (core/amp/autocast.h) are carried into the worker for the duration
 // of the task.
+// Straggler timeout (off by default): a worker that has not finished its task that long after the first
+// worker of the same run finished is declared lost, as stuck in a kernel or a wait: run() stops waiting for
+// it and reports it as a failure ("did not finish within ... the device is lost"), the worker never runs
+// again, and its thread is left behind (a thread cannot be killed) and parks at its next lost-thread
+// checkpoint should its kernel return (core/lost_thread.h, Note [Lost workers] in worker_pool.cc). Within a
+// run of one worker nothing is compared, so nothing is declared lost.
 //
 // Thread-safety: run() may be called from one thread at a time, never from a worker of the same pool.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -48,8 +55,10 @@ std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text);
 class DeviceWorkerPool {
  public:
   // cpu_threads > 0: every unpinned CPU worker uses exactly that many intra-op threads (the deterministic
-  // mode's 1: results that do not depend on how many devices share the cores).
-  explicit DeviceWorkerPool(std::vector<Device> devices, int cpu_threads = 0);
+  // mode's 1: results that do not depend on how many devices share the cores). straggler_timeout: see the
+  // file comment (0: off).
+  explicit DeviceWorkerPool(std::vector<Device> devices, int cpu_threads = 0,
+                            std::chrono::milliseconds straggler_timeout = std::chrono::milliseconds(0));
   ~DeviceWorkerPool();
   DeviceWorkerPool(const DeviceWorkerPool&) = delete;
   DeviceWorkerPool& operator=(const DeviceWorkerPool&) = delete;
@@ -64,10 +73,12 @@ class DeviceWorkerPool {
   int64_t threads_created() const;
   // Intra-op threads each CPU worker uses.
   int cpu_threads_per_device() const;
+  // The workers declared lost so far (indices into devices()), in order.
+  std::vector<size_t> lost_workers() const;
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with the worker threads (Note [Lost workers])
 };
 
 }  // namespace dpe

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <cstdlib>
 #include <new>
 #include <cstdio>
@@ -18,14 +20,18 @@
 #include <thread>
 
 #include "core/autograd/grad_mode.h"
+#include "core/lost_thread.h"
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
+#include "tests/testing/gate.h"
 #include "tests/testing/failing_new.h"
 
 namespace dpe {
 namespace {
 
 using testing::cpu_devices;
+using testing::eventually;
+using testing::Gate;
 
 TEST(WorkerPoolTest, RunsEachReplicaOnItsOwnPersistentThread) {
   DeviceWorkerPool pool(cpu_devices(3));
@@ -181,6 +187,81 @@ TEST(WorkerPoolTest, ThreadCreationFailureIsAnErrorNotAnAbort) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status) << " (6: std::terminate)";
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: another exception; 2: no failure; 3: setrlimit failed";
+}
+
+// Note [Lost workers]: a worker still running 200 ms after the first one finished is declared lost: run()
+// returns with its failure, the worker never runs again, and the pool's destructor does not wait for it.
+// When its "kernel" returns, the thread parks at the next lost-thread checkpoint and goes no further.
+TEST(WorkerPoolTest, AWorkerStuckPastTheStragglerTimeoutIsDeclaredLost) {
+  Gate gate;
+  std::atomic<bool> past_checkpoint{false};
+  const int64_t parked_before = parked_lost_threads();
+  {
+    DeviceWorkerPool pool(cpu_devices(3), 0, std::chrono::milliseconds(200));
+    const std::function<void(size_t)> task = [&](size_t i) {
+      if (i != 1) return;
+      gate.wait();             // stuck "in a kernel"
+      checkpoint_if_lost();    // where the kernel's dispatch returns
+      past_checkpoint = true;  // a write into the caller's frame: must never happen once lost
+    };
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pool.run(3, task);
+      ADD_FAILURE() << "run() returned without the stuck worker's failure";
+    } catch (const ReplicaError& e) {
+      EXPECT_EQ(e.replica(), 1);
+      EXPECT_EQ(e.device(), Device::cpu(1));
+      EXPECT_NE(std::string(e.what()).find("did not finish within 200 ms of the first device that did (stuck in a "
+                                           "kernel or a wait?): the device is lost"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    EXPECT_EQ(pool.lost_workers(), (std::vector<size_t>{1}));
+    EXPECT_NE(testing::error_of([&] { pool.run(3, task); })
+                  .find("the worker of cpu:1 (replica 1) was lost in an earlier run"),
+              std::string::npos);
+    std::atomic<int> ran{0};
+    pool.run(1, [&](size_t) { ran.fetch_add(1); });  // the others still work
+    EXPECT_EQ(ran.load(), 1);
+  }  // the destructor leaves the lost thread behind
+  gate.release();  // the kernel returns
+  EXPECT_TRUE(eventually([&] { return parked_lost_threads() == parked_before + 1; }));
+  EXPECT_FALSE(past_checkpoint.load());
+}
+
+// The first failure stays the cause; a worker lost afterwards is reported after it. A worker that is only
+// slower than the others, within the timeout, is not lost.
+TEST(WorkerPoolTest, ALostWorkerComesAfterTheFailureThatCausedIt) {
+  Gate gate;
+  const int64_t parked_before = parked_lost_threads();
+  {
+    DeviceWorkerPool pool(cpu_devices(3), 0, std::chrono::milliseconds(300));
+    pool.run(3, [](size_t i) {
+      if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // slower, within the timeout
+    });
+    EXPECT_TRUE(pool.lost_workers().empty());
+    const std::function<void(size_t)> task = [&](size_t i) {
+      if (i == 0) DPE_CHECK(false, "injected failure");
+      if (i == 2) {
+        gate.wait();
+        checkpoint_if_lost();
+      }
+    };
+    try {
+      pool.run(3, task);
+      ADD_FAILURE() << "no failure";
+    } catch (const ReplicaError& e) {
+      EXPECT_EQ(e.replica(), 0);
+      EXPECT_NE(std::string(e.what()).find("injected failure"), std::string::npos) << e.what();
+      ASSERT_EQ(e.later_failures().size(), 1u);
+      EXPECT_EQ(e.later_failures()[0].replica, 2);
+      EXPECT_NE(e.later_failures()[0].message.find("the device is lost"), std::string::npos);
+    }
+    EXPECT_EQ(pool.lost_workers(), (std::vector<size_t>{2}));
+  }
+  gate.release();
+  EXPECT_TRUE(eventually([&] { return parked_lost_threads() == parked_before + 1; }));
 }
 
 // $DPE_CPU_DEVICE_CORES makes CPU devices unequal: each pinned worker runs on its cores only.

@@ -7,6 +7,7 @@
 #include "core/autograd/grad_mode.h"
 #include "core/autograd/node.h"
 #include "core/error.h"
+#include "core/lost_thread.h"
 #include "core/ops.h"
 
 namespace dpe::autograd {
@@ -86,6 +87,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
     inputs.erase(node);
     grad_outputs.resize(node->num_outputs);
     std::vector<Tensor> grad_inputs = node->apply(std::move(grad_outputs));
+    checkpoint_if_lost();  // core/lost_thread.h
     DPE_INTERNAL_ASSERT(grad_inputs.empty() || grad_inputs.size() == node->next_edges.size(), node->name(),
                         " returned ", grad_inputs.size(), " gradients for ", node->next_edges.size(), " edges");
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
