@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,13 @@ class Backend {
   // ProcessGroup::abort, after this process's members were woken: a backend that spans processes tells the
   // others (any thread may call it, while members are inside a method).
   virtual void abort(const std::string& reason) {}
+  // ProcessGroup::shrink: a backend for `survivors`, the members left when the ranks `excluded` (sorted) go,
+  // made from this one where that is needed (NCCL: ncclCommShrink, which also ends operations still in flight
+  // on this backend's communicators; this backend is unusable afterwards), or nullptr for a fresh one
+  // (make_backend). Called by the group's owner, with no member inside a method.
+  virtual std::unique_ptr<Backend> shrink(const std::vector<int>& excluded, const std::vector<Device>& survivors) {
+    return nullptr;
+  }
 };
 
 }  // namespace dpe::collectives

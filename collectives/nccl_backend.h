@@ -15,6 +15,7 @@ namespace dpe::collectives {
 class NcclBackend final : public SharedMemoryBackend {
  public:
   explicit NcclBackend(std::vector<Device> devices);
+  NcclBackend(std::vector<Device> devices, std::unique_ptr<NcclComms> comms);
 
   FlatForms flat_forms() const override { return FlatForms::Native; }
 
@@ -23,9 +24,11 @@ class NcclBackend final : public SharedMemoryBackend {
   void reduce(int rank, const PostedAll& posted) override;
   void all_gather_into_tensor(int rank, const PostedAll& posted) override;
   void reduce_scatter_tensor(int rank, const PostedAll& posted) override;
+  // ncclCommShrink (NcclComms::shrink).
+  std::unique_ptr<Backend> shrink(const std::vector<int>& excluded, const std::vector<Device>& survivors) override;
 
  private:
-  NcclComms comms_;
+  std::unique_ptr<NcclComms> comms_;
 };
 
 std::unique_ptr<Backend> make_nccl_backend(const std::vector<Device>& devices);

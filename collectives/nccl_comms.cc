@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -81,6 +82,42 @@ NcclComms::NcclComms(const std::vector<int>& logical_devices, const NcclUniqueId
   DPE_NCCL_CHECK(ncclGroupEnd());
 }
 
+NcclComms::NcclComms(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::unique_ptr<NcclComms> NcclComms::shrink(const std::vector<int>& excluded) {
+  auto shrunk = std::make_unique<Impl>();
+  std::vector<int> excluded_ranks = excluded;  // NCCL takes a non-const list
+  std::vector<size_t> kept;
+  for (size_t t = 0; t < impl_->comms.size(); ++t) {
+    if (std::find(excluded.begin(), excluded.end(), static_cast<int>(t)) == excluded.end()) kept.push_back(t);
+  }
+  shrunk->logical.reserve(kept.size());
+  for (size_t t : kept) shrunk->logical.push_back(impl_->logical[t]);
+  shrunk->comms.assign(kept.size(), nullptr);
+  // The survivors' communicators shrink together; one thread drives them all, so in one NCCL group.
+  DPE_NCCL_CHECK(ncclGroupStart());
+  for (size_t k = 0; k < kept.size(); ++k) {
+    cuda::DeviceGuard guard(impl_->logical[kept[k]]);
+    const ncclResult_t status =
+        ncclCommShrink(impl_->comms[kept[k]], excluded_ranks.data(), static_cast<int>(excluded_ranks.size()),
+                       &shrunk->comms[k], nullptr, NCCL_SHRINK_ABORT);
+    if (status != ncclSuccess) {
+      ncclGroupEnd();
+      DPE_NCCL_CHECK(status);
+    }
+  }
+  DPE_NCCL_CHECK(ncclGroupEnd());
+  // The parent communicators, the excluded members' included, are done: abort rather than destroy (destroy
+  // would wait for work a failed device may never finish).
+  if (impl_->aborted.empty()) impl_->aborted.assign(impl_->comms.size(), "");
+  for (size_t t = 0; t < impl_->comms.size(); ++t) {
+    if (!impl_->aborted[t].empty()) continue;
+    impl_->aborted[t] = "the group was shrunk (ncclCommShrink)";
+    ncclCommAbort(impl_->comms[t]);
+  }
+  return std::unique_ptr<NcclComms>(new NcclComms(std::move(shrunk)));
+}
+
 NcclComms::~NcclComms() {
   for (size_t t = 0; t < impl_->comms.size(); ++t) {
     // A destructor reports nothing; an aborted communicator is already gone.
@@ -91,10 +128,8 @@ NcclComms::~NcclComms() {
 
 void NcclComms::wait(int rank, std::chrono::steady_clock::time_point deadline,
                      const std::function<std::string()>& failed_elsewhere, const std::string& what) {
-  if (impl_->done.empty()) {
-    impl_->done.assign(impl_->comms.size(), nullptr);
-    impl_->aborted.assign(impl_->comms.size(), "");
-  }
+  if (impl_->done.empty()) impl_->done.assign(impl_->comms.size(), nullptr);
+  if (impl_->aborted.empty()) impl_->aborted.assign(impl_->comms.size(), "");
   DPE_CHECK(impl_->aborted[rank].empty(), what, ": the NCCL communicator was aborted by an earlier failure: ",
             impl_->aborted[rank]);
   const int logical = impl_->logical[rank];

@@ -46,8 +46,15 @@ class NcclComms {
   void wait(int rank, std::chrono::steady_clock::time_point deadline,
             const std::function<std::string()>& failed_elsewhere, const std::string& what);
 
+  // One process's communicators only (the first constructor): the communicators of the members left when the
+  // ranks `excluded` (sorted) go, by ncclCommShrink with NCCL_SHRINK_ABORT (operations still in flight on
+  // these communicators end first), ranks renumbered in order. These communicators are aborted: every later
+  // call on them throws. No member may be inside a call.
+  std::unique_ptr<NcclComms> shrink(const std::vector<int>& excluded);
+
  private:
   struct Impl;
+  explicit NcclComms(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,5 +1,6 @@
 #include "collectives/process_group.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -63,6 +64,10 @@ std::string check_list(const std::vector<Device>& devices, size_t k, const std::
 }  // namespace
 
 ProcessGroup::ProcessGroup(std::vector<Device> devices, ProcessGroupOptions options)
+    : ProcessGroup(std::move(devices), options, nullptr) {}
+
+ProcessGroup::ProcessGroup(std::vector<Device> devices, ProcessGroupOptions options,
+                           std::unique_ptr<collectives::Backend> backend)
     : devices_(std::move(devices)),
       backend_(options.backend),
       rendezvous_(checked_members(devices_), options.timeout),
@@ -77,7 +82,31 @@ ProcessGroup::ProcessGroup(std::vector<Device> devices, ProcessGroupOptions opti
   }
   // The backend is chosen here, once (collectives/backend_registry.h); no collective looks at it again.
   backend_ = collectives::resolve_backend(backend_, devices_);
-  backend_impl_ = collectives::make_backend(backend_, devices_, options.timeout);
+  backend_impl_ = backend ? std::move(backend) : collectives::make_backend(backend_, devices_, options.timeout);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::shrink(const std::vector<int>& excluded) {
+  DPE_CHECK(world_size() == size(), "ProcessGroup::shrink: the group spans ", world_size() / size(),
+            " processes (backend '", backend_name(backend_), "'); only a group within one process can shrink");
+  std::vector<int> sorted = excluded;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    DPE_CHECK(sorted[i] >= 0 && sorted[i] < size(), "ProcessGroup::shrink: rank ", sorted[i], " is not one of the ",
+              size(), " members");
+    DPE_CHECK(i == 0 || sorted[i] != sorted[i - 1], "ProcessGroup::shrink: rank ", sorted[i], " is listed twice");
+  }
+  DPE_CHECK(sorted.size() < devices_.size(), "ProcessGroup::shrink: excluding ", sorted.size(), " of ", size(),
+            " members leaves none");
+  std::vector<Device> survivors;
+  for (int r = 0; r < size(); ++r) {
+    if (!std::binary_search(sorted.begin(), sorted.end(), r)) survivors.push_back(devices_[static_cast<size_t>(r)]);
+  }
+  std::unique_ptr<collectives::Backend> backend = backend_impl_->shrink(sorted, survivors);
+  auto shrunk = std::shared_ptr<ProcessGroup>(
+      new ProcessGroup(std::move(survivors), ProcessGroupOptions{backend_, timeout()}, std::move(backend)));
+  rendezvous_.abort(detail::str_cat("the group was shrunk to ", shrunk->size(), " members; use the group shrink() "
+                                    "returned"));
+  return shrunk;
 }
 
 ProcessGroup::~ProcessGroup() = default;

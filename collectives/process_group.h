@@ -128,6 +128,13 @@ class ProcessGroup {
   // later collective of the group then throws, in every process: reset() cannot bring processes back).
   void abort(const std::string& reason);
   void reset() { rendezvous_.reset(); }
+  // A group of the members left when the ranks `excluded` go (PyTorch's shrink of a process group; DataParallel
+  // drops a failed device with it): the same options, the survivors in rank order (renumbered 0..). NCCL:
+  // ncclCommShrink with NCCL_SHRINK_ABORT, which first ends collectives still in flight on this group's
+  // communicators (a member stuck in one for good); the other backends: a new group over the survivors. This
+  // group is aborted: every later collective on it throws. Call with no member inside a collective. Throws,
+  // naming the values, for a rank out of range or listed twice, no survivor, or a group spanning processes.
+  std::shared_ptr<ProcessGroup> shrink(const std::vector<int>& excluded);
   // The members (ranks in this process) that the last timeout waited for: who did not arrive, where the
   // timeout's own error names the member that waited. Empty before any timeout; kept across reset().
   std::vector<int> missing_at_last_timeout() const { return rendezvous_.missing_at_last_timeout(); }
@@ -145,6 +152,8 @@ class ProcessGroup {
   }
 
  private:
+  // The public constructor's work, with `backend` ready made (shrink) or, when null, made here.
+  ProcessGroup(std::vector<Device> devices, ProcessGroupOptions options, std::unique_ptr<collectives::Backend> backend);
   using Posted = collectives::Posted;
   template <typename Validate, typename Work>
   void run(int rank, Posted& mine, const Validate& validate, const Work& work);

@@ -303,6 +303,27 @@ TEST(ProcessGroupTest, AbortWakesWaitingMembers) {
   waiter.join();
 }
 
+// shrink: the survivors in rank order, renumbered, with the group's options; the old group is aborted.
+// (ncclCommShrink, the NCCL backend's way, needs two GPUs: process_group_test's CUDA cases.)
+TEST(ProcessGroupTest, ShrinkKeepsTheSurvivorsInOrder) {
+  auto devices = cpu_devices(4);
+  ProcessGroup group(devices, {.timeout = std::chrono::milliseconds(1500)});
+  std::shared_ptr<ProcessGroup> shrunk = group.shrink({2, 0});
+  EXPECT_EQ(shrunk->devices(), (std::vector<Device>{devices[1], devices[3]}));
+  EXPECT_EQ(shrunk->backend(), group.backend());
+  EXPECT_EQ(shrunk->timeout(), std::chrono::milliseconds(1500));
+  std::vector<Tensor> t = {full({5}, 1.0, shrunk->devices()[0]), full({5}, 2.0, shrunk->devices()[1])};
+  EXPECT_EQ(run_members(2, [&](int r) { shrunk->all_reduce(r, t[r]); }), std::vector<std::string>(2, ""));
+  for (const Tensor& x : t) EXPECT_EQ(x.to_vector<float>(), std::vector<float>(5, 3.0f));
+  for (const std::string& e : run_members(4, [&](int r) { group.barrier(r); })) {
+    EXPECT_NE(e.find("the group was shrunk to 2 members"), std::string::npos) << e;
+  }
+  EXPECT_NE(error_of([&] { shrunk->shrink({2}); }).find("rank 2 is not one of the 2 members"), std::string::npos);
+  EXPECT_NE(error_of([&] { shrunk->shrink({1, 1}); }).find("rank 1 is listed twice"), std::string::npos);
+  EXPECT_NE(error_of([&] { shrunk->shrink({0, 1}); }).find("excluding 2 of 2 members leaves none"),
+            std::string::npos);
+}
+
 // set_work_shares: members reduce parts of every buffer proportional to their shares (work_range), and the
 // results are the same bits whatever the shares (each element is still summed over the members in order).
 TEST(ProcessGroupTest, WorkSharesMoveWhoReducesNotWhatIsComputed) {
@@ -451,6 +472,18 @@ TEST_F(ProcessGroupCudaTest, NcclCommunicatorOnOneGpu) {
   check_all_reduce(one);
   check_broadcast_and_reduce(one);
   check_gathers_and_scatters(one);
+}
+
+// ncclCommShrink's path on the one GPU there is: shrinking by no member makes a new communicator through it
+// (and aborts the old); excluding a member needs two GPUs.
+TEST_F(ProcessGroupCudaTest, NcclShrinkMakesAWorkingCommunicator) {
+  ProcessGroup group({Device::cuda(0)}, {.backend = CollectiveBackend::Nccl});
+  std::shared_ptr<ProcessGroup> shrunk = group.shrink({});
+  EXPECT_EQ(shrunk->backend(), CollectiveBackend::Nccl);
+  Tensor t = full({7}, 2.5, Device::cuda(0));
+  shrunk->all_reduce(0, t);
+  EXPECT_EQ(t.to(Device::cpu(0)).to_vector<float>(), std::vector<float>(7, 2.5f));
+  EXPECT_NE(error_of([&] { group.all_reduce(0, t); }).find("the group was shrunk to 1 members"), std::string::npos);
 }
 #endif
 

@@ -134,7 +134,8 @@ void DataParallel::drop_device(size_t r) {
   pool_.reset();
   ddp_reducer_.reset();
   reducer_.reset();
-  group_.reset();
+  // DDP's group loses the member (NCCL: ncclCommShrink, which also ends what it left in flight).
+  if (group_) group_ = group_->shrink({static_cast<int>(r)});
   erase_at(device_ids_, r);
   erase_at(replicas_, r);
   erase_at(replica_state_, r);
