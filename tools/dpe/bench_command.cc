@@ -512,11 +512,12 @@ void add_bench_command(CLI::App& app) {
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
                                             "modes to run; single-all: one device on every core (--dist mpi: dp, ddp)",
                                             {"single", "single-all", "dp", "ddp", "auto"});
-  cmd->add_flag("--deterministic", args->deterministic, "every mode in the deterministic mode (rows single-det, dp-det, ...): "
-                "bitwise the same for any device count; compare with a run without it for its cost");
+  CLI::Option* deterministic = cmd->add_flag(
+      "--deterministic", args->deterministic, "every mode in the deterministic mode (rows single-det, dp-det, ...): "
+      "bitwise the same for any device count; compare with a run without it for its cost");
   add_int_option(*cmd, "--virtual-shards", args->virtual_shards,
                  "--deterministic: virtual shards per batch (default max(4, devices))", 1, 1 << 20)
-      ->needs("--deterministic");
+      ->needs(deterministic);  // not by name: train_command.cc says why
   cmd->add_option("--reduce-dtype", args->reduce_dtype, "ddp rows: the dtype gradient buckets are all-reduced in "
                   "(rows ddp-rbf16, ...)")
       ->check(CLI::IsMember(kReduceDtypes));

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <optional>
 #include <string_view>
 #include <system_error>
 
@@ -37,50 +38,53 @@ int main(int argc, char** argv) {
     }
   }
   if (restart) execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
-  CLI::App app{"dpe: a data-parallel training engine (DP and DDP modes on CPU and CUDA devices)", "dpe"};
-  app.require_subcommand(1);
-  app.option_defaults()->always_capture_default();  // --help shows every default
-  dpe::tool::add_devices_command(app);
-  dpe::tool::add_collectives_command(app);
-  dpe::tool::add_train_command(app);
-  dpe::tool::add_bench_command(app);
-  app.footer("Exit status: 0 success, 2 error (bad argument, file or configuration), 3 out of memory, "
-             "4 unexpected internal error.");
+  // Built inside the try below: building the options allocates, and running out of memory there is reported
+  // like anywhere else.
+  std::optional<CLI::App> app;
   // "dpe <command>: <message>" on stderr, then the exit status of the kind of failure. After a std::bad_alloc
   // the report itself may find no memory: then it says "dpe: <message>" (get_subcommands builds a vector).
   auto report = [&app](const char* prefix, const char* message, const char* suffix, int status) noexcept {
-    const CLI::App* command = &app;
+    const CLI::App* command = nullptr;
     try {
-      if (!app.get_subcommands().empty()) command = app.get_subcommands()[0];
+      if (app && !app->get_subcommands().empty()) command = app->get_subcommands()[0];
     } catch (...) {
     }
-    std::fprintf(stderr, "%s%s: %s%s%s\n", command == &app ? "" : "dpe ", command->get_name().c_str(), prefix,
-                 message, suffix);
+    std::fprintf(stderr, "dpe%s%s: %s%s%s\n", command == nullptr ? "" : " ",
+                 command == nullptr ? "" : command->get_name().c_str(), prefix, message, suffix);
     return status;
   };
   // After a failure the process ends with _Exit once stderr and stdout are flushed: the libraries' exit-time
   // teardown (thread pools joined by OpenBLAS, libgomp, oneTBB) is skipped, because after running out of
   // memory it may wait forever on a thread that never started properly. Every dpe object of the command was
   // already destroyed while the exception unwound.
-  // CLI11 answers an unknown command word with "A subcommand is required", which does not name it.
-  if (argc > 1 && argv[1][0] != '-') {
-    bool known = true;
-    try {
-      app.get_subcommand(argv[1]);
-    } catch (const CLI::OptionNotFound&) {
-      known = false;
-    }
-    if (!known) {
-      std::fprintf(stderr, "dpe: unknown command '%s'; expected devices, collectives, train or bench (dpe --help)\n",
-                   argv[1]);
-      return static_cast<int>(CLI::ExitCodes::ExtrasError);  // what an unknown option gives
-    }
-  }
   int status = 0;
   try {
-    app.parse(argc, argv);
+    app.emplace("dpe: a data-parallel training engine (DP and DDP modes on CPU and CUDA devices)", "dpe");
+    app->require_subcommand(1);
+    app->option_defaults()->always_capture_default();  // --help shows every default
+    dpe::tool::add_devices_command(*app);
+    dpe::tool::add_collectives_command(*app);
+    dpe::tool::add_train_command(*app);
+    dpe::tool::add_bench_command(*app);
+    app->footer("Exit status: 0 success, 2 error (bad argument, file or configuration), 3 out of memory, "
+                "4 unexpected internal error.");
+    // CLI11 answers an unknown command word with "A subcommand is required", which does not name it.
+    if (argc > 1 && argv[1][0] != '-') {
+      bool known = true;
+      try {
+        app->get_subcommand(argv[1]);
+      } catch (const CLI::OptionNotFound&) {
+        known = false;
+      }
+      if (!known) {
+        std::fprintf(stderr, "dpe: unknown command '%s'; expected devices, collectives, train or bench (dpe --help)\n",
+                     argv[1]);
+        return static_cast<int>(CLI::ExitCodes::ExtrasError);  // what an unknown option gives
+      }
+    }
+    app->parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app->exit(e);
   } catch (const dpe::Error& e) {
     status = report("", e.what(), "", 2);
   } catch (const std::bad_alloc& e) {

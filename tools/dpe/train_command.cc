@@ -287,11 +287,14 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
-  cmd->add_flag("--deterministic", args->engine.deterministic, "dp/ddp: bitwise the same training for any device "
-                "count and either mode (virtual shards summed in a fixed order; docs/DATA_PARALLEL.md)");
+  CLI::Option* deterministic =
+      cmd->add_flag("--deterministic", args->engine.deterministic, "dp/ddp: bitwise the same training for any "
+                    "device count and either mode (virtual shards summed in a fixed order; docs/DATA_PARALLEL.md)");
+  // needs(Option*), not needs("--deterministic"): CLI11 looks a name up in a noexcept function, where running
+  // out of memory ends in std::terminate.
   add_int_option(*cmd, "--virtual-shards", args->engine.virtual_shards,
                  "--deterministic: virtual shards per batch (default max(4, devices))", 1, 1 << 20)
-      ->needs("--deterministic");
+      ->needs(deterministic);
   cmd->add_option("--on-device-failure", args->on_device_failure, "when a device fails in a step: fail; drop_device "
                   "(redo the step on the others and go on); retry_smaller_chunk (out of memory: halve its share)")
       ->check(CLI::IsMember(kDeviceFailurePolicies));
