@@ -232,12 +232,11 @@ struct DeviceWorkerPool::Impl {
   }
 
   // Waits until every worker of the run has returned, or, with a straggler timeout, until the workers still
-  // running straggler_timeout after the first one finished are declared lost. Returns the lost ones.
-  std::vector<Worker*> wait_for_workers(std::unique_lock<std::mutex>& lock, size_t count) {
-    std::vector<Worker*> lost_now;
+  // running straggler_timeout after the first one finished are declared lost.
+  void wait_for_workers(std::unique_lock<std::mutex>& lock, size_t count) {
     if (straggler_timeout.count() <= 0 || count < 2) {
       work_done.wait(lock, [&] { return pending == 0; });
-      return lost_now;
+      return;
     }
     // Woken only when the run is done, not per finished worker (that would cost a context switch per worker
     // and step): between those, run() looks at least once per straggler_timeout, and once a worker has
@@ -249,7 +248,7 @@ struct DeviceWorkerPool::Impl {
                                                           : now + straggler_timeout;
       work_done.wait_until(lock, until, [&] { return pending == 0; });
     }
-    if (pending == 0) return lost_now;
+    if (pending == 0) return;
     for (size_t i = 0; i < count; ++i) {
       Worker& w = *workers[i];
       if (!w.running) continue;
@@ -260,10 +259,8 @@ struct DeviceWorkerPool::Impl {
           "did not finish within ", straggler_timeout.count(), " ms of the first device that did (stuck in a "
           "kernel or a wait?): the device is lost, its thread left behind")));
       --pending;
-      lost_now.push_back(&w);
     }
     work_done.wait(lock, [&] { return pending == 0; });  // those that finished meanwhile
-    return lost_now;
   }
 };
 
