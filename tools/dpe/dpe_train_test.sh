@@ -51,6 +51,22 @@ assert r["devices"] == "cpu:0 cpu:2" and len(r["recovered_failures"]) == 1 and r
 PY
 expect 2 "replica 1 on cpu:1: failure injected by --inject-failure on cpu:1" --model mlp --mode ddp --device-ids cpu:0,cpu:1 \
   --limit 256 --epochs 1 --inject-failure cpu:1@0
+# A device stuck for good (its loss never returns: --inject-hang) no longer hangs the run: with --timeout 1 its
+# partners time out on it in the all-reduce, a second later it is declared lost, and drop_device goes on without
+# it (the JSON names the survivors); under the default policy the run ends with the timeout naming it.
+check "hang" env DPE_NUM_CPU_DEVICES=3 timeout 60 "$bin" train --model mlp --mode ddp --device-ids cpu:0,cpu:1,cpu:2 \
+  --epochs 1 --limit 1024 --batch-size 63 --lr 0.05 --on-device-failure drop_device --inject-hang cpu:1@3 --timeout 1 \
+  --json "$tmp/hang.json"
+grep -q "^warning: dropped cpu:1 (replica 1): it did not arrive in time: .*waiting for cpu:1 (rank 1)" <<<"$out" ||
+  { echo "FAILED: no warning for the stuck device: $out"; fail=1; }
+python3 - "$tmp/hang.json" <<'PY' || { echo "FAILED: the hang JSON"; fail=1; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["devices"] == "cpu:0 cpu:2" and len(r["recovered_failures"]) == 1 and r["final_test_accuracy"] > 0.55, r
+PY
+expect 2 "timed out after 500 ms on cpu:0: waiting for cpu:1 (rank 1)" --model mlp --mode ddp --device-ids cpu:0,cpu:1 \
+  --limit 256 --epochs 1 --inject-hang cpu:1@1 --timeout 0.5
+expect_error "--timeout 1e+09: expected seconds in (0, 10000000]" --timeout 1e9 --limit 10
 # --split auto trains (uneven shards, gradients weighted by shard size).
 # --precision bf16 (autocast) with --reduce-dtype bf16: learns like float32, and the report says so. fp16 is
 # CUDA's (refused on CPU devices, naming one).

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <thread>
+#include <utility>
 
 #include "data/data_loader.h"
 #include "io/checkpoint.h"
@@ -39,6 +41,7 @@ struct TrainArgs {
   std::string split = "chunk";
   std::string on_device_failure = "fail";
   std::string inject_failure;  // tests only: "cpu:1@3" fails the loss on cpu:1 in the run's step 3 (DDP)
+  std::string inject_hang;     // tests only: "cpu:1@3" blocks the loss on cpu:1 in the run's step 3 for good
 };
 
 // Everything that can be refused without loading data or building the engine, in the order a user would
@@ -107,15 +110,25 @@ void run_train(TrainArgs args) {
   std::unique_ptr<DataParallel> dp = make_engine(args.engine, args.optimizer, &first_epoch);
   DPE_INTERNAL_ASSERT(first_epoch == resumed.epoch, "the checkpoint's epoch changed between two reads");
   LossFn loss_fn = models::model_loss(args.engine.model);
-  // --inject-failure DEVICE@STEP (tests): the loss on DEVICE throws in that step (counted from 0 in this run).
+  // --inject-failure / --inject-hang DEVICE@STEP (tests): the loss on DEVICE throws, or never returns (a
+  // kernel stuck for good: the engine declares the device lost), in that step (counted from 0 in this run).
   int64_t step_in_run = 0;
+  auto device_and_step = [](const char* option, const std::string& value) {
+    const size_t at = value.find('@');
+    DPE_CHECK(at != std::string::npos, option, " ", value, ": expected DEVICE@STEP");
+    return std::pair{Device::parse(value.substr(0, at)), parse_int(option, value.substr(at + 1), 0, int64_t{1} << 40)};
+  };
   if (!args.inject_failure.empty()) {
-    const size_t at = args.inject_failure.find('@');
-    DPE_CHECK(at != std::string::npos, "--inject-failure ", args.inject_failure, ": expected DEVICE@STEP");
-    const Device device = Device::parse(args.inject_failure.substr(0, at));
-    const int64_t step = parse_int("--inject-failure", args.inject_failure.substr(at + 1), 0, int64_t{1} << 40);
+    const auto [device, step] = device_and_step("--inject-failure", args.inject_failure);
     loss_fn = [inner = loss_fn, device, step, &step_in_run](const Tensor& out, const Tensor& target) {
       DPE_CHECK(!(out.device() == device && step_in_run == step), "failure injected by --inject-failure on ", device);
+      return inner(out, target);
+    };
+  }
+  if (!args.inject_hang.empty()) {
+    const auto [device, step] = device_and_step("--inject-hang", args.inject_hang);
+    loss_fn = [inner = loss_fn, device, step, &step_in_run](const Tensor& out, const Tensor& target) {
+      while (out.device() == device && step_in_run == step) std::this_thread::sleep_for(std::chrono::hours(1));
       return inner(out, target);
     };
   }
@@ -298,8 +311,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--on-device-failure", args->on_device_failure, "when a device fails in a step: fail; drop_device "
                   "(redo the step on the others and go on); retry_smaller_chunk (out of memory: halve its share)")
       ->check(CLI::IsMember(kDeviceFailurePolicies));
+  add_real_option(*cmd, "--timeout", args->engine.timeout_s, "seconds one device may keep the others waiting: the "
+                  "collectives' timeout, and how long after another device finished its work a device still busy "
+                  "is declared lost (stuck in a kernel; docs/DATA_PARALLEL.md)", 0, true);
   // Tests only, hidden from --help.
   cmd->add_option("--inject-failure", args->inject_failure, "")->group("");
+  cmd->add_option("--inject-hang", args->inject_hang, "")->group("");
   cmd->add_option("--precision", args->engine.precision, "fp32; bf16 (autocast: bfloat16 products with float32 "
                   "accumulation and master weights); fp16 (CUDA only, with a gradient scaler; docs/MIXED_PRECISION.md)")
       ->check(CLI::IsMember(kPrecisions));

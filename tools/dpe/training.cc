@@ -1,6 +1,7 @@
 #include "tools/dpe/training.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/autograd/grad_mode.h"
@@ -89,6 +90,8 @@ void check_engine_options(const EngineOptions& options) {
             ": expected single, dp, ddp or auto");
   models::check_model_name(options.model);
   DPE_CHECK(!options.devices.empty(), "no devices");
+  DPE_CHECK(options.timeout_s > 0 && options.timeout_s <= 1e7, "--timeout ", options.timeout_s,
+            ": expected seconds in (0, 10000000]");
   DPE_CHECK(!options.sync_bn || options.mode == "ddp", "--sync-bn needs --mode ddp (SyncBatchNorm synchronises DDP "
             "replicas; DP computes BatchNorm statistics per replica, like PyTorch)");
   DPE_CHECK(!options.dist || options.mode == "dp" || options.mode == "ddp", "--dist ", backend_name(*options.dist), " needs --mode ddp or dp (--mode ",
@@ -156,6 +159,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
   dp_options.deterministic = options.deterministic;
   dp_options.virtual_shards = options.virtual_shards;
   dp_options.on_device_failure = options.on_device_failure;
+  dp_options.timeout = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(options.timeout_s * 1000)));
   if (options.reduce_dtype != "fp32") dp_options.reduce_dtype = options.reduce_dtype == "bf16" ? DType::BFloat16 : DType::Float16;
   if (options.mode == "single") {
     dp_options.device_ids = std::vector<Device>{options.devices[0]};

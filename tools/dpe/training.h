@@ -67,6 +67,7 @@ struct EngineOptions {
   bool deterministic = false;            // --deterministic: dp/ddp's deterministic mode
   int64_t virtual_shards = 0;            // --virtual-shards (0: the engine's default)
   DeviceFailurePolicy on_device_failure = DeviceFailurePolicy::Fail;  // --on-device-failure
+  double timeout_s = 300;                // --timeout: DataParallelOptions::timeout, in seconds
   std::string precision = "fp32";        // --precision: fp32, bf16 or fp16 (kPrecisions)
   std::string reduce_dtype = "fp32";     // --reduce-dtype: the dtype DDP's gradient buckets travel in
   std::optional<CollectiveBackend> dist;  // --dist mpi, mpi-nccl: dp/ddp over the devices of every process
