@@ -245,6 +245,14 @@ TEST(DeviceFailure, AStuckDeviceIsDeclaredLostAndDropped) {
                     std::chrono::milliseconds(500));
             }).find("replica 1 on cpu:1: did not finish within 500 ms"),
             std::string::npos);
+  // retry_smaller_chunk handles out-of-memory errors only: a lost device is rethrown, saying so.
+  hang_gate = new Gate;
+  EXPECT_NE(error_of([] {
+              train(ParallelMode::DP, DeviceFailurePolicy::RetrySmallerChunk, Phase::Hang, 0, false, nullptr, nullptr,
+                    std::chrono::milliseconds(500));
+            }).find("(on_device_failure could not recover: a device is lost (stuck), and retry_smaller_chunk only "
+                    "handles out-of-memory errors)"),
+            std::string::npos);
   fault.armed = false;
 }
 
