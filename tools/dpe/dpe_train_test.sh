@@ -40,30 +40,26 @@ expect_error "--deterministic cuts every batch into its own virtual shards; --sp
 expect 107 "--virtual-shards requires --deterministic" --virtual-shards 4
 # --on-device-failure drop_device: a device whose step fails is dropped, the step redone on the others, and
 # training goes on; the warning and the JSON say so, with the devices that remain.
-check "drop" env DPE_NUM_CPU_DEVICES=3 "$bin" train --model mlp --mode ddp --device-ids cpu:0,cpu:1,cpu:2 --epochs 1 --limit 1024 --batch-size 63 \
-  --lr 0.05 --on-device-failure drop_device --inject-failure cpu:1@3 --json "$tmp/drop.json"
-grep -q "^warning: dropped cpu:1 (replica 1): replica 1 on cpu:1: failure injected by --inject-failure on cpu:1" <<<"$out" ||
-  { echo "FAILED: no drop warning: $out"; fail=1; }
-python3 - "$tmp/drop.json" <<'PY' || { echo "FAILED: the drop JSON"; fail=1; }
+# expect_cpu1_dropped NAME WARNING INJECTION...: DDP on cpu:0..2 with the injection trains to the end without
+# cpu:1, printing WARNING (a grep pattern), and its JSON names the survivors.
+expect_cpu1_dropped() {
+  local name="$1" warning="$2"; shift 2
+  check "$name" env DPE_NUM_CPU_DEVICES=3 timeout 60 "$bin" train --model mlp --mode ddp --device-ids cpu:0,cpu:1,cpu:2 \
+    --epochs 1 --limit 1024 --batch-size 63 --lr 0.05 --on-device-failure drop_device "$@" --json "$tmp/$name.json"
+  grep -q "^warning: dropped cpu:1 (replica 1): $warning" <<<"$out" || { echo "FAILED ($name): no warning: $out"; fail=1; }
+  python3 - "$tmp/$name.json" <<'PY' || { echo "FAILED: the $name JSON"; fail=1; }
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["devices"] == "cpu:0 cpu:2" and len(r["recovered_failures"]) == 1 and r["final_test_accuracy"] > 0.55, r
 PY
+}
+expect_cpu1_dropped drop "replica 1 on cpu:1: failure injected by --inject-failure on cpu:1" --inject-failure cpu:1@3
 expect 2 "replica 1 on cpu:1: failure injected by --inject-failure on cpu:1" --model mlp --mode ddp --device-ids cpu:0,cpu:1 \
   --limit 256 --epochs 1 --inject-failure cpu:1@0
 # A device stuck for good (its loss never returns: --inject-hang) no longer hangs the run: with --timeout 1 its
 # partners time out on it in the all-reduce, a second later it is declared lost, and drop_device goes on without
 # it (the JSON names the survivors); under the default policy the run ends with the timeout naming it.
-check "hang" env DPE_NUM_CPU_DEVICES=3 timeout 60 "$bin" train --model mlp --mode ddp --device-ids cpu:0,cpu:1,cpu:2 \
-  --epochs 1 --limit 1024 --batch-size 63 --lr 0.05 --on-device-failure drop_device --inject-hang cpu:1@3 --timeout 1 \
-  --json "$tmp/hang.json"
-grep -q "^warning: dropped cpu:1 (replica 1): it did not arrive in time: .*waiting for cpu:1 (rank 1)" <<<"$out" ||
-  { echo "FAILED: no warning for the stuck device: $out"; fail=1; }
-python3 - "$tmp/hang.json" <<'PY' || { echo "FAILED: the hang JSON"; fail=1; }
-import json, sys
-r = json.load(open(sys.argv[1]))
-assert r["devices"] == "cpu:0 cpu:2" and len(r["recovered_failures"]) == 1 and r["final_test_accuracy"] > 0.55, r
-PY
+expect_cpu1_dropped hang "it did not arrive in time: .*waiting for cpu:1 (rank 1)" --inject-hang cpu:1@3 --timeout 1
 expect 2 "timed out after 500 ms on cpu:0: waiting for cpu:1 (rank 1)" --model mlp --mode ddp --device-ids cpu:0,cpu:1 \
   --limit 256 --epochs 1 --inject-hang cpu:1@1 --timeout 0.5
 expect_error "--timeout 1e+09: expected seconds in (0, 10000000]" --timeout 1e9 --limit 10
