@@ -10,7 +10,8 @@
 // loss, backward) before they write their results. Contract for code that runs on a device worker: between
 // a call that may block for long and a write to anything the task does not own, pass a checkpoint.
 //
-// Thread-safety: the flag is per thread; the pool sets it from the thread that declares the worker lost.
+// Thread-safety: each worker thread installs its own flag (a pointer, thread-local); the flag itself is an
+// atomic the pool sets from the thread that declares the worker lost.
 #pragma once
 
 #include <atomic>

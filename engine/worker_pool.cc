@@ -243,10 +243,10 @@ struct DeviceWorkerPool::Impl {
     // finished it sleeps exactly until that worker's deadline.
     while (pending > 0) {
       const auto now = std::chrono::steady_clock::now();
-      if (finished > 0 && finished < count && now >= first_finished_at + straggler_timeout) break;
-      const auto until = finished > 0 && finished < count ? first_finished_at + straggler_timeout
-                                                          : now + straggler_timeout;
-      work_done.wait_until(lock, until, [&] { return pending == 0; });
+      const bool stragglers = finished > 0 && finished < count;  // some returned, some still run their task
+      if (stragglers && now >= first_finished_at + straggler_timeout) break;
+      work_done.wait_until(lock, (stragglers ? first_finished_at : now) + straggler_timeout,
+                           [&] { return pending == 0; });
     }
     if (pending == 0) return;
     for (size_t i = 0; i < count; ++i) {

@@ -1,6 +1,6 @@
 // FailingNew: while one is alive, every `operator new` of the test binary throws std::bad_alloc, on every
-// thread. For tests that code on a path that must not allocate (a worker pool's run, an allocator giving a
-// block back from a destructor) really allocates nothing: without the guarantee the test sees bad_alloc, or
+// thread. For tests that check that a path which must not allocate (a worker pool's run, an allocator giving
+// a block back from a destructor) really allocates nothing: if it does, the test sees bad_alloc, or
 // std::terminate where the path is noexcept.
 //
 // The replacement operator new lives in failing_new.cc (a static, always-linked library, so that it
