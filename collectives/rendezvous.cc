@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/spin_wait.h"
 
 namespace dpe {
 
@@ -20,11 +21,18 @@ void Rendezvous::meet(int rank, const std::string& what) {
   if (++arrived_ == static_cast<int>(members_.size())) {
     arrived_ = 0;
     present_.assign(members_.size(), false);
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
     cv_.notify_all();
     return;
   }
-  uint64_t generation = generation_;
+  const uint64_t generation = generation_.load(std::memory_order_relaxed);
+  // The others usually come within microseconds when every member has its own core: see them without the
+  // cost of a wake-up (core/spin_wait.h). An abort is noticed under the lock below.
+  lock.unlock();
+  if (spin_until([&] { return generation_.load(std::memory_order_acquire) != generation; }, kSpinBeforeBlocking)) {
+    return;
+  }
+  lock.lock();
   bool met = cv_.wait_for(lock, timeout_, [&] { return generation_ != generation || !abort_reason_.empty(); });
   if (met && generation_ != generation) return;
   if (!met) {

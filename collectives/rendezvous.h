@@ -10,6 +10,7 @@
 // reset() only while no member is inside meet().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -43,7 +44,8 @@ class Rendezvous {
   std::condition_variable cv_;
   std::vector<bool> present_;  // who has come to the current meeting
   int arrived_ = 0;
-  uint64_t generation_ = 0;    // meetings completed
+  // Meetings completed. Written under mutex_; read without it by a member spinning before it blocks.
+  std::atomic<uint64_t> generation_{0};
   std::string abort_reason_;
   std::vector<int> missing_at_last_timeout_;
 };

@@ -21,6 +21,7 @@
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/lost_thread.h"
+#include "core/spin_wait.h"
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_device.h"
@@ -135,12 +136,14 @@ struct DeviceWorkerPool::Impl {
   std::mutex mutex;
   std::condition_variable work_ready;
   std::condition_variable work_done;
-  uint64_t generation = 0;  // bumped by each run(); a worker runs its task once per generation
-  size_t pending = 0;
+  // generation, pending and stopping change under the mutex only; they are atomic so that a thread may spin
+  // on them before it blocks (core/spin_wait.h).
+  std::atomic<uint64_t> generation{0};  // bumped by each run(); a worker runs its task once per generation
+  std::atomic<size_t> pending{0};
   size_t finished = 0;      // workers of this run whose task has returned
   std::chrono::steady_clock::time_point first_finished_at;  // when the first of them did
   std::chrono::milliseconds straggler_timeout{0};
-  bool stopping = false;
+  std::atomic<bool> stopping{false};
   uint64_t failures = 0;                 // failures numbered so far in this run
   // This run's task (Note [A run allocates nothing]): the caller's objects, alive until run() returns.
   const std::function<void(size_t)>* fn = nullptr;
@@ -177,6 +180,13 @@ struct DeviceWorkerPool::Impl {
       amp::AutocastState task_autocast;
       {
         std::unique_lock lock(mutex);
+        if (!stopping && generation == seen) {
+          lock.unlock();
+          spin_until([&] { return stopping.load(std::memory_order_acquire) ||
+                                  generation.load(std::memory_order_acquire) != seen; },
+                     kSpinBeforeBlocking);
+          lock.lock();
+        }
         work_ready.wait(lock, [&] { return stopping || (generation != seen && w.has_task); });
         if (stopping) return;
         seen = generation;
@@ -364,6 +374,7 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
     }
   }
   impl_->work_ready.notify_all();
+  spin_until([&] { return impl_->pending.load(std::memory_order_acquire) == 0; }, kSpinBeforeBlocking);
   std::unique_lock lock(impl_->mutex);
   impl_->wait_for_workers(lock, count);
   impl_->fn = nullptr;
