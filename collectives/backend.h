@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "collectives/collective_types.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace dpe::collectives {
@@ -44,6 +45,7 @@ struct Posted {
   std::vector<Tensor> list;   // all_gather/gather outputs, reduce_scatter/scatter/all_to_all inputs
   std::vector<Tensor> list2;  // all_to_all outputs
   const std::vector<uint8_t>* bytes = nullptr;
+  double scale = 1.0;         // all_reduce_into: this member's factor
 };
 
 // Every member's arguments, by rank.
@@ -81,6 +83,13 @@ class Backend {
   virtual void scatter(int rank, const PostedAll& posted) = 0;
   virtual void all_to_all(int rank, const PostedAll& posted) = 0;
   virtual std::vector<uint8_t> broadcast_object(int rank, const PostedAll& posted) = 0;
+  // Whether all_reduce_into can read every member's pieces where they are (list: the pieces, tensor: the
+  // output, scale) for outputs of `dtype`. Otherwise the group copies each member's scaled pieces into its
+  // output before the members meet, and calls all_reduce (the default: no backend but the CPU one can).
+  virtual bool reduces_pieces_in_place(DType dtype) const { return false; }
+  virtual void all_reduce_into(int rank, const PostedAll& posted) {
+    DPE_INTERNAL_ASSERT(false, "all_reduce_into called on a backend that does not read pieces in place");
+  }
   // ProcessGroup::set_work_shares, validated and normalised (empty: equal). Called between collectives.
   virtual void set_work_shares(const std::vector<double>& shares) {}
   // The group's two meetings already make a barrier among this process's members; a backend that spans

@@ -17,7 +17,8 @@ const char* backend_name(CollectiveBackend backend) {
 const char* collective_name(Collective c) {
   static constexpr const char* kNames[kNumCollectives] = {
       "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-      "gather", "scatter", "all_to_all", "barrier", "broadcast_object"};
+      "gather", "scatter", "all_to_all", "barrier", "broadcast_object",
+      "all_reduce_into"};
   return kNames[static_cast<size_t>(c)];
 }
 

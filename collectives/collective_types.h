@@ -16,9 +16,10 @@ inline bool spans_processes(CollectiveBackend backend) {
 }
 
 enum class Collective {
-  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, Gather, Scatter, AllToAll, Barrier, BroadcastObject
+  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, Gather, Scatter, AllToAll, Barrier, BroadcastObject,
+  AllReduceInto
 };
-inline constexpr size_t kNumCollectives = 10;
+inline constexpr size_t kNumCollectives = 11;
 const char* collective_name(Collective c);
 
 }  // namespace dpe

@@ -49,6 +49,8 @@ class MpiBackend : public SharedMemoryBackend {
   int process_index() const override { return process_index_; }
 
   void all_reduce(int rank, const PostedAll& posted) override;
+  // The pieces of other processes are out of reach: the group copies them into the output first.
+  bool reduces_pieces_in_place(DType) const override { return false; }
   void broadcast(int rank, const PostedAll& posted) override;
   void reduce(int rank, const PostedAll& posted) override;
   void all_gather(int rank, const PostedAll& posted) override;

@@ -8,6 +8,7 @@
 #include "collectives/backend_registry.h"
 #include "collectives/mpi_world.h"
 #include "core/autograd/grad_mode.h"
+#include "core/copy.h"
 #include "core/error.h"
 
 namespace dpe {
@@ -282,6 +283,85 @@ void ProcessGroup::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {
   Posted mine{.kind = Collective::AllReduce, .op = op, .tensor = tensor};
   auto validate = [&] { return check_every(&Posted::tensor, "tensor", 0); };
   run(rank, mine, validate, [&] { backend_impl_->all_reduce(rank, posted_); });
+}
+
+void ProcessGroup::check_pieces(int rank, const Tensor& output, const std::vector<Tensor>& inputs, double scale) {
+  check_rank(rank, "all_reduce_into");
+  const Device& device = devices_[static_cast<size_t>(rank)];
+  auto refuse = [&](const std::string& why) { fail_alone(detail::str_cat("all_reduce_into: ", why)); };
+  if (std::string e = check_tensor(devices_, static_cast<size_t>(rank), output, device, "output"); !e.empty()) refuse(e);
+  if (!std::isfinite(scale)) refuse(detail::str_cat(member(devices_, rank), " passed scale ", scale, "; expected a finite number"));
+  const size_t bytes = element_size(output.dtype());
+  const auto* out_begin = static_cast<const char*>(output.data_ptr());
+  const auto* out_end = out_begin + output.numel() * static_cast<int64_t>(bytes);
+  int64_t offset = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& piece = inputs[i];
+    const std::string what = detail::str_cat("input ", i);
+    if (std::string e = check_tensor(devices_, static_cast<size_t>(rank), piece, device, what.c_str()); !e.empty()) refuse(e);
+    if (piece.dtype() != output.dtype()) {
+      refuse(detail::str_cat(member(devices_, rank), " passed ", what, " of ", piece.dtype(), " for an output of ",
+                             output.dtype(), "; expected the same dtype"));
+    }
+    const auto* at = static_cast<const char*>(piece.data_ptr());
+    if (piece.numel() > 0 && at < out_end && at + piece.numel() * static_cast<int64_t>(bytes) > out_begin &&
+        at != out_begin + offset * static_cast<int64_t>(bytes)) {
+      refuse(detail::str_cat(member(devices_, rank), " passed ", what, " overlapping the output away from its own "
+                             "place (elements ", offset, "...); a piece may only be the output's slice at its place"));
+    }
+    offset += piece.numel();
+  }
+  if (offset != output.numel()) {
+    refuse(detail::str_cat(member(devices_, rank), " passed ", inputs.size(), " inputs of ", offset,
+                           " elements in all for an output of ", output.numel(), "; expected the same count"));
+  }
+}
+
+void ProcessGroup::all_reduce_into(int rank, const Tensor& output, const std::vector<Tensor>& inputs, double scale) {
+  check_pieces(rank, output, inputs, scale);
+  const bool in_place = backend_impl_->reduces_pieces_in_place(output.dtype());
+  if (!in_place) {
+    // The pieces go into the output before the members meet, so each member reduces finished outputs.
+    NoGradGuard no_grad;
+    try {
+      int64_t offset = 0;
+      for (const Tensor& piece : inputs) {
+        scaled_copy_into(flat_slice(output, offset, offset + piece.numel()), piece.view({-1}), scale);
+        offset += piece.numel();
+      }
+    } catch (const std::exception& e) {
+      fail_alone(detail::str_cat("all_reduce_into: ", member(devices_, rank), " could not copy its inputs: ", e.what()));
+    }
+  }
+  Posted mine{.kind = Collective::AllReduceInto, .tensor = output, .list = in_place ? inputs : std::vector<Tensor>{},
+              .scale = scale};
+  auto validate = [&]() -> std::string {
+    if (std::string e = check_every(&Posted::tensor, "output", 0); !e.empty() || !in_place) return e;
+    // Every member's pieces line up with member 0's (the backend reduces them piece by piece).
+    for (size_t k = 1; k < posted_.size(); ++k) {
+      const std::vector<Tensor>& theirs = posted_[k]->list;
+      const std::vector<Tensor>& first = posted_[0]->list;
+      if (theirs.size() != first.size()) {
+        return detail::str_cat(member(devices_, k), " passed ", theirs.size(), " inputs but ", member(devices_, 0),
+                               " passed ", first.size(), "; expected the same pieces on every member");
+      }
+      for (size_t i = 0; i < first.size(); ++i) {
+        if (theirs[i].numel() != first[i].numel()) {
+          return detail::str_cat(member(devices_, k), " passed input ", i, " of ", theirs[i].numel(), " elements but ",
+                                 member(devices_, 0), "'s has ", first[i].numel(),
+                                 "; expected the same pieces on every member");
+        }
+      }
+    }
+    return "";
+  };
+  run(rank, mine, validate, [&] {
+    if (in_place) {
+      backend_impl_->all_reduce_into(rank, posted_);
+    } else {
+      backend_impl_->all_reduce(rank, posted_);
+    }
+  });
 }
 
 void ProcessGroup::broadcast(int rank, const Tensor& tensor, int root) {

@@ -88,6 +88,15 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const { return rendezvous_.timeout(); }
 
   void all_reduce(int rank, const Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  // output = the sum over every member m of scale_m x the concatenation of m's `inputs`, on every member (a
+  // weighted all-reduce gathered from pieces: DDP's bucket, engine/ddp_reducer.h). inputs: on the member's
+  // device, contiguous, output's dtype, their counts adding up to output's and the same piece by piece on
+  // every member; a piece may be output's own slice at its place (in place), no other part of it. scale:
+  // finite, this member's own (members may differ). Where the backend can (CPU devices, float32/float64) it
+  // reads the pieces where they are, so a gradient enters its bucket without a copy of its own; elsewhere each
+  // member copies its scaled pieces into its output first and output is all-reduced. Each product is rounded
+  // on its own, then the sum in rank order, as the copy and all_reduce would round them.
+  void all_reduce_into(int rank, const Tensor& output, const std::vector<Tensor>& inputs, double scale = 1.0);
   void broadcast(int rank, const Tensor& tensor, int root);
   // The result lands in root's tensor; the other members' tensors are left unchanged.
   void reduce(int rank, const Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum);
@@ -174,6 +183,8 @@ class ProcessGroup {
   // compares every member with it.
   size_t local_member(int root) const { return static_cast<size_t>(root % size()); }
   void check_flat(int rank, const char* what, const Tensor& flat, const char* flat_name, const Tensor& piece);
+  // all_reduce_into's arguments as this member alone can check them (throws through fail_alone).
+  void check_pieces(int rank, const Tensor& output, const std::vector<Tensor>& inputs, double scale);
 
   std::vector<Device> devices_;
   CollectiveBackend backend_;

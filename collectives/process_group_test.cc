@@ -10,6 +10,7 @@
 #include <cmath>
 #include <thread>
 
+#include "core/copy.h"
 #include "core/ops.h"
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
@@ -368,6 +369,96 @@ TEST(ProcessGroupTest, WorkSharesMoveWhoReducesNotWhatIsComputed) {
             std::string::npos);
   EXPECT_NE(error_of([&] { group.set_work_shares({1, 2, std::nan("")}); }).find("share nan of member 2"),
             std::string::npos);
+}
+
+// all_reduce_into (DDP's bucket): every member's output = sum over members of scale x its pieces, read where
+// they are; a piece may be the output's own slice (an attached gradient). Small integers and power-of-two
+// scales make the expected sums exact in any order, so the comparison is bit for bit.
+TEST(ProcessGroupTest, AllReduceIntoSumsEveryMembersWeightedPieces) {
+  const std::vector<int64_t> piece_sizes = {0, 1, 7, 1000, 4099};
+  const int64_t total = 5107;
+  const std::vector<double> scales = {0.5, 0.25, 2.0, 1.0};
+  for (int n : {1, 2, 3, 4}) {
+    auto devices = cpu_devices(n);
+    ProcessGroup group(devices);
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      for (const std::vector<double>& shares : {std::vector<double>{}, std::vector<double>{1, 6, 3, 2}}) {
+        group.set_work_shares(shares.empty() ? shares : std::vector<double>(shares.begin(), shares.begin() + n));
+        std::vector<Tensor> outputs(n);
+        std::vector<std::vector<Tensor>> pieces(n);
+        std::vector<double> want(total, 0.0);
+        for (int r = 0; r < n; ++r) {
+          outputs[r] = make(std::vector<double>(total, -1.0), dtype, devices[r]);
+          int64_t offset = 0;
+          for (size_t i = 0; i < piece_sizes.size(); ++i) {
+            std::vector<double> v = member_values(r, piece_sizes[i], static_cast<int>(i));
+            for (int64_t j = 0; j < piece_sizes[i]; ++j) want[offset + j] += scales[r] * v[j];
+            if (i == 3) {
+              // In place: the output's own slice, holding the piece.
+              Tensor slot = outputs[r].narrow(0, offset, piece_sizes[i]);
+              copy_into(slot, make(v, dtype, devices[r]));
+              pieces[r].push_back(slot);
+            } else {
+              pieces[r].push_back(make(v, dtype, devices[r]));
+            }
+            offset += piece_sizes[i];
+          }
+        }
+        EXPECT_EQ(run_members(n, [&](int r) { group.all_reduce_into(r, outputs[r], pieces[r], scales[r]); }),
+                  std::vector<std::string>(n, ""));
+        for (int r = 0; r < n; ++r) {
+          EXPECT_EQ(outputs[r].to_vector<double>(), want) << n << " members, " << dtype << ", member " << r;
+        }
+      }
+    }
+    EXPECT_EQ(group.calls(Collective::AllReduceInto), 4);
+    EXPECT_EQ(group.calls(Collective::AllReduce), 0);
+  }
+}
+
+TEST(ProcessGroupTest, AllReduceIntoRefusesBadPiecesNamingThem) {
+  auto devices = cpu_devices(2);
+  ProcessGroup group(devices);
+  auto call = [&](std::vector<Tensor> out, std::vector<std::vector<Tensor>> in, std::vector<double> scale) {
+    return run_members(2, [&](int r) { group.all_reduce_into(r, out[r], in[r], scale[r]); });
+  };
+  std::vector<Tensor> out = {zeros({6}, devices[0]), zeros({6}, devices[1])};
+  auto pieces = [&](int r, std::vector<int64_t> sizes) {
+    std::vector<Tensor> p;
+    for (int64_t k : sizes) p.push_back(ones({k}, devices[r]));
+    return p;
+  };
+  // A local error (this member's counts) aborts, so the partner does not wait for it.
+  auto errors = call(out, {pieces(0, {2, 4}), pieces(1, {2, 3})}, {1, 1});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("member 1 (cpu:1) passed 2 inputs of 5 elements in all for an output of 6"),
+              std::string::npos) << errors[r];
+  }
+  group.reset();
+  errors = call(out, {pieces(0, {2, 4}), pieces(1, {6})}, {1, 1});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("member 1 (cpu:1) passed 1 inputs but member 0 (cpu:0) passed 2"), std::string::npos)
+        << errors[r];
+  }
+  errors = call(out, {pieces(0, {6}), pieces(1, {6})}, {1, std::nan("")});
+  EXPECT_NE(errors[1].find("member 1 (cpu:1) passed scale nan; expected a finite number"), std::string::npos)
+      << errors[1];
+  group.reset();
+  errors = call(out, {{out[0].narrow(0, 1, 2), ones({4}, devices[0])}, pieces(1, {2, 4})}, {1, 1});
+  EXPECT_NE(errors[0].find("member 0 (cpu:0) passed input 0 overlapping the output away from its own place"),
+            std::string::npos) << errors[0];
+  group.reset();
+  errors = call(out, {{ones({6}, devices[0]).to(DType::Float64)}, pieces(1, {6})}, {1, 1});
+  EXPECT_NE(errors[0].find("passed input 0 of float64 for an output of float32"), std::string::npos) << errors[0];
+  group.reset();
+  // Still usable.
+  errors = call(out, {pieces(0, {2, 4}), pieces(1, {1, 5})}, {1, 1});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("member 1 (cpu:1) passed input 0 of 1 elements but member 0 (cpu:0)'s has 2"),
+              std::string::npos) << errors[r];
+  }
+  EXPECT_EQ(call(out, {pieces(0, {1, 5}), pieces(1, {1, 5})}, {1, 0.5}), std::vector<std::string>(2, ""));
+  EXPECT_EQ(out[1].to_vector<float>(), std::vector<float>(6, 1.5f));
 }
 
 TEST(ProcessGroupTest, MismatchedArgumentsFailOnEveryMemberAndKeepTheGroupUsable) {

@@ -1,6 +1,7 @@
 #include "collectives/reduce_buffers.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -64,7 +65,56 @@ void reduce_plain(ReduceOp op, const std::vector<const void*>& inputs, const std
   reduce_typed<T, T>(op, inputs, outputs, count, identity, identity);
 }
 
+template <typename T>
+void weighted_sum(const std::vector<const void*>& inputs, const std::vector<double>& scales,
+                  const std::vector<void*>& outputs, int64_t count) {
+  // fma(s, x, 0): each product rounded once, as affine_cpu's scaled copy rounds it.
+  if (inputs.size() == 2 && outputs.size() == 2) {
+    // Two members (the common DDP case): one streaming pass. ivdep: iteration i reads and writes only element
+    // i, so outputs that alias inputs (in place) vectorize too.
+    const T* a = static_cast<const T*>(inputs[0]);
+    const T* b = static_cast<const T*>(inputs[1]);
+    T* x = static_cast<T*>(outputs[0]);
+    T* y = static_cast<T*>(outputs[1]);
+    const T sa = static_cast<T>(scales[0]), sb = static_cast<T>(scales[1]);
+#pragma GCC ivdep
+    for (int64_t i = 0; i < count; ++i) {
+      const T v = std::fma(sa, a[i], T(0)) + std::fma(sb, b[i], T(0));
+      x[i] = v;
+      y[i] = v;
+    }
+    return;
+  }
+  T acc[kBlock];
+  for (int64_t start = 0; start < count; start += kBlock) {
+    const int64_t len = std::min(kBlock, count - start);
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const T* in = static_cast<const T*>(inputs[k]) + start;
+      const T s = static_cast<T>(scales[k]);
+      if (k == 0) {
+        for (int64_t i = 0; i < len; ++i) acc[i] = std::fma(s, in[i], T(0));
+      } else {
+        for (int64_t i = 0; i < len; ++i) acc[i] += std::fma(s, in[i], T(0));
+      }
+    }
+    for (void* out : outputs) {
+      T* dst = static_cast<T*>(out) + start;
+      for (int64_t i = 0; i < len; ++i) dst[i] = acc[i];
+    }
+  }
+}
+
 }  // namespace
+
+void weighted_sum_buffers_cpu(DType dtype, const std::vector<const void*>& inputs, const std::vector<double>& scales,
+                              const std::vector<void*>& outputs, int64_t count) {
+  DPE_INTERNAL_ASSERT(!inputs.empty() && inputs.size() == scales.size() && count >= 0);
+  switch (dtype) {
+    case DType::Float32: return weighted_sum<float>(inputs, scales, outputs, count);
+    case DType::Float64: return weighted_sum<double>(inputs, scales, outputs, count);
+    default: DPE_INTERNAL_ASSERT(false, "weighted_sum_buffers_cpu: no kernel for ", dtype);
+  }
+}
 
 void reduce_buffers_cpu(DType dtype, ReduceOp op, const std::vector<const void*>& inputs,
                         const std::vector<void*>& outputs, int64_t count) {

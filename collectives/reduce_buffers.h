@@ -18,4 +18,10 @@ const char* reduce_op_name(ReduceOp op);
 void reduce_buffers_cpu(DType dtype, ReduceOp op, const std::vector<const void*>& inputs,
                         const std::vector<void*>& outputs, int64_t count);
 
+// out[m][i] = sum over k, in order, of scales[k] x in[k][i], each product rounded to `dtype` on its own (as a
+// scaled copy followed by a sum rounds it), for float32 and float64 (anything else throws an internal error).
+// Outputs may alias inputs as above.
+void weighted_sum_buffers_cpu(DType dtype, const std::vector<const void*>& inputs, const std::vector<double>& scales,
+                              const std::vector<void*>& outputs, int64_t count);
+
 }  // namespace dpe

@@ -69,6 +69,31 @@ void SharedMemoryBackend::all_reduce(int rank, const PostedAll& posted) {
   if (!slices.empty()) combine(rank, slices, slices, posted[rank]->op);
 }
 
+void SharedMemoryBackend::all_reduce_into(int rank, const PostedAll& posted) {
+  const Posted& mine = *posted[rank];
+  const DType dtype = mine.tensor.dtype();
+  const auto bytes = static_cast<int64_t>(element_size(dtype));
+  auto [begin, end] = work_range(mine.tensor.numel(), element_size(dtype), size(), rank, shares_);
+  std::vector<double> scales;
+  for (const Posted* p : posted) scales.push_back(p->scale);
+  std::vector<const void*> in(posted.size());
+  std::vector<void*> out(posted.size());
+  // Piece i covers the same elements [piece_begin, piece_end) of every member's output (validated).
+  int64_t piece_begin = 0;
+  for (size_t i = 0; i < mine.list.size() && piece_begin < end; ++i) {
+    const int64_t piece_end = piece_begin + mine.list[i].numel();
+    const int64_t lo = std::max(begin, piece_begin), hi = std::min(end, piece_end);
+    if (lo < hi) {
+      for (size_t m = 0; m < posted.size(); ++m) {
+        in[m] = static_cast<const char*>(posted[m]->list[i].data_ptr()) + (lo - piece_begin) * bytes;
+        out[m] = static_cast<char*>(posted[m]->tensor.data_ptr()) + lo * bytes;
+      }
+      weighted_sum_buffers_cpu(dtype, in, scales, out, hi - lo);
+    }
+    piece_begin = piece_end;
+  }
+}
+
 void SharedMemoryBackend::broadcast(int rank, const PostedAll& posted) {
   int root = posted[rank]->root;
   if (rank != root) copy(posted[rank]->tensor, posted[root]->tensor);

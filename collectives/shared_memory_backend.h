@@ -24,6 +24,11 @@ class SharedMemoryBackend : public Backend {
   FlatForms flat_forms() const override { return FlatForms::AsLists; }
 
   void all_reduce(int rank, const PostedAll& posted) override;
+  // CPU devices: every member reduces its work_range of the pieces of every member (float32, float64).
+  bool reduces_pieces_in_place(DType dtype) const override {
+    return devices_[0].is_cpu() && (dtype == DType::Float32 || dtype == DType::Float64);
+  }
+  void all_reduce_into(int rank, const PostedAll& posted) override;
   void broadcast(int rank, const PostedAll& posted) override;
   void reduce(int rank, const PostedAll& posted) override;
   void all_gather(int rank, const PostedAll& posted) override;

@@ -122,7 +122,8 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
   refresh_trainable();
   const bool sync = require_backward_grad_sync_;
   if (sync) ddp_reducer_->prepare_for_backward();
-  const int64_t allreduces_before = group_->calls(Collective::AllReduce);
+  auto allreduces = [&] { return group_->calls(Collective::AllReduce) + group_->calls(Collective::AllReduceInto); };
+  const int64_t allreduces_before = allreduces();
   std::vector<double> scatter_ms(n), broadcast_ms(n), forward_ms(n), loss_ms(n), backward_ms(n), losses(n);
   std::vector<int64_t> scatter_bytes(n, 0), broadcast_bytes(n, 0);
   std::vector<double> global_loss(n);
@@ -204,7 +205,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
     report_.reduce.bytes = ddp_reducer_->allreduce_bytes() * static_cast<int64_t>(n);
     report_.buckets_reduced_during_backward = ddp_reducer_->launched_during_backward() / static_cast<int64_t>(n);
   }
-  report_.reduce.transfers = group_->calls(Collective::AllReduce) - allreduces_before;
+  report_.reduce.transfers = allreduces() - allreduces_before;
   report_.device_compute_ms.assign(n, 0.0);
   for (size_t r = 0; r < n; ++r) {
     const double waited = sync ? ddp_reducer_->allreduce_ms(r) : 0.0;

@@ -57,6 +57,9 @@ struct DdpReducer::ReplicaState {
   std::vector<int64_t> pending;    // per bucket: gradients still to come
   std::vector<bool> ready;         // per param, this iteration
   std::vector<int32_t> used;       // per param: had a gradient this iteration (find_unused)
+  // per param, until its bucket is launched: what enters its slot, unweighted (the gradient the backward made,
+  // read in place by all_reduce_into; or the slot itself: an attached gradient, zeros, a non-contiguous copy)
+  std::vector<Tensor> pieces;
   size_t next_bucket = 0;
   double weight = 0;               // this replica's gradient's weight in the SUM (set_gradient_weight)
   int64_t launched_from_hooks = 0;
@@ -139,6 +142,7 @@ void DdpReducer::prepare_for_backward() {
     for (const auto& bucket : buckets_) state->pending.push_back(static_cast<int64_t>(bucket.size()));
     state->ready.assign(params_[0].size(), false);
     state->used.assign(params_[0].size(), 0);
+    state->pieces.assign(params_[0].size(), Tensor());
     state->next_bucket = 0;
     state->launched_from_hooks = 0;
     state->allreduce_ms = 0;
@@ -179,6 +183,14 @@ void DdpReducer::on_gradient_ready(size_t replica, size_t param) {
   mark_ready(replica, param, true);
 }
 
+// Note [Gradients enter their bucket in the all-reduce]
+// PyTorch's reducer copies each gradient into its bucket (scaled) as it becomes ready, then all-reduces the
+// bucket: one more pass over every gradient. Here all replicas live in one process, so on CPU devices the
+// bucket's all-reduce (ProcessGroup::all_reduce_into) reads every replica's gradients where the backward left
+// them and writes the weighted sum into every replica's bucket: the copy is gone (3% of a DDP MLP step's
+// samples under perf, docs/BENCHMARKS.md). Other backends (CUDA, across processes) copy the scaled pieces into the bucket
+// inside that call, which is what the hook did before. The cost: a fresh gradient stays alive until its bucket
+// is launched (at most one bucket's worth past the hook) rather than being freed by the hook.
 void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   ReplicaState& state = *replicas_[replica];
   DPE_CHECK(!state.ready[param], "DDP: parameter '", names_[param], "' of replica ", replica,
@@ -191,16 +203,18 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   const Tensor& view = state.views[param];
   if (from_hook && grad.defined()) {
     state.used[param] = 1;
-    // Pre-weighted: the SUM over every replica of every process is the weighted average.
-    if (same_memory(grad, view)) {
-      scale_into(view, state.weight);
+    // Weighted when the bucket is all-reduced (all_reduce_into), so the SUM over every replica of every
+    // process is the weighted average. A fresh gradient is not copied here: the all-reduce reads it in place
+    // where the backend can (Note [Gradients enter their bucket in the all-reduce]).
+    if (same_memory(grad, view) || grad.is_contiguous()) {
+      state.pieces[param] = grad;
     } else {
-      scaled_copy_into(view, grad, state.weight);
-      // Gradients as bucket views (what finalize_backward expects of attached gradients).
-      if (!options_.find_unused_parameters) params_[replica][param].set_grad(view);
+      copy_into(view, grad);
+      state.pieces[param] = view;
     }
   } else {
     fill_into(view, 0.0);
+    state.pieces[param] = view;
   }
   if (--state.pending[bucket_of_[param]] == 0) launch_ready_buckets(replica, from_hook);
 }
@@ -209,15 +223,27 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
   ReplicaState& state = *replicas_[replica];
   while (state.next_bucket < buckets_.size() && state.pending[state.next_bucket] == 0) {
     auto start = detail::Clock::now();
+    const std::vector<size_t>& members = buckets_[state.next_bucket];
     Tensor& bucket = state.buffers[state.next_bucket];
+    std::vector<Tensor> pieces;
+    for (size_t p : members) pieces.push_back(std::move(state.pieces[p]));
+    NoGradGuard no_grad;
     if (options_.reduce_dtype && *options_.reduce_dtype != bucket.dtype()) {
-      // Compressed on the wire (bf16_compress_hook): rounded once here, summed, and widened back in place.
-      NoGradGuard no_grad;
+      // Compressed on the wire (bf16_compress_hook): weighted into the bucket, rounded once, summed, and
+      // widened back in place.
+      for (size_t i = 0; i < members.size(); ++i) scaled_copy_into(state.views[members[i]], pieces[i], state.weight);
       Tensor wire = bucket.to(*options_.reduce_dtype);
       group_->all_reduce(static_cast<int>(replica), wire, ReduceOp::Sum);
       copy_into(bucket, wire);
     } else {
-      group_->all_reduce(static_cast<int>(replica), bucket, ReduceOp::Sum);
+      group_->all_reduce_into(static_cast<int>(replica), bucket, pieces, state.weight);
+    }
+    // Gradients as bucket views (what finalize_backward expects of attached gradients); the backward's own
+    // gradient tensors go with `pieces`.
+    if (!options_.find_unused_parameters) {
+      for (size_t p : members) {
+        if (!same_memory(params_[replica][p].grad(), state.views[p])) params_[replica][p].set_grad(state.views[p]);
+      }
     }
     state.allreduce_ms += detail::ms_since(start);
     if (from_hook) ++state.launched_from_hooks;

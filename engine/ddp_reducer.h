@@ -8,19 +8,21 @@
 // rebuilt once from replica 0's observed gradient-ready order with the same limits (never with
 // find_unused_parameters), so the small first bucket is the one whose gradients are ready first.
 //
-// Backward. A post-accumulate hook on every parameter of every replica copies the gradient into its
-// bucket's flat buffer multiplied by the replica's weight (set_gradient_weight: n_r / N, its share of the
-// global batch, so that the SUM is the global batch's mean gradient; 1 / world size, PyTorch's average of
-// the replicas' means, when every shard is equal or nobody set it); when a bucket's last gradient arrives and all lower
-// buckets are launched, the replica launches it (and any ready buckets after it) as a SUM all-reduce, in
-// bucket index order — the same order on every replica whatever order its gradients become ready in. The
-// launch happens inside backward, on the replica's worker thread, overlapping the rest of its backward.
+// Backward. A post-accumulate hook on every parameter of every replica marks its gradient ready; when a
+// bucket's last gradient arrives and all lower buckets are launched, the replica launches it (and any ready
+// buckets after it) as a weighted all-reduce into the bucket's flat buffer (ProcessGroup::all_reduce_into,
+// each replica's gradients multiplied by its weight, set_gradient_weight: n_r / N, its share of the global
+// batch, so that the SUM is the global batch's mean gradient; 1 / world size, PyTorch's average of the
+// replicas' means, when every shard is equal or nobody set it), in bucket index order — the same order on
+// every replica whatever order its gradients become ready in. The launch happens inside backward, on the
+// replica's worker thread, overlapping the rest of its backward. Note [Gradients enter their bucket in the
+// all-reduce] in ddp_reducer.cc says why the hook does not copy fresh gradients.
 // Without find_unused_parameters every .grad ends up as its slot in the bucket (PyTorch's
 // gradient_as_bucket_view), so the reduced values need no copy out: a gradient kept from earlier backwards is
 // moved into its slot before the backward (attach_gradients) and the backward accumulates there; an
-// undefined one (after zero_grad) is taken by the hook, scaled into its slot in one pass, and replaced by
-// the slot. With find_unused_parameters, finalize_backward writes the averaged buckets back into .grad.
-//
+// undefined one (after zero_grad) is taken by the leaf from the backward, read by the all-reduce, and replaced
+// by the slot. With find_unused_parameters, finalize_backward writes the averaged buckets back into .grad.
+
 // Unused parameters. Without find_unused_parameters a parameter that gets no gradient leaves its bucket
 // incomplete and finalize_backward throws PyTorch's error naming it. With it, parameters unreachable from the
 // replica's loss are marked ready (contributing zeros) before backward, a used-map is all-reduced at the end,

@@ -184,10 +184,10 @@ std::string train_dropping_in_step_2(std::chrono::milliseconds timeout,
 TEST(DeviceFailure, AFailureInsideTheAllReduceDropsItsDevice) {
   fault.phase = Phase::None;
   const std::string what = train_dropping_in_step_2(std::chrono::minutes(5), [](DataParallel& dp, bool now) {
-    if (now) dp.process_group()->inject_failure_for_tests(1, Collective::AllReduce);
+    if (now) dp.process_group()->inject_failure_for_tests(1, Collective::AllReduceInto);
   });
   EXPECT_NE(what.find("dropped cpu:1 (replica 1): replica 1 on cpu:1: "), std::string::npos) << what;
-  EXPECT_NE(what.find("failure injected into all_reduce on member 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("failure injected into all_reduce_into on member 1"), std::string::npos) << what;
 }
 
 // A replica that stalls past the group's timeout (1 s; the two others arrive within it of each other even on a
