@@ -287,10 +287,13 @@ void ProcessGroup::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {
 
 void ProcessGroup::check_pieces(int rank, const Tensor& output, const std::vector<Tensor>& inputs, double scale) {
   check_rank(rank, "all_reduce_into");
-  const Device& device = devices_[static_cast<size_t>(rank)];
+  const auto k = static_cast<size_t>(rank);
+  const Device& device = devices_[k];
   auto refuse = [&](const std::string& why) { fail_alone(detail::str_cat("all_reduce_into: ", why)); };
-  if (std::string e = check_tensor(devices_, static_cast<size_t>(rank), output, device, "output"); !e.empty()) refuse(e);
-  if (!std::isfinite(scale)) refuse(detail::str_cat(member(devices_, rank), " passed scale ", scale, "; expected a finite number"));
+  if (std::string e = check_tensor(devices_, k, output, device, "output"); !e.empty()) refuse(e);
+  if (!std::isfinite(scale)) {
+    refuse(detail::str_cat(member(devices_, k), " passed scale ", scale, "; expected a finite number"));
+  }
   const size_t bytes = element_size(output.dtype());
   const auto* out_begin = static_cast<const char*>(output.data_ptr());
   const auto* out_end = out_begin + output.numel() * static_cast<int64_t>(bytes);
@@ -298,21 +301,21 @@ void ProcessGroup::check_pieces(int rank, const Tensor& output, const std::vecto
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& piece = inputs[i];
     const std::string what = detail::str_cat("input ", i);
-    if (std::string e = check_tensor(devices_, static_cast<size_t>(rank), piece, device, what.c_str()); !e.empty()) refuse(e);
+    if (std::string e = check_tensor(devices_, k, piece, device, what.c_str()); !e.empty()) refuse(e);
     if (piece.dtype() != output.dtype()) {
-      refuse(detail::str_cat(member(devices_, rank), " passed ", what, " of ", piece.dtype(), " for an output of ",
+      refuse(detail::str_cat(member(devices_, k), " passed ", what, " of ", piece.dtype(), " for an output of ",
                              output.dtype(), "; expected the same dtype"));
     }
     const auto* at = static_cast<const char*>(piece.data_ptr());
     if (piece.numel() > 0 && at < out_end && at + piece.numel() * static_cast<int64_t>(bytes) > out_begin &&
         at != out_begin + offset * static_cast<int64_t>(bytes)) {
-      refuse(detail::str_cat(member(devices_, rank), " passed ", what, " overlapping the output away from its own "
+      refuse(detail::str_cat(member(devices_, k), " passed ", what, " overlapping the output away from its own "
                              "place (elements ", offset, "...); a piece may only be the output's slice at its place"));
     }
     offset += piece.numel();
   }
   if (offset != output.numel()) {
-    refuse(detail::str_cat(member(devices_, rank), " passed ", inputs.size(), " inputs of ", offset,
+    refuse(detail::str_cat(member(devices_, k), " passed ", inputs.size(), " inputs of ", offset,
                            " elements in all for an output of ", output.numel(), "; expected the same count"));
   }
 }

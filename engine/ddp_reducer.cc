@@ -188,9 +188,9 @@ void DdpReducer::on_gradient_ready(size_t replica, size_t param) {
 // bucket: one more pass over every gradient. Here all replicas live in one process, so on CPU devices the
 // bucket's all-reduce (ProcessGroup::all_reduce_into) reads every replica's gradients where the backward left
 // them and writes the weighted sum into every replica's bucket: the copy is gone (3% of a DDP MLP step's
-// samples under perf, docs/BENCHMARKS.md). Other backends (CUDA, across processes) copy the scaled pieces into the bucket
-// inside that call, which is what the hook did before. The cost: a fresh gradient stays alive until its bucket
-// is launched (at most one bucket's worth past the hook) rather than being freed by the hook.
+// samples under perf, docs/BENCHMARKS.md). Other backends (CUDA, across processes) copy the scaled pieces
+// into the bucket inside that call, which is what the hook did before. The cost: a fresh gradient stays alive
+// until its bucket is launched (at most one bucket's worth past the hook) rather than being freed by the hook.
 void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   ReplicaState& state = *replicas_[replica];
   DPE_CHECK(!state.ready[param], "DDP: parameter '", names_[param], "' of replica ", replica,
@@ -206,7 +206,7 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
     // Weighted when the bucket is all-reduced (all_reduce_into), so the SUM over every replica of every
     // process is the weighted average. A fresh gradient is not copied here: the all-reduce reads it in place
     // where the backend can (Note [Gradients enter their bucket in the all-reduce]).
-    if (same_memory(grad, view) || grad.is_contiguous()) {
+    if (grad.is_contiguous()) {  // an attached gradient (the slot itself) or the backward's own tensor
       state.pieces[param] = grad;
     } else {
       copy_into(view, grad);
