@@ -157,7 +157,7 @@ void bench_conv_backward(double min_seconds, dpe::DType dtype) {
          }),
          0);
   report("conv2 backward, one call" + name, best_ms(min_seconds, [&] {
-           k::conv2d_backward_cpu(s, x.data(), w.data(), dy.data(), dx.data(), dw.data());
+           k::conv2d_backward_cpu(s, x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr);
          }),
          0);
 }

@@ -78,8 +78,10 @@ void conv2d_backward_data_cpu(const Conv2dShape& s, const void* dy, const void* 
 // dw = conv2d's weight gradient.  x: (N, C_in, H, W)  dy: (N, C_out, H_out, W_out)  dw: (C_out, C_in/g, kH, kW)
 void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void* dy, void* dw);
 // Both gradients in one call (dx or dw null: not wanted), as the two above; dy is reordered into oneDNN's
-// layout once when both passes chose the same one.
-void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, const void* dy, void* dx, void* dw);
+// layout once when both passes chose the same one. db (C_out), float32 convolutions with dw only, else null:
+// the bias gradient sum(dy over N, H_out, W_out), made by the backward-weights pass from the dy it reads.
+void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, const void* dy, void* dx, void* dw,
+                         void* db);
 
 // CUDA: `device` is the logical CUDA device (its cuDNN handle and caching allocator, for the workspace);
 // `stream` is its compute stream (cuda::stream(device)), on which everything is enqueued.

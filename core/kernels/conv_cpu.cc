@@ -45,7 +45,8 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------
 // float32: oneDNN.
 
-enum class Pass : int { Forward, ForwardNoBias, BackwardData, BackwardWeights };
+// BackwardWeightsBias: backward weights that also sums dy into the bias gradient (float32 only).
+enum class Pass : int { Forward, ForwardNoBias, BackwardData, BackwardWeights, BackwardWeightsBias };
 
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t>;
@@ -92,7 +93,8 @@ Descs descs_of(const Conv2dShape& s, Pass pass, bool any, bool hint = false) {
   const dt operands = s.dtype == DType::BFloat16 ? dt::bf16 : dt::f32;
   const bool forward = pass == Pass::Forward || pass == Pass::ForwardNoBias;
   const dt src = hint || pass != Pass::BackwardData ? operands : dt::f32;
-  const dt weights = hint || pass != Pass::BackwardWeights ? operands : dt::f32;
+  const bool weights_pass = pass == Pass::BackwardWeights || pass == Pass::BackwardWeightsBias;
+  const dt weights = hint || !weights_pass ? operands : dt::f32;
   const dt dst = hint || !forward ? operands : dt::f32;
   auto layout = [any](tag plain) { return any ? tag::any : plain; };
   Descs d;
@@ -186,12 +188,17 @@ CachedPrimitive build(Pass pass, const Conv2dShape& s) {
                relayout_of(DNNL_ARG_WEIGHTS, false, plain.weights, pd.weights_desc()),
                relayout_of(DNNL_ARG_DIFF_SRC, true, plain.src, pd.diff_src_desc())}};
     }
-    case Pass::BackwardWeights: {
-      auto desc = dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any.src,
-                                                           any.weights, any.dst, any.strides, any.dilates,
-                                                           any.pad_l, any.pad_r);
+    case Pass::BackwardWeights:
+    case Pass::BackwardWeightsBias: {
+      const bool bias = pass == Pass::BackwardWeightsBias;
+      auto desc = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any.src,
+                                                                  any.weights, any.bias, any.dst, any.strides,
+                                                                  any.dilates, any.pad_l, any.pad_r)
+                       : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any.src,
+                                                                  any.weights, any.dst, any.strides, any.dilates,
+                                                                  any.pad_l, any.pad_r);
       dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), cpu_engine(),
-                                                            forward_pd(s, false, true));
+                                                            forward_pd(s, bias, true));
       return {dnnl::convolution_backward_weights(pd),
               pd.scratchpad_desc().get_size(),
               {relayout_of(DNNL_ARG_SRC, false, plain.src, pd.src_desc()),
@@ -268,7 +275,7 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
       auto user = [&](const dnnl::memory::desc& desc) {
         return dnnl::memory(desc, cpu_engine(), const_cast<void*>(a.ptr));
       };
-      if (a.id == DNNL_ARG_BIAS) {
+      if (a.id == DNNL_ARG_BIAS || a.id == DNNL_ARG_DIFF_BIAS) {
         memories.emplace(a.id, user(dnnl::memory::desc({s.c_out}, dt::f32, tag::x)));
         continue;
       }
@@ -477,20 +484,31 @@ void conv2d_forward_cpu(const Conv2dShape& s, const void* x, const void* w, cons
 
 void conv2d_backward_data_cpu(const Conv2dShape& s, const void* dy, const void* w, void* dx) {
   check_cpu_conv("conv2d_backward_data_cpu", s);
-  conv2d_backward_cpu(s, nullptr, w, dy, dx, nullptr);
+  conv2d_backward_cpu(s, nullptr, w, dy, dx, nullptr, nullptr);
 }
 
 void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void* dy, void* dw) {
   check_cpu_conv("conv2d_backward_weight_cpu", s);
-  conv2d_backward_cpu(s, x, nullptr, dy, nullptr, dw);
+  conv2d_backward_cpu(s, x, nullptr, dy, nullptr, dw, nullptr);
 }
 
-void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, const void* dy, void* dx, void* dw) {
+// Note [The bias gradient in backward weights]
+// A convolution's bias gradient is dy summed over N, H_out and W_out: a pass over dy of its own (sum()) unless
+// the backward-weights primitive, which reads dy anyway, makes it (oneDNN's diff_bias). float32 only: under
+// autocast that primitive reads the bfloat16 cast of dy, and the sum stays on the float32 dy (nothing rounded
+// twice, docs/MIXED_PRECISION.md). oneDNN sums in its own order, so the last bits differ from sum()'s; the
+// result does not depend on the thread count at one thread per device (docs/BENCHMARKS.md has the gain).
+void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, const void* dy, void* dx, void* dw,
+                         void* db) {
   check_cpu_conv("conv2d_backward_cpu", s);
+  DPE_CHECK(db == nullptr || (dw != nullptr && s.dtype == DType::Float32), "conv2d_backward_cpu: the bias gradient "
+            "comes with the weight gradient of a float32 convolution only, got dtype ", s.dtype,
+            dw == nullptr ? " and no weight gradient" : "");
   if (s.n == 0) {
     // No samples: dx is empty and dw zero (oneDNN is not asked about an empty batch).
     const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);
     if (dw != nullptr) std::memset(dw, 0, count * element_size(conv2d_output_dtype(s.dtype)));
+    if (db != nullptr) std::memset(db, 0, static_cast<size_t>(s.c_out) * sizeof(float));
     return;
   }
   if (s.dtype == DType::Float64) {
@@ -504,7 +522,12 @@ void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, con
     run_onednn("conv2d_backward_data_cpu", Pass::BackwardData, s,
                {{DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, dx}}, &reordered);
   }
-  if (dw != nullptr) {
+  if (dw != nullptr && db != nullptr) {
+    // The bias gradient from the pass that reads dy anyway (Note [The bias gradient in backward weights]).
+    run_onednn("conv2d_backward_weight_cpu", Pass::BackwardWeightsBias, s,
+               {{DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_DIFF_WEIGHTS, dw}, {DNNL_ARG_DIFF_BIAS, db}},
+               &reordered);
+  } else if (dw != nullptr) {
     run_onednn("conv2d_backward_weight_cpu", Pass::BackwardWeights, s,
                {{DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_DIFF_WEIGHTS, dw}}, &reordered);
   }

@@ -41,30 +41,42 @@ kernels::Conv2dShape conv_shape(const Tensor& x, const Tensor& weight, std::arra
   return s;
 }
 
+// The gradients conv2d's backward makes from dy.
+struct ConvGrads {
+  Tensor dx, dw, db;
+};
+
 // dy: (N, C_out, H_out, W_out)  x: (N, C_in, H, W)  weight: (C_out, C_in/g, kH, kW)
-//   -> {dx: (N, C_in, H, W) if grad_x, dw: (C_out, C_in/g, kH, kW) if grad_w}; x is read only for dw, weight
-//   only for dx. On CPU one call makes both (dy reordered once for oneDNN).
-std::pair<Tensor, Tensor> conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy, const Tensor& x,
-                                          const Tensor& weight, bool grad_x, bool grad_w) {
+//   -> dx: (N, C_in, H, W) if grad_x, dw: (C_out, C_in/g, kH, kW) if grad_w, db: (C_out) if grad_b; x is read only
+//   for dw, weight only for dx. On CPU one call makes dx and dw (dy reordered once for oneDNN), and for float32
+//   db too (Note [The bias gradient in backward weights]); elsewhere db = sum(dy_f32 over N, H_out, W_out).
+// dy_f32: the float32 gradient (db is summed from it); dy: what the products read (its 16-bit cast under
+// autocast).
+ConvGrads conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy_f32, const Tensor& dy, const Tensor& x,
+                          const Tensor& weight, bool grad_x, bool grad_w, bool grad_b) {
   const TensorOptions out = options_of(dy).with_dtype(kernels::conv2d_output_dtype(s.dtype));
-  Tensor dx = grad_x ? Tensor::empty({s.n, s.c_in, s.h, s.w}, out) : Tensor();
-  Tensor dw = grad_w ? Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, out) : Tensor();
+  ConvGrads g;
+  g.dx = grad_x ? Tensor::empty({s.n, s.c_in, s.h, s.w}, out) : Tensor();
+  g.dw = grad_w ? Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, out) : Tensor();
+  const bool fused_db = grad_b && grad_w && dy.device().is_cpu() && s.dtype == DType::Float32;
+  if (fused_db) g.db = Tensor::empty({s.c_out}, out);
   dispatch(
       dy.device(),
       [&] {
-        kernels::conv2d_backward_cpu(s, data_or_null(x), data_or_null(weight), dy.data_ptr(), data_or_null(dx),
-                                     data_or_null(dw));
+        kernels::conv2d_backward_cpu(s, data_or_null(x), data_or_null(weight), dy.data_ptr(), data_or_null(g.dx),
+                                     data_or_null(g.dw), data_or_null(g.db));
       },
       [&](auto stream) {
         const int device = dy.device().index;
         if (grad_x) {
-          kernels::conv2d_backward_data_cuda(stream, device, s, dy.data_ptr(), weight.data_ptr(), dx.data_ptr());
+          kernels::conv2d_backward_data_cuda(stream, device, s, dy.data_ptr(), weight.data_ptr(), g.dx.data_ptr());
         }
         if (grad_w) {
-          kernels::conv2d_backward_weight_cuda(stream, device, s, x.data_ptr(), dy.data_ptr(), dw.data_ptr());
+          kernels::conv2d_backward_weight_cuda(stream, device, s, x.data_ptr(), dy.data_ptr(), g.dw.data_ptr());
         }
       });
-  return {dx, dw};
+  if (grad_b && !fused_db) g.db = sum(dy_f32, std::vector<int64_t>{0, 2, 3});
+  return g;
 }
 
 }  // namespace
@@ -130,9 +142,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
                    [s, saved_x, saved_w, grad_x, grad_w, grad_b, lowp](const Tensor& g) -> std::vector<Tensor> {
                      Tensor dy = g.contiguous();
                      Tensor dy_op = lowp ? amp::cast_operand(dy, *lowp) : dy;
-                     auto [dx, dw] = conv2d_backward(s, dy_op, saved_x, saved_w, grad_x, grad_w);
-                     Tensor db = grad_b ? sum(dy, std::vector<int64_t>{0, 2, 3}) : Tensor();
-                     return {dx, dw, db};
+                     ConvGrads grads = conv2d_backward(s, dy, dy_op, saved_x, saved_w, grad_x, grad_w, grad_b);
+                     return {grads.dx, grads.dw, grads.db};
                    });
   return y;
 }
