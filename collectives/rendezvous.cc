@@ -2,13 +2,17 @@
 
 #include <sstream>
 
+#include "core/cpu_cores.h"
 #include "core/error.h"
 #include "core/spin_wait.h"
 
 namespace dpe {
 
 Rendezvous::Rendezvous(std::vector<Device> members, std::chrono::milliseconds timeout)
-    : members_(std::move(members)), timeout_(timeout), present_(members_.size(), false) {
+    : members_(std::move(members)),
+      timeout_(timeout),
+      spin_(spin_budget(static_cast<int>(members_.size()), usable_cores())),
+      present_(members_.size(), false) {
   DPE_CHECK(!members_.empty(), "Rendezvous: no members");
   DPE_CHECK(timeout.count() > 0, "process group timeout must be positive, got ", timeout.count(), " ms");
 }
@@ -29,7 +33,7 @@ void Rendezvous::meet(int rank, const std::string& what) {
   // The others usually come within microseconds when every member has its own core: see them without the
   // cost of a wake-up (core/spin_wait.h). An abort is noticed under the lock below.
   lock.unlock();
-  if (spin_until([&] { return generation_.load(std::memory_order_acquire) != generation; }, kSpinBeforeBlocking)) {
+  if (spin_until([&] { return generation_.load(std::memory_order_acquire) != generation; }, spin_)) {
     return;
   }
   lock.lock();

@@ -40,6 +40,7 @@ class Rendezvous {
  private:
   std::vector<Device> members_;
   std::chrono::milliseconds timeout_;
+  std::chrono::microseconds spin_;  // how long a member spins before it blocks (core/spin_wait.h)
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<bool> present_;  // who has come to the current meeting

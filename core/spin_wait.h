@@ -25,6 +25,13 @@ namespace dpe {
 // nothing more (docs/BENCHMARKS.md).
 inline constexpr std::chrono::microseconds kSpinBeforeBlocking{100};
 
+// The budget for `threads` threads that wait for one another on `cores` cores: kSpinBeforeBlocking when each
+// can have a core of its own, else none (a spinning thread would hold a core a thread it waits for needs:
+// 8 CPU devices on 2 cores ran DP 9% slower with the spin; docs/BENCHMARKS.md).
+inline std::chrono::microseconds spin_budget(int threads, int cores) {
+  return threads <= cores ? kSpinBeforeBlocking : std::chrono::microseconds(0);
+}
+
 template <typename Done>
 bool spin_until(Done&& done, std::chrono::microseconds budget) {
   using Clock = std::chrono::steady_clock;

@@ -40,5 +40,12 @@ TEST(SpinWaitTest, SeesAnotherThreadsStoreAndWhatItWroteBefore) {
   EXPECT_EQ(payload, 42);
 }
 
+TEST(SpinWaitTest, SpinsOnlyWhenEveryWaitingThreadHasACore) {
+  EXPECT_EQ(spin_budget(2, 2), kSpinBeforeBlocking);
+  EXPECT_EQ(spin_budget(1, 16), kSpinBeforeBlocking);
+  EXPECT_EQ(spin_budget(3, 2), microseconds(0));
+  EXPECT_EQ(spin_budget(8, 2), microseconds(0));
+}
+
 }  // namespace
 }  // namespace dpe

@@ -29,13 +29,6 @@
 
 namespace dpe {
 
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
-
 std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text) {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
@@ -143,6 +136,7 @@ struct DeviceWorkerPool::Impl {
   size_t finished = 0;      // workers of this run whose task has returned
   std::chrono::steady_clock::time_point first_finished_at;  // when the first of them did
   std::chrono::milliseconds straggler_timeout{0};
+  std::chrono::microseconds spin{0};  // how long waits spin before they block (core/spin_wait.h)
   std::atomic<bool> stopping{false};
   uint64_t failures = 0;                 // failures numbered so far in this run
   // This run's task (Note [A run allocates nothing]): the caller's objects, alive until run() returns.
@@ -184,7 +178,7 @@ struct DeviceWorkerPool::Impl {
           lock.unlock();
           spin_until([&] { return stopping.load(std::memory_order_acquire) ||
                                   generation.load(std::memory_order_acquire) != seen; },
-                     kSpinBeforeBlocking);
+                     spin);
           lock.lock();
         }
         work_ready.wait(lock, [&] { return stopping || (generation != seen && w.has_task); });
@@ -282,6 +276,7 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices, int cpu_threads,
             straggler_timeout.count(), " ms");
   impl_->straggler_timeout = straggler_timeout;
   impl_->devices = std::move(devices);
+  impl_->spin = spin_budget(static_cast<int>(impl_->devices.size()), usable_cores());
   int cpu_devices = static_cast<int>(
       std::count_if(impl_->devices.begin(), impl_->devices.end(), [](const Device& d) { return d.is_cpu(); }));
   const int cores = usable_cores();
@@ -374,7 +369,7 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
     }
   }
   impl_->work_ready.notify_all();
-  spin_until([&] { return impl_->pending.load(std::memory_order_acquire) == 0; }, kSpinBeforeBlocking);
+  spin_until([&] { return impl_->pending.load(std::memory_order_acquire) == 0; }, impl_->spin);
   std::unique_lock lock(impl_->mutex);
   impl_->wait_for_workers(lock, count);
   impl_->fn = nullptr;

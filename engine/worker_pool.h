@@ -39,14 +39,11 @@
 #include <memory>
 #include <vector>
 
+#include "core/cpu_cores.h"  // usable_cores(), which sizes the pool
 #include "core/device.h"
 #include "engine/replica_error.h"
 
 namespace dpe {
-
-// The cores this process may run on: its affinity mask (taskset, a cgroup cpuset, mpirun's --bind-to), so
-// that two processes bound to a core each do not both size their pools for the whole machine.
-int usable_cores();
 
 // $DPE_CPU_DEVICE_CORES's value parsed: entry i = the cores of cpu:i (empty: not pinned). Throws on a
 // malformed entry or a core this process may not run on, naming the value.
