@@ -227,6 +227,12 @@ EOF
 }
 
 # A skip that means "this machine's GPU was not usable", which on a GPU machine is a failure.
+# Errors compute-sanitizer reported in LOG: memcheck, synccheck and initcheck end with "ERROR SUMMARY: N errors",
+# racecheck with "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
+sanitizer_errors() {
+  grep -oE '^========= (ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ error)' "$1" |
+    grep -oE '[0-9]+ error' | awk '{s += $1} END {print s + 0}'
+}
 gpu_unusable_skip() { grep -qiE 'no CUDA device|no CUDA support|has no CUDA|no GPU' <<<"$1"; }
 
 # run_one LABEL KIND TIMEOUT ENV_ASSIGNMENTS -- CMD...   (KIND: gtest | sh | san)
@@ -279,11 +285,11 @@ run_one() {
   fi
   if ((rc == 124 || rc == 137)); then
     status="TIMEOUT after ${limit}s"; f=$((f + 1)); fail_cases+=("$label: timed out after ${limit}s")
-  elif [[ "$kind" == san ]] && ! grep -q '^========= ERROR SUMMARY' "$log"; then
+  elif [[ "$kind" == san ]] && ! grep -qE '^========= (ERROR|RACECHECK) SUMMARY' "$log"; then
     status="NO SANITIZER SUMMARY (rc $rc)"; f=$((f + 1)); fail_cases+=("$label: compute-sanitizer printed no summary (rc $rc)")
-  elif [[ "$kind" == san ]] && grep -qE '^========= ERROR SUMMARY: [1-9][0-9]* error' "$log"; then
+  elif [[ "$kind" == san ]] && (($(sanitizer_errors "$log") > 0)); then
     local errors
-    errors=$(grep -E '^========= ERROR SUMMARY: [0-9]+ error' "$log" | awk '{s += $4} END {print s + 0}')
+    errors=$(sanitizer_errors "$log")
     status="$errors SANITIZER ERRORS"; f=$((f + 1)); fail_cases+=("$label: $errors compute-sanitizer errors (logs/$label.log)")
   elif ((rc != 0)) && [[ "$kind" != sh ]]; then
     if ((f == 0)); then
