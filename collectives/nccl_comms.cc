@@ -86,7 +86,10 @@ NcclComms::NcclComms(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 std::unique_ptr<NcclComms> NcclComms::shrink(const std::vector<int>& excluded) {
   auto shrunk = std::make_unique<Impl>();
-  std::vector<int> excluded_ranks = excluded;  // NCCL takes a non-const list
+  // NCCL takes a non-const list, and refuses a NULL one even with a count of 0 ("excludeRanksList argument is
+  // NULL", the first GPU run): an empty exclusion still passes a valid pointer.
+  std::vector<int> excluded_ranks = excluded;
+  excluded_ranks.reserve(1);
   std::vector<size_t> kept;
   for (size_t t = 0; t < impl_->comms.size(); ++t) {
     if (std::find(excluded.begin(), excluded.end(), static_cast<int>(t)) == excluded.end()) kept.push_back(t);
