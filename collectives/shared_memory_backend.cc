@@ -4,8 +4,9 @@
 #include <cmath>
 
 #include "core/copy.h"
+#include "core/dispatch.h"
 #include "core/error.h"
-#include "core/ops.h"
+#include "core/kernels/reduce.h"
 
 namespace dpe::collectives {
 
@@ -20,6 +21,21 @@ std::pair<int64_t, int64_t> work_range(int64_t count, size_t element_bytes, int 
   };
   return {boundary(rank), boundary(rank + 1)};
 }
+
+namespace {
+
+kernels::AxisReduction axis_reduction(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return kernels::AxisReduction::Sum;
+    case ReduceOp::Avg: return kernels::AxisReduction::Mean;
+    case ReduceOp::Max: return kernels::AxisReduction::Max;
+    case ReduceOp::Min: return kernels::AxisReduction::Min;
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown ReduceOp ", static_cast<int>(op));
+  return kernels::AxisReduction::Sum;
+}
+
+}  // namespace
 
 std::unique_ptr<Backend> make_shared_memory_backend(const std::vector<Device>& devices) {
   return std::make_unique<SharedMemoryBackend>(devices);
@@ -51,16 +67,19 @@ void SharedMemoryBackend::combine(int rank, const std::vector<Tensor>& dsts, con
     return;
   }
   // Peer copies: stage every source on this member's device, reduce there, copy the result out.
+  const Device& here = devices_[rank];
   std::vector<Tensor> staged;
-  for (const Tensor& s : srcs) staged.push_back(s.to(devices_[rank]).reshape({-1}));
-  Tensor stacked = stack(staged, 0);
-  Tensor result;
-  switch (op) {
-    case ReduceOp::Sum: result = sum(stacked, 0); break;
-    case ReduceOp::Avg: result = sum(stacked, 0) * (1.0 / static_cast<double>(srcs.size())); break;
-    case ReduceOp::Max: result = max(stacked, 0).values; break;
-    case ReduceOp::Min: result = neg(max(neg(stacked), 0).values); break;
+  std::vector<const void*> in;
+  for (const Tensor& s : srcs) {
+    staged.push_back(s.device() == here ? s.contiguous() : s.to(here));
+    in.push_back(staged.back().data_ptr());
   }
+  Tensor result = Tensor::empty({srcs[0].numel()}, TensorOptions(srcs[0].dtype()).with_device(here));
+  dispatch(
+      here, [] { DPE_INTERNAL_ASSERT(false, "CPU members reduce in host memory"); },
+      [&](auto stream) {
+        kernels::reduce_buffers_cuda(stream, axis_reduction(op), result.dtype(), in, result.numel(), result.data_ptr());
+      });
   for (const Tensor& d : dsts) copy_into(d.view({-1}), result);
 }
 

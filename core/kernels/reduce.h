@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/kernels/backend_types.h"
@@ -22,5 +23,14 @@ void reduce_cuda(cudaStream_t stream, AxisReduction op, DType dtype, int64_t out
 void argmax_cpu(DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, int64_t* indices);
 void argmax_cuda(cudaStream_t stream, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x,
                  int64_t* indices);
+
+// out[i] = op over k, in order, of inputs[k][i], for every dtype: a collective's sum (Sum), avg (Mean), max and
+// min on one GPU, with the semantics of collectives/reduce_buffers.h's host twin (integer Mean divides the sum
+// as integers; 16-bit floats are combined in float32 and rounded once; NaN loses Max/Min unless it came
+// first, like std::max). inputs: device pointers on the stream's GPU, each of `count` elements; out may alias
+// any of them element for element. At most kMaxReduceBuffers inputs.
+inline constexpr int kMaxReduceBuffers = 64;
+void reduce_buffers_cuda(cudaStream_t stream, AxisReduction op, DType dtype, const std::vector<const void*>& inputs,
+                         int64_t count, void* out);
 
 }  // namespace dpe::kernels
