@@ -324,21 +324,25 @@ TEST(PoolTest, Errors) {
 // ---------------------------------------------------------------------------------------------------------
 // CUDA against CPU (cuDNN convolution, pooling kernels).
 
-// Runs f on CPU and on cuda:0 with the same inputs (requires_grad), backward with the same dy, and
-// compares outputs and input gradients within tol.
-void expect_cuda_matches_cpu(const std::function<Tensor(const std::vector<Tensor>&)>& f,
-                             const std::vector<Tensor>& cpu_inputs, double tol) {
-  std::vector<Tensor> cuda_inputs;
-  for (const Tensor& t : cpu_inputs) cuda_inputs.push_back(t.detach().to(Device::cuda(0)).set_requires_grad(true));
-  Tensor y_cpu = f(cpu_inputs), y_cuda = f(cuda_inputs);
-  ASSERT_EQ(y_cpu.shape(), y_cuda.shape());
+// Runs f on cpu:0 and on `device` with fresh leaves holding the inputs' values, backward with the same dy, and
+// compares outputs and input gradients within tol. Fresh leaves on both sides: reusing the caller's tensors
+// would accumulate their gradients across calls (the first GPU run's PoolsMatchCpu failure).
+void expect_device_matches_cpu(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                               const std::vector<Tensor>& inputs, double tol, Device device = Device::cuda(0)) {
+  std::vector<Tensor> cpu_inputs, device_inputs;
+  for (const Tensor& t : inputs) {
+    cpu_inputs.push_back(t.detach().clone().set_requires_grad(true));
+    device_inputs.push_back(t.detach().to(device).clone().set_requires_grad(true));
+  }
+  Tensor y_cpu = f(cpu_inputs), y_device = f(device_inputs);
+  ASSERT_EQ(y_cpu.shape(), y_device.shape());
   Tensor dy = randn(y_cpu.shape(), y_cpu.dtype());
   y_cpu.backward(dy);
-  y_cuda.backward(dy.to(Device::cuda(0)));
-  EXPECT_LT(max_abs_diff(y_cuda.to(Device::cpu(0)), y_cpu), tol);
-  for (size_t i = 0; i < cpu_inputs.size(); ++i) {
+  y_device.backward(dy.to(device));
+  EXPECT_LT(max_abs_diff(y_device.to(Device::cpu(0)), y_cpu), tol);
+  for (size_t i = 0; i < inputs.size(); ++i) {
     SCOPED_TRACE(detail::str_cat("input ", i));
-    EXPECT_LT(max_abs_diff(cuda_inputs[i].grad().to(Device::cpu(0)), cpu_inputs[i].grad()), tol);
+    EXPECT_LT(max_abs_diff(device_inputs[i].grad().to(Device::cpu(0)), cpu_inputs[i].grad()), tol);
   }
 }
 
@@ -358,7 +362,7 @@ TEST(ConvCudaTest, Conv2dMatchesCpu) {
       if (c.bias) in.push_back(leaves({randn_leaf({c.c_out}, 53)}, dtype)[0]);
       // float32: cuDNN (FMA math, no TF32) and oneDNN sum <= 36 products in different orders: ~1e-6
       // absolute on N(0,1) data; the batch sum of dw adds a few more terms. float64: ~1e-15.
-      expect_cuda_matches_cpu(
+      expect_device_matches_cpu(
           [&](const std::vector<Tensor>& t) {
             return conv2d(t[0], t[1], t.size() > 2 ? t[2] : Tensor(), c.stride, c.padding, c.dilation, c.groups);
           },
@@ -416,21 +420,33 @@ TEST(ConvCudaTest, AutocastConv2dRoundsOperandsAndResultOnce) {
   }
 }
 
-TEST(ConvCudaTest, PoolsMatchCpu) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+// Every pool on `device` against cpu:0, float32 and float64, forward and input gradient.
+void expect_pools_match_cpu(Device device) {
   for (DType dtype : {DType::Float32, DType::Float64}) {
+    SCOPED_TRACE(dtype == DType::Float32 ? "float32" : "float64");
     std::vector<Tensor> in = leaves({randn_leaf({2, 3, 9, 7}, 61)}, dtype);
     // Pooling runs the same per-element code (pool_math.h) in the same order on both sides: only the
     // compilers' contraction of a * b + c may differ, a few ulps.
     const double tol = dtype == DType::Float32 ? 1e-5 : 1e-13;
-    expect_cuda_matches_cpu([](const std::vector<Tensor>& t) { return max_pool2d(t[0], {3, 3}, {2, 2}, {1, 1}); }, in,
-                            tol);
-    expect_cuda_matches_cpu([](const std::vector<Tensor>& t) { return avg_pool2d(t[0], {3, 2}, {1, 2}, {1, 1}); }, in,
-                            tol);
-    expect_cuda_matches_cpu([](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], {4, 5}); }, in, tol);
-    expect_cuda_matches_cpu([](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], {1, 1}); }, in, tol);
+    expect_device_matches_cpu([](const std::vector<Tensor>& t) { return max_pool2d(t[0], {3, 3}, {2, 2}, {1, 1}); },
+                              in, tol, device);
+    expect_device_matches_cpu([](const std::vector<Tensor>& t) { return avg_pool2d(t[0], {3, 2}, {1, 2}, {1, 1}); },
+                              in, tol, device);
+    expect_device_matches_cpu([](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], {4, 5}); }, in, tol,
+                              device);
+    expect_device_matches_cpu([](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], {1, 1}); }, in, tol,
+                              device);
   }
 }
+
+TEST(ConvCudaTest, PoolsMatchCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  expect_pools_match_cpu(Device::cuda(0));
+}
+
+// The comparison itself, where it runs without a GPU: cpu:1 runs the very code cpu:0 does, so any difference
+// is the helper's (it once compared gradients accumulated over several calls with fresh ones).
+TEST(PoolTest, PoolsOnAnotherCpuDeviceMatchCpu0) { expect_pools_match_cpu(Device::cpu(1)); }
 
 }  // namespace
 }  // namespace dpe
