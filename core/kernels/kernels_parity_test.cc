@@ -649,10 +649,14 @@ TYPED_TEST(Parity, BatchNormPasses) {
       sum_dy_xmu[c] += std::abs(double(dy[k]) * (double(x[k]) - double(mean[c])));
     }
     const double m = double(s.n * s.s);
+    // The two sides sum the m terms in different trees; either's rounding is at most depth x eps x sum |terms|
+    // with depth ~ log2(m). A flat 2 eps was 1 ulp short for float64 on the H200 (m = 132 and 2^20 + 3).
+    const double depth = std::log2(std::max(m, 2.0)) + 1;
     batch_norm_stats_cuda(stream(), s, d_x->get(), d_c1.get(), d_c2.get());
-    expect_close(mean, download<T>(d_c1, channels), [&](size_t c) { return 2 * kEps<T> * sum_x[c] / m; },
+    expect_close(mean, download<T>(d_c1, channels), [&](size_t c) { return depth * kEps<T> * sum_x[c] / m; },
                  "stats mean " + what);
-    expect_close(var, download<T>(d_c2, channels), [&](size_t c) { return 4 * kEps<T> * var[c]; }, "stats var " + what);
+    expect_close(var, download<T>(d_c2, channels), [&](size_t c) { return 2 * depth * kEps<T> * var[c]; },
+                 "stats var " + what);
 
     batch_norm_elemt_cuda(stream(), s, d_x->get(), d_mean->get(), d_invstd->get(), d_w->get(), d_b->get(), d_out.get());
     expect_close(y, download<T>(d_out, total),
