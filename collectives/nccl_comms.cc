@@ -86,10 +86,10 @@ NcclComms::NcclComms(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 std::unique_ptr<NcclComms> NcclComms::shrink(const std::vector<int>& excluded) {
   auto shrunk = std::make_unique<Impl>();
-  // NCCL takes a non-const list, and refuses a NULL one even with a count of 0 ("excludeRanksList argument is
-  // NULL", the first GPU run): an empty exclusion still passes a valid pointer.
+  // NCCL takes a non-const list. It refuses an empty one (ncclCommInitChildComm in NCCL's src/init.cc requires
+  // excludeRanksCount > 0; the first GPU run saw "invalid argument"), so a shrink by nobody splits every
+  // communicator into one of the same members instead: a new communicator either way, the parents aborted.
   std::vector<int> excluded_ranks = excluded;
-  excluded_ranks.reserve(1);
   std::vector<size_t> kept;
   for (size_t t = 0; t < impl_->comms.size(); ++t) {
     if (std::find(excluded.begin(), excluded.end(), static_cast<int>(t)) == excluded.end()) kept.push_back(t);
@@ -102,8 +102,10 @@ std::unique_ptr<NcclComms> NcclComms::shrink(const std::vector<int>& excluded) {
   for (size_t k = 0; k < kept.size(); ++k) {
     cuda::DeviceGuard guard(impl_->logical[kept[k]]);
     const ncclResult_t status =
-        ncclCommShrink(impl_->comms[kept[k]], excluded_ranks.data(), static_cast<int>(excluded_ranks.size()),
-                       &shrunk->comms[k], nullptr, NCCL_SHRINK_ABORT);
+        excluded_ranks.empty()
+            ? ncclCommSplit(impl_->comms[kept[k]], 0, static_cast<int>(k), &shrunk->comms[k], nullptr)
+            : ncclCommShrink(impl_->comms[kept[k]], excluded_ranks.data(), static_cast<int>(excluded_ranks.size()),
+                             &shrunk->comms[k], nullptr, NCCL_SHRINK_ABORT);
     if (status != ncclSuccess) {
       ncclGroupEnd();
       DPE_NCCL_CHECK(status);

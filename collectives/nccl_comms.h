@@ -48,7 +48,8 @@ class NcclComms {
 
   // One process's communicators only (the first constructor): the communicators of the members left when the
   // ranks `excluded` (sorted) go, by ncclCommShrink with NCCL_SHRINK_ABORT (operations still in flight on
-  // these communicators end first), ranks renumbered in order. These communicators are aborted: every later
+  // these communicators end first), ranks renumbered in order; with nobody excluded, by ncclCommSplit (NCCL's
+  // shrink must exclude a rank). These communicators are aborted: every later
   // call on them throws. No member may be inside a call.
   std::unique_ptr<NcclComms> shrink(const std::vector<int>& excluded);
 

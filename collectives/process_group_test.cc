@@ -565,8 +565,8 @@ TEST_F(ProcessGroupCudaTest, NcclCommunicatorOnOneGpu) {
   check_gathers_and_scatters(one);
 }
 
-// ncclCommShrink's path on the one GPU there is: shrinking by no member makes a new communicator through it
-// (and aborts the old); excluding a member needs two GPUs.
+// A shrink on the one GPU there is: by no member, which NCCL's ncclCommShrink refuses, so NcclComms makes the
+// new communicator with ncclCommSplit (and aborts the old); excluding a member needs two GPUs.
 TEST_F(ProcessGroupCudaTest, NcclShrinkMakesAWorkingCommunicator) {
   ProcessGroup group({Device::cuda(0)}, {.backend = CollectiveBackend::Nccl});
   std::shared_ptr<ProcessGroup> shrunk = group.shrink({});
