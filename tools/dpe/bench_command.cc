@@ -51,6 +51,7 @@ struct BenchArgs {
   std::vector<std::string> pytorch_configs = {"single-1t", "single-2t", "ddp-gloo"};
   int64_t batch_size = 256, steps = 30, warmup = 5;
   int cpu_devices = 2;
+  bool cpu_devices_given = false;  // --cpu-devices given: CPU devices even where there is a GPU
   bool compare_pytorch = false;
   std::string dist = "none";  // "mpi": DDP over the devices of every process of an MPI launch
   std::string split = "chunk";  // dp and ddp's split rule: chunk, balanced, auto
@@ -423,7 +424,7 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
 // Everything that can be refused before loading data or running anything.
 std::vector<Device> check_before_work(const BenchArgs& args) {
   std::vector<Device> devices =
-      args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices);
+      args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices, args.cpu_devices_given);
   check_device_ids("--device-ids", devices);
   models::check_model_name(args.model);
   if (args.dist != "none") {
@@ -530,9 +531,9 @@ void add_bench_command(CLI::App& app) {
                   "dp-mpi and ddp-mpi for the whole group; process 0 prints, writes and runs --compare-pytorch");
   CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
-  add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1,
-                 kMaxDevices)
-      ->excludes(device_ids);  // one or the other: a count beside a list would be ignored
+  CLI::Option* cpu_devices = add_int_option(*cmd, "--cpu-devices", args->cpu_devices,
+                                            "CPU devices cpu:0 ... (default: 2 where there is no GPU)", 1, kMaxDevices);
+  cpu_devices->excludes(device_ids);  // one or the other: a count beside a list would be ignored
   add_int_option(*cmd, "--batch-size", args->batch_size,
                  "global batch (at most the training samples; in ddp mode every device needs a sample of it)", 1,
                  int64_t{1} << 31);
@@ -550,7 +551,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--json", args->json, "write the rows as JSON (checked at start-up)");
   cmd->add_option("--csv", args->csv, "write the rows as CSV (checked at start-up)");
   cmd->add_option("--png", args->png, "draw samples/s per configuration (gnuplot; checked at start-up)");
-  cmd->callback([args, modes] {
+  cmd->callback([args, modes, cpu_devices] {
+    args->cpu_devices_given = cpu_devices->count() > 0;
     if (args->dist != "none" && modes->count() == 0) args->modes = {"dp", "ddp"};
     run_bench(*args);
   });

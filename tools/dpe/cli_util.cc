@@ -109,8 +109,8 @@ std::string device_list_str(const std::vector<Device>& devices) {
   return out;
 }
 
-std::vector<Device> default_devices(int cpu_count) {
-  if (cuda_available()) return all_devices(DeviceKind::CUDA);
+std::vector<Device> default_devices(int cpu_count, bool cpu_count_given) {
+  if (cuda_available() && !cpu_count_given) return all_devices(DeviceKind::CUDA);
   if (num_cpu_devices() < cpu_count) set_num_cpu_devices(cpu_count);
   std::vector<Device> devices;
   for (int i = 0; i < cpu_count; ++i) devices.push_back(Device::cpu(i));

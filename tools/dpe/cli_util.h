@@ -29,8 +29,9 @@ inline constexpr int64_t kMaxDevices = 1024;  // also --cpu-devices' bound
 void check_device_ids(const std::string& option, const std::vector<Device>& devices);
 // "cpu:0 cpu:1"
 std::string device_list_str(const std::vector<Device>& devices);
-// Every CUDA device if there is one, else `cpu_count` CPU devices (raising the CPU device count if needed).
-std::vector<Device> default_devices(int cpu_count);
+// Every CUDA device if there is one and the user gave no CPU device count, else `cpu_count` CPU devices (raising
+// the CPU device count if needed): `--cpu-devices 3` means three CPU devices on a machine with a GPU too.
+std::vector<Device> default_devices(int cpu_count, bool cpu_count_given = false);
 // 1024 -> "1K", 64 << 20 -> "64M"
 std::string bytes_str(double bytes);
 // 1048576 -> "2^20", 1000 -> "1000": how ranges are shown in messages and --help.

@@ -4,7 +4,8 @@ set -uo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fail=0
-out=$(DPE_CPU_SGEMM=auto "$bin" bench --model mlp --batch-size 64 --steps 2 --warmup 1 \
+# --cpu-devices 2 throughout: CPU devices also where there is a GPU (the CPU GEMM choice, CPU device names).
+out=$(DPE_CPU_SGEMM=auto "$bin" bench --model mlp --cpu-devices 2 --batch-size 64 --steps 2 --warmup 1 \
       --modes single,single-all,dp,ddp,auto \
       --csv "$tmp/b.csv" --json "$tmp/b.json" 2>&1) || { echo "FAILED: $out"; exit 1; }
 echo "$out"
@@ -29,7 +30,7 @@ grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe: [0-9.]
 grep -qE '^#   m 64 n 512 k 784 B\^T, 1 thread: (onednn-sgemm|onednn-matmul|openblas) \(onednn-sgemm [0-9]+, ' <<<"$out" ||
   { echo "FAILED: no float32 GEMM choice for the MLP's first layer"; fail=1; }
 # --split auto: the weights it settled on and each device's time per sample, in the table's notes and the JSON.
-out=$("$bin" bench --model mlp --batch-size 64 --steps 6 --warmup 3 --modes ddp --split auto --json "$tmp/split.json" 2>&1) ||
+out=$("$bin" bench --model mlp --cpu-devices 2 --batch-size 64 --steps 6 --warmup 3 --modes ddp --split auto --json "$tmp/split.json" 2>&1) ||
   { echo "FAILED: --split auto: $out"; fail=1; }
 grep -qE '^# ddp split auto:  cpu:0 0\.[0-9]+ \([0-9.]+ ms/sample\)  cpu:1 ' <<<"$out" || { echo "FAILED: no split line: $out"; fail=1; }
 python3 - "$tmp/split.json" <<'PY' || { echo "FAILED: the --split auto JSON"; fail=1; }

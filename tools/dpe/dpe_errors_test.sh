@@ -76,6 +76,11 @@ expect 2 "bad header length 1099511627776" train --model mlp --resume "$tmp/badl
 cores=$(getconf _NPROCESSORS_ONLN)
 ids=$(seq -s, -f "cpu:%g" 0 $((cores - 1)))
 export DPE_NUM_CPU_DEVICES="$cores"
+# The settings the tool would set and restart itself with (tools/dpe/main.cc), given from the start: OpenBLAS
+# starts a pool thread per core when it is loaded, before main, and on the 16-core GPU machine those threads'
+# stacks and malloc arenas near the limit made its loader exit ("blas_thread_init: pthread_create failed",
+# status 130), which no code of dpe's runs early enough to prevent.
+export OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 # The limits are above the address space the tool needs just to start: its shared libraries alone map about
 # 100 MB in the CPU-only build and about 1 GB in the CUDA build (cuBLAS, cuDNN, NCCL), where a fixed limit
 # would only test the dynamic loader. That base is found by bisection on `dpe train --help`.

@@ -75,7 +75,7 @@ r = json.load(open(sys.argv[1]))
 assert r["precision"] == "bf16" and r["reduce_dtype"] == "bf16" and r["final_test_accuracy"] > 0.55, r
 assert r["epochs"][0]["skipped_steps"] == 0 and r["epochs"][0]["loss_scale"] == 1, r
 PY
-expect_error "--precision fp16 runs on CUDA devices only (float16 products and a gradient scaler); got cpu:0" --precision fp16
+expect_error "--precision fp16 runs on CUDA devices only (float16 products and a gradient scaler); got cpu:0" --cpu-devices 2 --precision fp16
 expect_error "--reduce-dtype bf16 compresses DDP's gradient all-reduce; --mode dp has none" --mode dp --reduce-dtype bf16
 check "split auto" "$bin" train --model mlp --mode ddp --split auto --epochs 1 --limit 1024 --batch-size 64 --lr 0.05
 grep -q "final test accuracy 0\.[5-9]" <<<"$out" || { echo "FAILED: --split auto accuracy: $out"; fail=1; }
@@ -216,7 +216,7 @@ expect_error "invalid device string 'gpu'" --mode dp --output-device gpu
 expect_error "--batch-size 4 splits into 2 shards (2, 2) for 3 DDP devices under the chunk rule; DDP needs a sample on every device: use --batch-size 3 or 5" \
   --mode ddp --cpu-devices 3 --batch-size 4
 expect_error "--batch-size 128 splits into 128 shards" --mode ddp --cpu-devices 1024 --batch-size 128
-expect_error "--batch-size 1 splits into 1 shards (1) for 2 DDP devices" --mode ddp --batch-size 1 --limit 1 --model mlp
+expect_error "--batch-size 1 splits into 1 shards (1) for 2 DDP devices" --mode ddp --cpu-devices 2 --batch-size 1 --limit 1 --model mlp
 expect_error "--drop-last with --batch-size 64 and 10 training samples: every batch would be dropped" \
   --model mlp --mode dp --limit 10 --batch-size 64 --drop-last
 # Outputs are checked before training, not after it.

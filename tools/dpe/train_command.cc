@@ -37,6 +37,7 @@ struct TrainArgs {
   int64_t batch_size = 128, epochs = 10, limit = -1, save_every = 0;
   bool drop_last = false;
   int cpu_devices = 2;
+  bool cpu_devices_given = false;  // --cpu-devices given: CPU devices even where there is a GPU
   std::string dist = "none";
   std::string split = "chunk";
   std::string on_device_failure = "fail";
@@ -48,7 +49,7 @@ struct TrainArgs {
 // fix it: devices, the mode's constraints, output paths, the checkpoint to resume.
 void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   args.engine.devices =
-      args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices);
+      args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices, args.cpu_devices_given);
   check_device_ids("--device-ids", args.engine.devices);
   if (args.output_device) {
     DPE_CHECK(args.engine.mode == "dp", "--output-device ", *args.output_device, " is used only in dp mode (--mode ",
@@ -281,9 +282,9 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember(kModes));
   CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,
                   "devices, e.g. cpu:0,cpu:1 (default: every CUDA device, else --cpu-devices CPU devices)");
-  add_int_option(*cmd, "--cpu-devices", args->cpu_devices, "CPU devices when no --device-ids and no GPU", 1,
-                 kMaxDevices)
-      ->excludes(device_ids);  // one or the other: a count beside a list would be ignored
+  CLI::Option* cpu_devices = add_int_option(*cmd, "--cpu-devices", args->cpu_devices,
+                                            "CPU devices cpu:0 ... (default: 2 where there is no GPU)", 1, kMaxDevices);
+  cpu_devices->excludes(device_ids);  // one or the other: a count beside a list would be ignored
   cmd->add_option("--output-device", args->output_device, "dp mode only: where DP gathers outputs (default: the first device)");
   add_int_option(*cmd, "--batch-size", args->batch_size,
                  "global batch (split across the devices; in ddp mode every device needs a sample of it)", 1,
@@ -339,7 +340,8 @@ void add_train_command(CLI::App& app) {
       cmd->add_option("--checkpoint", args->checkpoint, "checkpoint path for --save-every (checked at start-up)");
   cmd->add_option("--resume", args->engine.resume, "continue from this checkpoint (the epoch after the saved one)");
   cmd->add_option("--json", args->json, "write the final report as JSON to this file (checked at start-up)");
-  cmd->callback([args, checkpoint] {
+  cmd->callback([args, checkpoint, cpu_devices] {
+    args->cpu_devices_given = cpu_devices->count() > 0;
     args->checkpoint_given = checkpoint->count() > 0;
     run_train(*args);
   });
