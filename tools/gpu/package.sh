@@ -116,15 +116,53 @@ tests_tsv="$stage/tests.tsv"
 declare -A bundled  # label -> bundle path, for sh_test arguments
 originals=()
 
+# test_args LABEL BUILD: the test's `args`, each after a tab, each $(location REF) resolved: a bundled binary to
+# its bundle path, a file to its path under the runfiles root (the tests' working directory on the GPU
+# machine). Fails for a reference that is neither.
+test_args() {
+  local label="$1" build="$2" pkg line="" a ref
+  local -a args
+  pkg="${label#//}"; pkg="${pkg%%:*}"
+  mapfile -t args < <(python3 - "$build" <<'EOF'
+import re, sys
+m = re.search(r'args = \[([^\]]*)\]', sys.argv[1])
+for a in re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1) if m else ""):
+    print(a)
+EOF
+)
+  for a in "${args[@]}"; do
+    if [[ "$a" =~ ^\$\(location\ (.+)\)$ ]]; then
+      ref="${BASH_REMATCH[1]}"
+      [[ "$ref" == //* ]] || ref="//$pkg:${ref#:}"
+      if [[ -n "${bundled[$ref]:-}" ]]; then
+        a="${bundled[$ref]}"
+      elif [[ -f "$(tr : / <<<"${ref#//}")" ]]; then
+        a=$(tr : / <<<"${ref#//}")  # //fuzz:dicts/idx.dict -> fuzz/dicts/idx.dict
+      else
+        log "WARNING: $label: $ref is neither bundled nor a file; skipped"; return 1
+      fi
+    fi
+    line+=$'\t'"$a"
+  done
+  printf '%s' "$line"
+}
+
 mapfile -t cc_tests < <(bazel query 'kind(cc_test, //...)' 2>/dev/null | sort)
 mapfile -t cc_bins < <(bazel query 'kind(cc_binary, //...)' 2>/dev/null | sort)
 mapfile -t sh_tests < <(bazel query 'kind(sh_test, //...)' 2>/dev/null | sort)
 
+# The fuzz harnesses are cc_tests but not GoogleTest binaries: kind "exe", judged by exit status, with their args.
+mapfile -t fuzz_tests < <(bazel query 'attr(generator_function, dpe_fuzz_test, //...)' 2>/dev/null | sort)
 for label in "${cc_tests[@]}"; do
   copy_binary "$label" "$stage/bin/tests" || continue
   bundled[$label]=$path
   copy_runfiles_data "$label"
-  printf '%s\tgtest\t%s\n' "$(flat "$label")" "$path" >>"$tests_tsv"
+  if [[ " ${fuzz_tests[*]} " == *" $label "* ]]; then
+    extra=$(test_args "$label" "$(bazel query --output=build "$label" 2>/dev/null)") || continue
+    printf '%s\texe\t%s%s\n' "$(flat "$label")" "$path" "$extra" >>"$tests_tsv"
+  else
+    printf '%s\tgtest\t%s\n' "$(flat "$label")" "$path" >>"$tests_tsv"
+  fi
 done
 log "${#cc_tests[@]} cc_test binaries -> bin/tests/"
 
@@ -153,25 +191,12 @@ EOF
   script="bin/sh/$(flat "$label").sh"
   cp "$src" "$stage/$script"
   chmod 755 "$stage/$script"
-  mapfile -t args < <(python3 - "$build" <<'EOF'
-import re, sys
-m = re.search(r'args = \[([^\]]*)\]', sys.argv[1])
-for a in re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1) if m else ""):
-    print(a)
-EOF
-)
-  line="$(flat "$label")"$'\tsh\t'"$script"
-  ok=1
-  for a in "${args[@]}"; do
-    if [[ "$a" =~ ^\$\(location\ (.+)\)$ ]]; then
-      ref="${BASH_REMATCH[1]}"
-      [[ "$ref" == //* ]] || ref="//$pkg:${ref#:}"
-      if [[ -z "${bundled[$ref]:-}" ]]; then log "WARNING: $label: $ref is not bundled; skipped"; ok=0; break; fi
-      a="${bundled[$ref]}"
-    fi
-    line+=$'\t'"$a"
+  # Helpers a script sources from its own directory (source "$(dirname "$0")/test_lib.sh") go beside it.
+  for helper in $(sed -n 's|^source "$(dirname "$0")/\([A-Za-z0-9_.-]*\)".*|\1|p' "$src"); do
+    cp "$(dirname "$src")/$helper" "$stage/bin/sh/$helper"
   done
-  [[ $ok == 1 ]] || continue
+  extra=$(test_args "$label" "$build") || continue
+  line="$(flat "$label")"$'\t'sh$'\t'"$script$extra"
   copy_runfiles_data "$label"
   echo "$line" >>"$tests_tsv"
 done

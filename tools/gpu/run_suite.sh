@@ -10,7 +10,8 @@
 #
 # Steps, in order, each skipped once the time budget is spent (what was not run is listed, never passed):
 #   1. environment: nvidia-smi, the CUDA libraries the binaries resolve to, system data, `dpe devices`
-#   2. every test in tests.tsv (gtest binaries with --gtest_output=xml, sh tests by exit status)
+#   2. every test in tests.tsv (gtest binaries with --gtest_output=xml; sh tests and other executables, the
+#      fuzz harnesses, by exit status)
 #   3. with a GPU: the CUDA tests again with DPE_CUDA_LOGICAL_DEVICES=0,0 (two logical devices on GPU 0),
 #      which the multi-device CUDA tests need on a one-GPU machine
 #   4. benchmarks: bin/bench/*; with a GPU also `dpe bench` (mlp, cnn, tiny-llama; single, DP, DDP) and
@@ -235,7 +236,7 @@ sanitizer_errors() {
 }
 gpu_unusable_skip() { grep -qiE 'no CUDA device|no CUDA support|has no CUDA|no GPU' <<<"$1"; }
 
-# run_one LABEL KIND TIMEOUT ENV_ASSIGNMENTS -- CMD...   (KIND: gtest | sh | san)
+# run_one LABEL KIND TIMEOUT ENV_ASSIGNMENTS -- CMD...   (KIND: gtest | san: GoogleTest XML; sh | exe: exit status)
 run_one() {
   local label="$1" kind="$2" limit="$3" envs="$4"
   shift 5
@@ -251,7 +252,7 @@ run_one() {
   local log="$results/logs/$label.log" xml="$results/xml/$label.xml" tmp="$results/tmp/$label"
   mkdir -p "$tmp"
   local cmd=("$@")
-  [[ "$kind" != sh ]] && cmd+=("--gtest_output=xml:$xml")
+  [[ "$kind" == gtest || "$kind" == san ]] && cmd+=("--gtest_output=xml:$xml")
   local t0=$SECONDS rc
   # shellcheck disable=SC2086
   env TEST_TMPDIR="$tmp" $envs timeout -k 10 "$limit" "${cmd[@]}" >"$log" 2>&1
@@ -260,7 +261,7 @@ run_one() {
   rm -rf "$tmp"
 
   local p=0 f=0 s=0 status="ok" detail
-  if [[ "$kind" == sh ]]; then
+  if [[ "$kind" == sh || "$kind" == exe ]]; then
     if ((rc == 0)); then
       p=1
     elif ((rc != 124 && rc != 137)); then
@@ -291,7 +292,7 @@ run_one() {
     local errors
     errors=$(sanitizer_errors "$log")
     status="$errors SANITIZER ERRORS"; f=$((f + 1)); fail_cases+=("$label: $errors compute-sanitizer errors (logs/$label.log)")
-  elif ((rc != 0)) && [[ "$kind" != sh ]]; then
+  elif ((rc != 0)) && [[ "$kind" == gtest || "$kind" == san ]]; then
     if ((f == 0)); then
       f=1; fail_cases+=("$label: exit status $rc with no failed test case (crash?)")
     fi
@@ -323,6 +324,9 @@ if ((tests)); then
         argv+=("--gtest_filter=$filter")
       fi
       run_one "$name" gtest "$timeout_s" "" -- "${argv[@]}"
+    elif [[ "$kind" == exe ]]; then
+      [[ -n "$filter" ]] && continue
+      run_one "$name" exe "$timeout_s" "" -- "${argv[@]}"
     else
       [[ -n "$filter" ]] && continue
       run_one "$name" sh "$timeout_s" "" -- bash "${argv[@]}"
