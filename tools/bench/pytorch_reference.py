@@ -16,6 +16,10 @@ Configurations (--configs, comma-separated):
   single-Nt  one process, torch.set_num_threads(N) (and OpenBLAS's threads, see set_threads), a plain
              step on the whole global batch;
              "single" alone uses --threads threads.
+  cuda       one process on cuda:0, PyTorch eager at its fastest for these models in float32: cuDNN's
+             autotuner on (torch.backends.cudnn.benchmark), TF32 off for matrix products and convolutions
+             (dpe's float32 runs float32 FMA math), the samples in pinned host memory and each batch copied
+             to the GPU asynchronously (`dpe bench` keeps its data on the host too); skipped without CUDA.
   dp         nn.DataParallel over every CUDA device; it needs CUDA, so on CPU the row is skipped.
   ddp-gloo   DistributedDataParallel, gloo backend, 2 processes (torch.multiprocessing.spawn, file://
              rendezvous, so no network is needed), each with max(1, --threads // 2) threads (1 by default).
@@ -39,7 +43,8 @@ Threads: each configuration limits OpenBLAS's threads as well as torch's (set_th
 OMP_WAIT_POLICY=PASSIVE unless the environment sets it (see main): both matter with Debian's torch, whose
 matrix products go to OpenBLAS's own thread pool rather than torch's OpenMP one.
 
-Needs Debian's python3-torch (1.13, CPU) and python3-numpy: apt-get install python3-torch.
+Needs Debian's python3-torch (1.13, CPU) and python3-numpy: apt-get install python3-torch; on a GPU machine, any
+python3 whose torch has CUDA (`dpe bench --pytorch-python`).
 """
 
 import argparse
@@ -233,13 +238,41 @@ def run_single(args, config, threads, data):
     return timed_row(args, config, seconds, 1, threads, loss.item())
 
 
+def skipped_row(args, config, why):
+    import torch
+    row = base_row(args, config)
+    row.update({"skipped": why, "step_ms": None, "samples_per_s": None, "processes": 1,
+                "threads_per_process": torch.get_num_threads()})
+    return row
+
+
+def run_cuda(args, data):
+    import torch
+    if not torch.cuda.is_available():
+        return skipped_row(args, "cuda", "no CUDA device for this torch")
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(SEED)
+    images, labels = (t.pin_memory() for t in data)
+    model = make_model(args.model).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    n = images.shape[0]
+
+    def batch_fn(s):
+        start = batch_start(s, args.batch, n)
+        return (images[start:start + args.batch].cuda(non_blocking=True),
+                labels[start:start + args.batch].cuda(non_blocking=True))
+
+    seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=torch.cuda.synchronize)
+    return timed_row(args, "cuda", seconds, 1, torch.get_num_threads(), loss.item()) | {
+        "device": torch.cuda.get_device_name(0)}
+
+
 def run_dp(args, data):
     import torch
     if not torch.cuda.is_available():
-        row = base_row(args, "dp")
-        row.update({"skipped": "nn.DataParallel needs CUDA devices", "step_ms": None, "samples_per_s": None,
-                    "processes": 1, "threads_per_process": torch.get_num_threads()})
-        return row
+        return skipped_row(args, "dp", "nn.DataParallel needs CUDA devices")
     # Not exercised on the CPU-only machines this project runs on (Debian's torch has no CUDA).
     torch.manual_seed(SEED)
     images, labels = data
@@ -315,9 +348,9 @@ def parse_config(name, threads):
         return ("single", threads)
     if name.startswith("single-") and name.endswith("t") and name[7:-1].isdigit() and int(name[7:-1]) > 0:
         return ("single", int(name[7:-1]))
-    if name in ("dp", "ddp-gloo"):
+    if name in ("cuda", "dp", "ddp-gloo"):
         return (name, None)
-    raise ValueError(f"unknown config {name!r} (known: single, single-Nt, dp, ddp-gloo)")
+    raise ValueError(f"unknown config {name!r} (known: single, single-Nt, cuda, dp, ddp-gloo)")
 
 
 def main(argv=None):
@@ -327,7 +360,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
     p.add_argument("--configs", default="single-1t,single-2t,ddp-gloo",
-                   help="comma-separated: single, single-Nt, dp, ddp-gloo (default single-1t,single-2t,ddp-gloo)")
+                   help="comma-separated: single, single-Nt, cuda, dp, ddp-gloo (default single-1t,single-2t,ddp-gloo)")
     p.add_argument("--threads", type=int, default=2,
                    help="cores to use: threads of 'single'; ddp-gloo's 2 processes get threads // 2 each (default 2)")
     p.add_argument("--samples", type=int, default=8192, help="first N training images (default 8192)")
@@ -390,6 +423,8 @@ def main(argv=None):
         log(f"running {name}")
         if kind == "single":
             row = run_single(args, name, threads, data)
+        elif kind == "cuda":
+            row = run_cuda(args, data)
         elif kind == "dp":
             row = run_dp(args, data)
         else:

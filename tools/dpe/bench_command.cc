@@ -46,6 +46,8 @@ namespace {
 
 struct BenchArgs {
   std::string model = "mlp", json, csv, png, pytorch_script, data_dir;
+  // The PyTorch side's interpreter, run directly (never through a shell): Debian's, which has python3-torch.
+  std::string pytorch_python = "/usr/bin/python3";
   std::optional<std::string> device_ids;
   std::vector<std::string> modes = {"single", "dp", "ddp"};
   std::vector<std::string> pytorch_configs = {"single-1t", "single-2t", "ddp-gloo"};
@@ -61,13 +63,10 @@ struct BenchArgs {
   std::string reduce_dtype = "fp32";  // ddp's bucket dtype (rows ddp-r16 with bf16 or fp16)
 };
 
-// The PyTorch side runs Debian's interpreter (python3-torch is a Debian package), never a shell.
-constexpr const char* kPython = "/usr/bin/python3";
-
 // The configurations tools/bench/pytorch_reference.py knows (its parse_config): single, single-Nt (N >= 1
-// threads), dp, ddp-gloo. Checked here so that a typo fails at start-up, not after dpe's own runs.
+// threads), cuda, dp, ddp-gloo. Checked here so that a typo fails at start-up, not after dpe's own runs.
 bool is_pytorch_config(const std::string& c) {
-  if (c == "single" || c == "dp" || c == "ddp-gloo") return true;
+  if (c == "single" || c == "cuda" || c == "dp" || c == "ddp-gloo") return true;
   if (c.size() < 9 || c.rfind("single-", 0) != 0 || c.back() != 't') return false;
   const std::string threads = c.substr(7, c.size() - 8);
   if (threads.size() > 4 || !std::all_of(threads.begin(), threads.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
@@ -206,7 +205,7 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
 std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
   const std::string configs = join_commas(args.pytorch_configs);
   // An argument vector: the script path and every value reach python3 verbatim, whatever they contain.
-  const std::vector<std::string> argv = {kPython, pytorch_script_path(args), "--model", args.model,
+  const std::vector<std::string> argv = {args.pytorch_python, pytorch_script_path(args), "--model", args.model,
                                          "--batch", std::to_string(args.batch_size), "--steps",
                                          std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
                                          "--samples", std::to_string(samples), "--configs", configs};
@@ -443,12 +442,13 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
               ": tools/bench/pytorch_reference.py has mlp and cnn only");
     for (const std::string& c : args.pytorch_configs) {
       DPE_CHECK(is_pytorch_config(c), "--pytorch-configs '", c, "': unknown configuration; expected single, "
-                "single-Nt (N >= 1 threads), dp or ddp-gloo (the ones tools/bench/pytorch_reference.py knows)");
+                "single-Nt (N >= 1 threads), cuda, dp or ddp-gloo (the ones tools/bench/pytorch_reference.py knows)");
     }
     DPE_CHECK(!args.pytorch_configs.empty(), "--pytorch-configs: expected at least one configuration");
     check_input_file("--pytorch-script", pytorch_script_path(args));
-    DPE_CHECK(access(kPython, X_OK) == 0, "--compare-pytorch needs ", kPython,
-              " (Debian's python3 with python3-torch: apt-get install python3-torch)");
+    DPE_CHECK(access(args.pytorch_python.c_str(), X_OK) == 0, "--pytorch-python ", args.pytorch_python,
+              ": not an executable file (the default is Debian's python3 with python3-torch: apt-get install "
+              "python3-torch)");
   }
   peak_override();  // a bad DPE_PEAK_GFLOPS is refused now, not after the runs
   kernels::sgemm_policy_from_env();  // and a bad DPE_CPU_SGEMM
@@ -543,7 +543,11 @@ void add_bench_command(CLI::App& app) {
   CLI::Option* compare = cmd->add_flag("--compare-pytorch", args->compare_pytorch,
                                        "also run tools/bench/pytorch_reference.py (Debian python3-torch)");
   add_name_list_option(*cmd, "--pytorch-configs", args->pytorch_configs,
-                       "PyTorch configurations: single, single-Nt, dp, ddp-gloo (with --compare-pytorch)")
+                       "PyTorch configurations: single, single-Nt, cuda, dp, ddp-gloo (with --compare-pytorch)")
+      ->needs(compare);
+  cmd->add_option("--pytorch-python", args->pytorch_python,
+                  "the python3 whose torch runs the PyTorch side (an executable path, run directly; default "
+                  "Debian's /usr/bin/python3; with --compare-pytorch)")
       ->needs(compare);
   cmd->add_option("--pytorch-script", args->pytorch_script,
                   "path of pytorch_reference.py (default: the repository's; with --compare-pytorch)")

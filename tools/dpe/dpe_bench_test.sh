@@ -89,10 +89,17 @@ if [[ -x /usr/bin/python3 ]]; then
     --json "$tmp/p.json"
   python3 -c 'import json, sys; c = [r["config"] for r in json.load(open(sys.argv[1]))["rows"]]; assert "a\"b" in c, c' \
     "$tmp/p.json" || { echo "FAILED: the --json report of a configuration with a quote"; fail=1; }
+  # --pytorch-python: the interpreter is run directly, whatever its path holds.
+  python_link="$tmp/py \$(touch pwned9)"
+  ln -s /usr/bin/python3 "$python_link"
+  expect 0 "pytorch  single-3t" "${quick[@]}" --compare-pytorch --pytorch-python "$python_link" \
+    --pytorch-script "$script" --pytorch-configs single-3t,ddp-gloo
   ls "$tmp" | grep -q "^pwned" && { echo "FAILED: a command ran: $(ls "$tmp")"; fail=1; }
 fi
+expect 2 "--pytorch-python $tmp/none: not an executable file" "${quick[@]}" --compare-pytorch \
+  --pytorch-script "$script" --pytorch-python "$tmp/none"
 # Bad PyTorch configurations are refused at start-up, naming the value and the known ones.
-expect 2 "--pytorch-configs 'frob': unknown configuration; expected single, single-Nt (N >= 1 threads), dp or ddp-gloo" \
+expect 2 "--pytorch-configs 'frob': unknown configuration; expected single, single-Nt (N >= 1 threads), cuda, dp or ddp-gloo" \
   "${quick[@]}" --compare-pytorch --pytorch-configs single-1t,frob
 expect 2 "--pytorch-configs 'single-0t': unknown configuration" "${quick[@]}" --compare-pytorch --pytorch-configs single-0t
 expect 2 "--pytorch-configs 'ddp-gloo;touch pwned7': unknown configuration" "${quick[@]}" --compare-pytorch \

@@ -386,6 +386,57 @@ if ((bench)); then
       --modes single,dp,ddp --json "$results/bench/dpe_bench_mlp@2dev.json"
     run_bench "dpe_collectives@2dev" "DPE_CUDA_LOGICAL_DEVICES=0,0" "$dpe_tool" collectives \
       --json "$results/bench/dpe_collectives@2dev.json"
+    # PyTorch on the same GPU, models, data and batch (issue 20, item 5): the machine's own torch, run by dpe
+    # bench --compare-pytorch through a wrapper that gives it the machine's library path, not the bundle's.
+    torch_py=""
+    for py in /opt/torch/.venv/bin/python3 "$(command -v python3)"; do
+      if [[ -x "$py" ]] && LD_LIBRARY_PATH="$orig_ld" "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' \
+        >/dev/null 2>&1; then torch_py=$py; break; fi
+    done
+    script="$here/../tools/bench/pytorch_reference.py"
+    if [[ -n "$torch_py" && -f "$script" ]]; then
+      printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$orig_ld" "$torch_py" >"$results/torch_python"
+      chmod 755 "$results/torch_python"
+      for model in mlp cnn; do
+        run_bench "dpe_vs_pytorch_$model" "" "$dpe_tool" bench --model "$model" --modes single,dp,ddp \
+          --compare-pytorch --pytorch-python "$results/torch_python" --pytorch-script "$script" \
+          --pytorch-configs cuda,dp --json "$results/bench/dpe_vs_pytorch_$model.json"
+      done
+    else
+      bench_rows+=("dpe_vs_pytorch: NOT RUN (no python3 whose torch sees the GPU, or no $script)")
+      bench_fail=$((bench_fail + 1))
+    fi
+    # Training to an accuracy (issue 20, item 4): the CNN for 2 epochs on cuda:0 and on two logical devices,
+    # DP and DDP, each within 0.5 points of the same run on CPU devices.
+    train_args=(train --model cnn --epochs 2)
+    run_bench "train_cnn_cpu" "" "$dpe_tool" "${train_args[@]}" --mode ddp --cpu-devices 2 \
+      --json "$results/bench/train_cnn_cpu.json"
+    for mode in dp ddp; do
+      run_bench "train_cnn_${mode}_cuda" "" "$dpe_tool" "${train_args[@]}" --mode "$mode" --device-ids cuda:0 \
+        --json "$results/bench/train_cnn_${mode}_cuda.json"
+      run_bench "train_cnn_${mode}_cuda@2dev" "DPE_CUDA_LOGICAL_DEVICES=0,0" "$dpe_tool" "${train_args[@]}" \
+        --mode "$mode" --device-ids cuda:0,cuda:1 --json "$results/bench/train_cnn_${mode}_cuda@2dev.json"
+    done
+    if ! LD_LIBRARY_PATH="$orig_ld" python3 - "$results/bench" >>"$results/bench_tails.txt" 2>&1 <<'EOF'; then
+import json, os, sys
+d = sys.argv[1]
+def accuracy(name):
+    path = os.path.join(d, name + ".json")
+    return json.load(open(path))["final_test_accuracy"] if os.path.exists(path) else None
+cpu = accuracy("train_cnn_cpu")
+print(f"--- dpe train --model cnn --epochs 2: final test accuracy, CPU devices (ddp): {cpu}")
+bad = cpu is None
+for mode in ("dp", "ddp"):
+    for where in ("cuda", "cuda@2dev"):
+        a = accuracy(f"train_cnn_{mode}_{where}")
+        ok = a is not None and cpu is not None and abs(a - cpu) <= 0.005
+        bad |= not ok
+        print(f"    {mode} on {where}: {a} ({'within' if ok else 'NOT within'} 0.5 points of the CPU run)")
+sys.exit(1 if bad else 0)
+EOF
+      bench_rows+=("train_cnn: an accuracy missing or not within 0.5 points of the CPU run (bench_tails.txt)")
+      bench_fail=$((bench_fail + 1))
+    fi
   elif [[ -x "$dpe_tool" ]]; then
     say "   (no GPU: the dpe bench / dpe collectives GPU benchmarks are not run)"
   fi
