@@ -131,17 +131,20 @@ for a in re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1) if m else ""):
 EOF
 )
   for a in "${args[@]}"; do
-    if [[ "$a" =~ ^\$\(location\ (.+)\)$ ]]; then
-      ref="${BASH_REMATCH[1]}"
+    # Every $(location REF) in the argument, whole (a binary) or inside it (--dict=$(location x.dict)).
+    while [[ "$a" =~ ^(.*)\$\(location\ ([^\)]+)\)(.*)$ ]]; do
+      local before="${BASH_REMATCH[1]}" after="${BASH_REMATCH[3]}" path
+      ref="${BASH_REMATCH[2]}"
       [[ "$ref" == //* ]] || ref="//$pkg:${ref#:}"
       if [[ -n "${bundled[$ref]:-}" ]]; then
-        a="${bundled[$ref]}"
+        path="${bundled[$ref]}"
       elif [[ -f "$(tr : / <<<"${ref#//}")" ]]; then
-        a=$(tr : / <<<"${ref#//}")  # //fuzz:dicts/idx.dict -> fuzz/dicts/idx.dict
+        path=$(tr : / <<<"${ref#//}")  # //fuzz:dicts/idx.dict -> fuzz/dicts/idx.dict
       else
         log "WARNING: $label: $ref is neither bundled nor a file; skipped"; return 1
       fi
-    fi
+      a="$before$path$after"
+    done
     line+=$'\t'"$a"
   done
   printf '%s' "$line"
