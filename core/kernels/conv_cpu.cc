@@ -12,8 +12,9 @@
 // Note [oneDNN primitive cache]
 // Building a oneDNN primitive JIT-compiles code (milliseconds), so primitives are kept in a map keyed by
 // every field of Conv2dShape plus the pass, behind a mutex; a training loop hits the same few shapes every
-// step. Primitives are immutable and their scratchpad is user-provided (scratchpad_mode::user, allocated
-// per call), so one primitive may execute on several threads at once (one per CPU device worker). Each
+// step. Primitives are immutable and their scratchpad is user-provided (scratchpad_mode::user, taken per call
+// from the calling thread's scratch cache, core/kernels/scratch.h), so one primitive may execute on several
+// threads at once (one per CPU device worker). Each
 // call makes its own dnnl::stream. oneDNN parallelises with OpenMP using the calling thread's
 // omp_get_max_threads() (each device worker sets its share, see docs/DESIGN.md, "Threads, streams, errors").
 //
@@ -38,6 +39,7 @@
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/onednn.h"
+#include "core/kernels/scratch.h"
 
 namespace dpe::kernels {
 namespace {
@@ -231,15 +233,12 @@ struct Arg {
   const void* ptr;
 };
 
-// A buffer dpe allocates for oneDNN (a scratchpad, a reordered argument): 64-byte aligned, uninitialised,
-// its allocation checked and named (Note [Exceptions and oneDNN]).
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<void, FreeDeleter>;
+// A buffer dpe allocates for oneDNN (a scratchpad, a reordered argument): from the thread's scratch cache
+// (core/kernels/scratch.h), its allocation checked and named (Note [Exceptions and oneDNN]).
+using Buffer = detail::ScratchBuffer;
 
 Buffer allocate(const char* what, const char* purpose, size_t bytes, const Conv2dShape& s) {
-  Buffer buffer(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  Buffer buffer = detail::scratch(bytes);
   DPE_CHECK(buffer != nullptr, what, ": out of memory allocating the ", bytes, "-byte ", purpose, " for N ", s.n,
             ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ", s.c_out);
   return buffer;

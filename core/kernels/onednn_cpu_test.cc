@@ -6,7 +6,10 @@
 // plus some headroom, then makes its first oneDNN calls (convolution forward and backward, sgemm) on
 // buffers allocated before the limit. A sweep of headrooms makes some children run out of memory inside
 // oneDNN's lazy initialisation and some succeed. Without the fix, about a third of the children died of
-// SIGABRT (the glibc abort); now none may: each reports a dpe::Error naming out of memory, or succeeds.
+// SIGABRT (the glibc abort); now none may: each reports a dpe::Error naming out of memory, or succeeds. A
+// std::bad_alloc counts as that report too: so close to the limit, composing the dpe::Error's message can
+// itself run out of memory, and then the exception is C++'s own for it (dpe's main reports it as out of
+// memory, exit status 3); what matters is that an exception, not an abort, reaches the caller.
 // What the test tolerates, and counts: SIGSEGV, oneDNN 2.6's own JIT writing through a code buffer it
 // failed to allocate (Xbyak without exceptions), and exit status 1 after "libgomp: Out of memory ...", the
 // OpenMP runtime ending the process itself; nothing outside them can turn those into errors.
@@ -24,6 +27,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,6 +84,8 @@ int64_t virtual_bytes() {
     } catch (const Error& e) {
       code = std::string(e.what()).find("out of memory") != std::string::npos ? kOutOfMemoryError : kOtherDpeError;
       if (code == kOtherDpeError) std::fprintf(stderr, "headroom %lld: %s\n", static_cast<long long>(headroom_bytes), e.what());
+    } catch (const std::bad_alloc&) {
+      code = kOutOfMemoryError;
     } catch (...) {
       code = kOtherException;
     }

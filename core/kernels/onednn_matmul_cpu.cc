@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/onednn.h"
+#include "core/kernels/scratch.h"
 
 namespace dpe::kernels {
 namespace {
@@ -97,10 +98,6 @@ std::shared_ptr<const CachedMatmul> matmul_for(const GemmArgs& g) {
   return cache->emplace(key, std::move(built)).first->second;
 }
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
 }  // namespace
 
 bool cpu_has_bf16_instructions() {
@@ -119,15 +116,14 @@ namespace detail {
 void onednn_matmul(const GemmArgs& g, const void* a, const void* b, float* c) {
   try {
     std::shared_ptr<const CachedMatmul> prim = matmul_for(g);
-    std::unique_ptr<void, FreeDeleter> scratchpad;
+    ScratchBuffer scratchpad;
     const dnnl::engine& engine = cpu_engine();
     std::unordered_map<int, dnnl::memory> args = {
         {DNNL_ARG_SRC, dnnl::memory(prim->a, engine, const_cast<void*>(a))},
         {DNNL_ARG_WEIGHTS, dnnl::memory(prim->b, engine, const_cast<void*>(b))},
         {DNNL_ARG_DST, dnnl::memory(prim->c, engine, c)}};
     if (prim->scratchpad_bytes > 0) {
-      const size_t bytes = (prim->scratchpad_bytes + 63) / 64 * 64;
-      scratchpad.reset(std::aligned_alloc(64, bytes));
+      scratchpad = scratch(prim->scratchpad_bytes);
       DPE_CHECK(scratchpad != nullptr, "gemm_cpu: out of memory allocating the ", prim->scratchpad_bytes,
                 "-byte oneDNN matmul scratchpad for m ", g.m, ", n ", g.n, ", k ", g.k);
       args.emplace(DNNL_ARG_SCRATCHPAD,
