@@ -265,6 +265,36 @@ TEST(PoolTest, MaxPool2x2FloatKernelMatchesTheGeneralSearch) {
   }
 }
 
+// Windows that do not overlap take max_pool2d_backward_cpu's scatter instead of its gather: dx must be dy at
+// the winners and zeros elsewhere (rows and columns no window covers included), with ties and NaN winners,
+// float32 and float64.
+TEST(PoolTest, MaxPoolBackwardOfTilingWindowsScattersDyToTheWinners) {
+  std::mt19937 gen(9);
+  std::uniform_int_distribution<int> small(-2, 2);  // ties
+  struct Case {
+    int64_t h, w, kh, kw;
+  };
+  for (const Case& c : {Case{4, 4, 2, 2}, Case{7, 9, 2, 2}, Case{6, 7, 3, 2}, Case{5, 8, 2, 3}, Case{3, 3, 3, 3},
+                        Case{9, 5, 1, 2}}) {
+    for (DType dtype : {DType::Float32, DType::Float64}) {
+      SCOPED_TRACE(detail::str_cat("input ", c.h, "x", c.w, " kernel ", c.kh, "x", c.kw, " ", dtype));
+      std::vector<double> values(static_cast<size_t>(2 * 3 * c.h * c.w));
+      for (double& v : values) v = small(gen);
+      values[5] = std::numeric_limits<double>::quiet_NaN();
+      Tensor x = f64(values, {2, 3, c.h, c.w}).to(dtype).set_requires_grad(true);
+      ValuesIndices r = max_pool2d_with_indices(x, {c.kh, c.kw}, {c.kh, c.kw});
+      Tensor dy = randn(r.values.shape(), dtype);
+      r.values.backward(dy);
+      const int64_t plane = c.h * c.w, out_plane = r.values.size(2) * r.values.size(3);
+      std::vector<double> want(values.size(), 0.0);
+      const std::vector<int64_t> idx = r.indices.to_vector<int64_t>();
+      const std::vector<double> g = dy.to(DType::Float64).to_vector<double>();
+      for (size_t o = 0; o < idx.size(); ++o) want[static_cast<size_t>(o / out_plane * plane + idx[o])] = g[o];
+      EXPECT_EQ(x.grad().to(DType::Float64).to_vector<double>(), want);
+    }
+  }
+}
+
 TEST(PoolTest, AvgPoolCountsPadding) {
   // 2x2 ones, kernel 2, stride 1, padding 1: corners see one element of four, edges two, the centre four.
   Tensor x = ones({1, 1, 2, 2}, DType::Float64);
