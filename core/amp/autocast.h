@@ -14,6 +14,9 @@
 //    the product itself is exact float32 accumulation of the 16-bit operands, and nothing is rounded twice.
 //    The speed comes from the products (2x on CPUs with avx512_core_bf16); memory for activations is not
 //    halved.
+//  - A CPU convolution's bias gradient is the float32 sum of the bfloat16 dy its products read (PyTorch's
+//    bfloat16 convolution sums that dy too, then rounds the sum to bfloat16); a Linear's stays the float32 sum
+//    of the float32 gradient.
 //  - The backward of a product made under autocast runs in the same lower precision whether or not autocast
 //    is on when backward() runs (the 16-bit operands are what the node saved), so `loss.backward()` outside
 //    the guard, as PyTorch users write it, is as fast as inside. Gradients reaching float32 tensors (the

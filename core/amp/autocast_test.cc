@@ -91,12 +91,34 @@ TEST(Autocast, LinearAndConv2dUseRoundedOperandsAndFloat32Bias) {
   expect_close(z, conv2d(rounded(img), rounded(kernel), kbias.detach(), {1, 1}, {1, 1}), 1e-5, "conv2d");
   Tensor dz = randn(z.shape());
   (sum(y) + sum(z * dz)).backward();
-  // conv2d's input gradient on rounded dz and weight; the bias gradients are float32 sums of the gradient.
+  // conv2d's input gradient on rounded dz and weight. The bias gradients are float32 sums: linear's of the
+  // float32 gradient, conv2d's of the rounded one its products read (as PyTorch's bfloat16 convolution sums it).
   Tensor img_ref = rounded(img).set_requires_grad(true);
   conv2d(img_ref, rounded(kernel), Tensor(), {1, 1}, {1, 1}).backward(rounded(dz));
   expect_close(img.grad(), img_ref.grad(), 1e-5, "conv2d dx");
-  expect_close(kbias.grad(), sum(dz, std::vector<int64_t>{0, 2, 3}), 1e-6, "conv2d dbias");
+  expect_close(kbias.grad(), sum(rounded(dz), std::vector<int64_t>{0, 2, 3}), 1e-6, "conv2d dbias");
   expect_close(bias.grad(), full({12}, 8.0), 0, "linear dbias");
+}
+
+// The conv2d bias gradient under CPU autocast is the same sum whether the weight trains (the backward-weights
+// pass makes it) or is frozen (a sum of its own).
+TEST(Autocast, Conv2dBiasGradientIsTheSameWithAFrozenWeight) {
+  SKIP_WITHOUT_BF16();
+  Tensor img = randn({2, 3, 9, 9});
+  Tensor dz = randn({2, 5, 9, 9});
+  std::vector<Tensor> grads;
+  for (bool train_weight : {true, false}) {
+    Tensor kernel = randn({5, 3, 3, 3}).set_requires_grad(train_weight), kbias = randn({5}).set_requires_grad(true);
+    Tensor z;
+    {
+      AutocastGuard autocast(DeviceKind::CPU, DType::BFloat16);
+      z = conv2d(img, kernel, kbias, {1, 1}, {1, 1});
+    }
+    z.backward(dz);
+    grads.push_back(kbias.grad());
+  }
+  expect_close(grads[1], grads[0], 1e-6, "bias gradient, weight frozen against trained");
+  expect_close(grads[0], sum(rounded(dz), std::vector<int64_t>{0, 2, 3}), 1e-6, "bias gradient");
 }
 
 TEST(Autocast, Float64OperandsAreLeftAlone) {

@@ -39,6 +39,9 @@ struct Conv2dShape {
   int64_t pad_h = 0, pad_w = 0;
   int64_t dil_h = 1, dil_w = 1;
   int64_t groups = 1;
+  // CPU, bfloat16 operands only: x and dy arrive in float32 and are rounded to bfloat16 (round to nearest even)
+  // by the relayout into oneDNN's layout, one pass where a cast and a reorder were two; w is bfloat16 as usual.
+  bool f32_activations = false;
 
   int64_t h_out() const { return (h + 2 * pad_h - dil_h * (kh - 1) - 1) / stride_h + 1; }
   int64_t w_out() const { return (w + 2 * pad_w - dil_w * (kw - 1) - 1) / stride_w + 1; }
@@ -63,6 +66,8 @@ inline void check_conv2d_shape(const char* what, const Conv2dShape& s) {
   DPE_CHECK(s.stride_h > 0 && s.stride_w > 0 && s.dil_h > 0 && s.dil_w > 0 && s.pad_h >= 0 && s.pad_w >= 0, what,
             ": stride (", s.stride_h, ", ", s.stride_w, ") and dilation (", s.dil_h, ", ", s.dil_w,
             ") must be positive, padding (", s.pad_h, ", ", s.pad_w, ") non-negative");
+  DPE_CHECK(!s.f32_activations || s.dtype == DType::BFloat16, what, ": float32 activations go with bfloat16 operands "
+            "only, got dtype ", s.dtype);
   DPE_CHECK(s.groups > 0 && s.c_in % s.groups == 0 && s.c_out % s.groups == 0, what, ": groups ", s.groups,
             " must divide C_in ", s.c_in, " and C_out ", s.c_out);
   DPE_CHECK(s.h + 2 * s.pad_h >= s.dil_h * (s.kh - 1) + 1 && s.w + 2 * s.pad_w >= s.dil_w * (s.kw - 1) + 1, what,
@@ -78,8 +83,9 @@ void conv2d_backward_data_cpu(const Conv2dShape& s, const void* dy, const void* 
 // dw = conv2d's weight gradient.  x: (N, C_in, H, W)  dy: (N, C_out, H_out, W_out)  dw: (C_out, C_in/g, kH, kW)
 void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void* dy, void* dw);
 // Both gradients in one call (dx or dw null: not wanted), as the two above; dy is reordered into oneDNN's
-// layout once when both passes chose the same one. db (C_out), float32 convolutions with dw only, else null:
-// the bias gradient sum(dy over N, H_out, W_out), made by the backward-weights pass from the dy it reads.
+// layout once when both passes chose the same one. db (C_out), with dw only, for float32 convolutions and
+// bfloat16 ones on float32 activations, else null: the bias gradient sum(dy over N, H_out, W_out), made in
+// float32 by the backward-weights pass from the dy it reads (for bfloat16, dy rounded to bfloat16).
 void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, const void* dy, void* dx, void* dw,
                          void* db);
 

@@ -47,14 +47,15 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------
 // float32: oneDNN.
 
-// BackwardWeightsBias: backward weights that also sums dy into the bias gradient (float32 only).
+// BackwardWeightsBias: backward weights that also sums dy into the bias gradient (float32, or bfloat16 on
+// float32 activations).
 enum class Pass : int { Forward, ForwardNoBias, BackwardData, BackwardWeights, BackwardWeightsBias };
 
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int64_t, int64_t, int64_t>;
 
 Key key_of(Pass pass, const Conv2dShape& s) {
-  return {static_cast<int>(pass) * 16 + static_cast<int>(s.dtype),
+  return {(static_cast<int>(pass) * 16 + static_cast<int>(s.dtype)) * 2 + (s.f32_activations ? 1 : 0),
           s.n,
           s.c_in,
           s.h,
@@ -91,13 +92,15 @@ struct Descs {
 // Types: float32 throughout, or (bfloat16 operands, conv.h) the pass's inputs in bfloat16 and its output and
 // the bias in float32: forward x, w -> y; backward data dy, w -> dx; backward weights x, dy -> dw. `hint`
 // (the forward descriptor the backward passes are created against) has every tensor in the operand type.
+// With f32_activations the plain x and dy are float32 (conv.h): the relayout converts them.
 Descs descs_of(const Conv2dShape& s, Pass pass, bool any, bool hint = false) {
   const dt operands = s.dtype == DType::BFloat16 ? dt::bf16 : dt::f32;
+  const dt activations = !any && !hint && s.f32_activations ? dt::f32 : operands;
   const bool forward = pass == Pass::Forward || pass == Pass::ForwardNoBias;
-  const dt src = hint || pass != Pass::BackwardData ? operands : dt::f32;
+  const dt src = hint ? operands : pass != Pass::BackwardData ? activations : dt::f32;
   const bool weights_pass = pass == Pass::BackwardWeights || pass == Pass::BackwardWeightsBias;
   const dt weights = hint || !weights_pass ? operands : dt::f32;
-  const dt dst = hint || !forward ? operands : dt::f32;
+  const dt dst = hint ? operands : !forward ? activations : dt::f32;
   auto layout = [any](tag plain) { return any ? tag::any : plain; };
   Descs d;
   d.src = dnnl::memory::desc({s.n, s.c_in, s.h, s.w}, src, layout(tag::nchw));
@@ -493,16 +496,17 @@ void conv2d_backward_weight_cpu(const Conv2dShape& s, const void* x, const void*
 
 // Note [The bias gradient in backward weights]
 // A convolution's bias gradient is dy summed over N, H_out and W_out: a pass over dy of its own (sum()) unless
-// the backward-weights primitive, which reads dy anyway, makes it (oneDNN's diff_bias). float32 only: under
-// autocast that primitive reads the bfloat16 cast of dy, and the sum stays on the float32 dy (nothing rounded
-// twice, docs/MIXED_PRECISION.md). oneDNN sums in its own order, so the last bits differ from sum()'s; the
-// result does not depend on the thread count at one thread per device (docs/BENCHMARKS.md has the gain).
+// the backward-weights primitive, which reads dy anyway, makes it (oneDNN's diff_bias, float32). For float32
+// convolutions, and for bfloat16 ones given float32 activations (CPU autocast): that primitive sums the
+// bfloat16 dy it reads, in float32, as PyTorch's autocast sums its bfloat16 convolution's dy (it then rounds
+// the sum to bfloat16 too; dpe keeps it float32). oneDNN sums in its own order, so the last bits differ from
+// sum()'s; the result does not depend on the thread count at one thread per device (docs/BENCHMARKS.md).
 void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, const void* dy, void* dx, void* dw,
                          void* db) {
   check_cpu_conv("conv2d_backward_cpu", s);
-  DPE_CHECK(db == nullptr || (dw != nullptr && s.dtype == DType::Float32), "conv2d_backward_cpu: the bias gradient "
-            "comes with the weight gradient of a float32 convolution only, got dtype ", s.dtype,
-            dw == nullptr ? " and no weight gradient" : "");
+  DPE_CHECK(db == nullptr || (dw != nullptr && (s.dtype == DType::Float32 || s.f32_activations)),
+            "conv2d_backward_cpu: the bias gradient comes with the weight gradient of a float32 convolution, or a "
+            "bfloat16 one on float32 activations, only; got dtype ", s.dtype, dw == nullptr ? " and no weight gradient" : "");
   if (s.n == 0) {
     // No samples: dx is empty and dw zero (oneDNN is not asked about an empty batch).
     const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);

@@ -259,6 +259,7 @@ void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, 
                          const void* b, void* y) {
   const char* what = "conv2d_forward_cuda";
   check_conv2d_shape(what, s);
+  DPE_CHECK(!s.f32_activations, what, ": float32 activations with 16-bit operands are CPU-only (cast them)");
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
@@ -282,6 +283,7 @@ void conv2d_backward_data_cuda(cudaStream_t stream, int device, const Conv2dShap
                                void* dx) {
   const char* what = "conv2d_backward_data_cuda";
   check_conv2d_shape(what, s);
+  DPE_CHECK(!s.f32_activations, what, ": float32 activations with 16-bit operands are CPU-only (cast them)");
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
@@ -303,6 +305,7 @@ void conv2d_backward_weight_cuda(cudaStream_t stream, int device, const Conv2dSh
                                  const void* dy, void* dw) {
   const char* what = "conv2d_backward_weight_cuda";
   check_conv2d_shape(what, s);
+  DPE_CHECK(!s.f32_activations, what, ": float32 activations with 16-bit operands are CPU-only (cast them)");
   const int64_t count = s.c_out * (s.c_in / s.groups) * s.kh * s.kw;
   if (s.n == 0) {
     DPE_CUDA_CHECK(

@@ -1,5 +1,7 @@
 // conv2d: input checks, dispatch to the conv kernels (core/kernels/conv.h), and backward. Under autocast
-// (core/amp/autocast.h) the kernels read 16-bit casts of x, the weight and dy, and write float32.
+// (core/amp/autocast.h) the kernels read 16-bit casts of x, the weight and dy, and write float32. On CPU x and
+// dy go in as float32 and the kernel rounds them while it reorders them for oneDNN (Conv2dShape's
+// f32_activations): the same bfloat16 values, one pass over each instead of two.
 #include "core/ops/conv.h"
 
 #include <utility>
@@ -48,8 +50,9 @@ struct ConvGrads {
 
 // dy: (N, C_out, H_out, W_out)  x: (N, C_in, H, W)  weight: (C_out, C_in/g, kH, kW)
 //   -> dx: (N, C_in, H, W) if grad_x, dw: (C_out, C_in/g, kH, kW) if grad_w, db: (C_out) if grad_b; x is read only
-//   for dw, weight only for dx. On CPU one call makes dx and dw (dy reordered once for oneDNN), and for float32
-//   db too (Note [The bias gradient in backward weights]); elsewhere db = sum(dy_f32 over N, H_out, W_out).
+//   for dw, weight only for dx. On CPU one call makes dx and dw (dy reordered once for oneDNN), and db too, from
+//   the dy the products read (Note [The bias gradient in backward weights]); otherwise db = sum(dy over N,
+//   H_out, W_out), of dy_f32 on CUDA and of dy rounded to bfloat16 under CPU autocast.
 // dy_f32: the float32 gradient (db is summed from it); dy: what the products read (its 16-bit cast under
 // autocast).
 ConvGrads conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy_f32, const Tensor& dy, const Tensor& x,
@@ -58,7 +61,8 @@ ConvGrads conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy_f32, c
   ConvGrads g;
   g.dx = grad_x ? Tensor::empty({s.n, s.c_in, s.h, s.w}, out) : Tensor();
   g.dw = grad_w ? Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, out) : Tensor();
-  const bool fused_db = grad_b && grad_w && dy.device().is_cpu() && s.dtype == DType::Float32;
+  const bool fused_db =
+      grad_b && grad_w && dy.device().is_cpu() && (s.dtype == DType::Float32 || s.f32_activations);
   if (fused_db) g.db = Tensor::empty({s.c_out}, out);
   dispatch(
       dy.device(),
@@ -75,7 +79,11 @@ ConvGrads conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy_f32, c
           kernels::conv2d_backward_weight_cuda(stream, device, s, x.data_ptr(), dy.data_ptr(), g.dw.data_ptr());
         }
       });
-  if (grad_b && !fused_db) g.db = sum(dy_f32, std::vector<int64_t>{0, 2, 3});
+  if (grad_b && !fused_db) {
+    // A frozen weight under CPU autocast: the same sum of the rounded dy as the fused pass makes.
+    const Tensor summed = s.f32_activations ? dy_f32.to(s.dtype).to(DType::Float32) : dy_f32;
+    g.db = sum(summed, std::vector<int64_t>{0, 2, 3});
+  }
   return g;
 }
 
@@ -122,7 +130,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
   Tensor xc = x.detach().contiguous(), wc = weight.detach().contiguous();
   if (lowp) {
     s.dtype = *lowp;
-    xc = amp::cast_operand(xc, *lowp);
+    s.f32_activations = x.device().is_cpu();
+    if (!s.f32_activations) xc = amp::cast_operand(xc, *lowp);
     wc = amp::cast_operand(weight, *lowp);  // a parameter: from the cast cache
   }
   Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
@@ -141,7 +150,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
   autograd::record(y, {x, weight, bias}, "Conv2dBackward",
                    [s, saved_x, saved_w, grad_x, grad_w, grad_b, lowp](const Tensor& g) -> std::vector<Tensor> {
                      Tensor dy = g.contiguous();
-                     Tensor dy_op = lowp ? amp::cast_operand(dy, *lowp) : dy;
+                     Tensor dy_op = lowp && !s.f32_activations ? amp::cast_operand(dy, *lowp) : dy;
                      ConvGrads grads = conv2d_backward(s, dy, dy_op, saved_x, saved_w, grad_x, grad_w, grad_b);
                      return {grads.dx, grads.dw, grads.db};
                    });

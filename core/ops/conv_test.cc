@@ -12,6 +12,7 @@
 
 #include "core/amp/autocast.h"
 #include "core/error.h"
+#include "core/kernels/conv.h"
 #include "core/ops.h"
 #include "core/ops/conv.h"
 #include "core/ops/pool.h"
@@ -399,6 +400,43 @@ TEST(ConvCudaTest, Conv2dMatchesCpu) {
           in, dtype == DType::Float32 ? 1e-4 : 1e-12);
     }
   }
+}
+
+// CPU autocast hands the kernels float32 x and dy (Conv2dShape::f32_activations), rounded to bfloat16 while
+// they are reordered for oneDNN: every pass must give the bits it gives on the bfloat16 casts themselves, and
+// the backward-weights pass makes the bias gradient from the rounded dy.
+TEST(Conv2dTest, Bfloat16PassesOnFloat32ActivationsEqualThoseOnTheirCasts) {
+  if (!amp::cpu_supports_bf16()) GTEST_SKIP() << "this CPU has no bfloat16 instructions (autocast stays float32)";
+  for (const ConvConfig& c : kConfigs) {
+    SCOPED_TRACE(describe(c));
+    kernels::Conv2dShape s{DType::BFloat16, c.n, c.c_in, c.h, c.w, c.c_out, c.kh, c.kw, c.stride[0], c.stride[1],
+                           c.padding[0], c.padding[1], c.dilation[0], c.dilation[1], c.groups};
+    kernels::Conv2dShape f32_in = s;
+    f32_in.f32_activations = true;
+    const Tensor x = randn({c.n, c.c_in, c.h, c.w}), w = randn({c.c_out, c.c_in / c.groups, c.kh, c.kw}).to(DType::BFloat16);
+    const Tensor dy = randn({c.n, c.c_out, s.h_out(), s.w_out()});
+    const Tensor xb = x.to(DType::BFloat16), dyb = dy.to(DType::BFloat16);
+    auto outputs = [&] {
+      return std::array<Tensor, 3>{zeros({c.n, c.c_out, s.h_out(), s.w_out()}), zeros({c.n, c.c_in, c.h, c.w}),
+                                   zeros({c.c_out, c.c_in / c.groups, c.kh, c.kw})};
+    };
+    std::array<Tensor, 3> cast = outputs(), direct = outputs();
+    kernels::conv2d_forward_cpu(s, xb.data_ptr(), w.data_ptr(), nullptr, cast[0].data_ptr());
+    kernels::conv2d_forward_cpu(f32_in, x.data_ptr(), w.data_ptr(), nullptr, direct[0].data_ptr());
+    kernels::conv2d_backward_cpu(s, xb.data_ptr(), w.data_ptr(), dyb.data_ptr(), cast[1].data_ptr(),
+                                 cast[2].data_ptr(), nullptr);
+    Tensor db = zeros({c.c_out});
+    kernels::conv2d_backward_cpu(f32_in, x.data_ptr(), w.data_ptr(), dy.data_ptr(), direct[1].data_ptr(),
+                                 direct[2].data_ptr(), db.data_ptr());
+    for (int k = 0; k < 3; ++k) EXPECT_TRUE(equal(direct[k], cast[k])) << "output " << k << " (y, dx, dw)";
+    // The bias gradient comes with them: the bfloat16 dy summed in float32 (a few float32 roundings).
+    const Tensor want_db = sum(dyb.to(DType::Float64), std::vector<int64_t>{0, 2, 3});
+    EXPECT_LT(max_abs_diff(db.to(DType::Float64), want_db), 1e-5);
+  }
+  kernels::Conv2dShape f64 = {DType::Float64, 1, 1, 3, 3, 1, 1, 1};
+  f64.f32_activations = true;
+  expect_error([&] { kernels::check_conv2d_shape("conv", f64); },
+               "conv: float32 activations go with bfloat16 operands only, got dtype float64");
 }
 
 // Autocast on CUDA (Note [16-bit convolutions], core/kernels/conv_cuda.cu): each pass multiplies 16-bit
