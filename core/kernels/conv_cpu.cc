@@ -23,7 +23,6 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>

@@ -12,7 +12,6 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
