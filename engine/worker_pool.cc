@@ -276,10 +276,10 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices, int cpu_threads,
             straggler_timeout.count(), " ms");
   impl_->straggler_timeout = straggler_timeout;
   impl_->devices = std::move(devices);
-  impl_->spin = spin_budget(static_cast<int>(impl_->devices.size()), usable_cores());
   int cpu_devices = static_cast<int>(
       std::count_if(impl_->devices.begin(), impl_->devices.end(), [](const Device& d) { return d.is_cpu(); }));
   const int cores = usable_cores();
+  impl_->spin = spin_budget(static_cast<int>(impl_->devices.size()), cores);
   impl_->cpu_threads = cpu_threads > 0 ? cpu_threads : std::max(1, cpu_devices > 0 ? cores / cpu_devices : 1);
   std::vector<std::vector<int>> pinned;
   if (const char* env = std::getenv("DPE_CPU_DEVICE_CORES"); env != nullptr && *env != '\0') {

@@ -14,9 +14,9 @@
 // every field of Conv2dShape plus the pass, behind a mutex; a training loop hits the same few shapes every
 // step. Primitives are immutable and their scratchpad is user-provided (scratchpad_mode::user, taken per call
 // from the calling thread's scratch cache, core/kernels/scratch.h), so one primitive may execute on several
-// threads at once (one per CPU device worker). Each
-// call makes its own dnnl::stream. oneDNN parallelises with OpenMP using the calling thread's
-// omp_get_max_threads() (each device worker sets its share, see docs/DESIGN.md, "Threads, streams, errors").
+// threads at once (one per CPU device worker). Each call makes its own dnnl::stream. oneDNN parallelises with
+// OpenMP using the calling thread's omp_get_max_threads() (each device worker sets its share, see
+// docs/DESIGN.md, "Threads, streams, errors").
 //
 // Contract: outputs are overwritten, as conv.h says. Results do not depend on the number of threads for
 // float64 (GEMMs in a fixed order); oneDNN's float32 kernels are deterministic for a fixed thread count.
@@ -505,7 +505,8 @@ void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, con
   check_cpu_conv("conv2d_backward_cpu", s);
   DPE_CHECK(db == nullptr || (dw != nullptr && (s.dtype == DType::Float32 || s.f32_activations)),
             "conv2d_backward_cpu: the bias gradient comes with the weight gradient of a float32 convolution, or a "
-            "bfloat16 one on float32 activations, only; got dtype ", s.dtype, dw == nullptr ? " and no weight gradient" : "");
+            "bfloat16 one on float32 activations, only; got dtype ", s.dtype,
+            dw == nullptr ? " and no weight gradient" : "");
   if (s.n == 0) {
     // No samples: dx is empty and dw zero (oneDNN is not asked about an empty batch).
     const size_t count = static_cast<size_t>(s.c_out * (s.c_in / s.groups) * s.kh * s.kw);

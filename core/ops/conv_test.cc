@@ -413,7 +413,8 @@ TEST(Conv2dTest, Bfloat16PassesOnFloat32ActivationsEqualThoseOnTheirCasts) {
                            c.padding[0], c.padding[1], c.dilation[0], c.dilation[1], c.groups};
     kernels::Conv2dShape f32_in = s;
     f32_in.f32_activations = true;
-    const Tensor x = randn({c.n, c.c_in, c.h, c.w}), w = randn({c.c_out, c.c_in / c.groups, c.kh, c.kw}).to(DType::BFloat16);
+    const Tensor x = randn({c.n, c.c_in, c.h, c.w});
+    const Tensor w = randn({c.c_out, c.c_in / c.groups, c.kh, c.kw}).to(DType::BFloat16);
     const Tensor dy = randn({c.n, c.c_out, s.h_out(), s.w_out()});
     const Tensor xb = x.to(DType::BFloat16), dyb = dy.to(DType::BFloat16);
     auto outputs = [&] {

@@ -422,8 +422,8 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
 
 // Everything that can be refused before loading data or running anything.
 std::vector<Device> check_before_work(const BenchArgs& args) {
-  std::vector<Device> devices =
-      args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices, args.cpu_devices_given);
+  std::vector<Device> devices = args.device_ids ? parse_device_option("--device-ids", *args.device_ids)
+                                                : default_devices(args.cpu_devices, args.cpu_devices_given);
   check_device_ids("--device-ids", devices);
   models::check_model_name(args.model);
   if (args.dist != "none") {

@@ -48,8 +48,8 @@ struct TrainArgs {
 // Everything that can be refused without loading data or building the engine, in the order a user would
 // fix it: devices, the mode's constraints, output paths, the checkpoint to resume.
 void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
-  args.engine.devices =
-      args.device_ids ? parse_device_option("--device-ids", *args.device_ids) : default_devices(args.cpu_devices, args.cpu_devices_given);
+  args.engine.devices = args.device_ids ? parse_device_option("--device-ids", *args.device_ids)
+                                        : default_devices(args.cpu_devices, args.cpu_devices_given);
   check_device_ids("--device-ids", args.engine.devices);
   if (args.output_device) {
     DPE_CHECK(args.engine.mode == "dp", "--output-device ", *args.output_device, " is used only in dp mode (--mode ",
