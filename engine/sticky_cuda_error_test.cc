@@ -59,7 +59,9 @@ TEST(StickyCudaErrorTest, AnIllegalAddressInOneReplica) {
   if (gpus == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
   if (gpus == 1) set_cuda_logical_devices({0, 0});
   manual_seed(5);
-  DataParallel dp(std::make_shared<FaultsOnCuda1>(),
+  auto model = std::make_shared<FaultsOnCuda1>();
+  model->to(Device::cuda(0));
+  DataParallel dp(model,
                   {.device_ids = std::vector<Device>{Device::cuda(0), Device::cuda(1)}, .mode = ParallelMode::DDP,
                    .timeout = std::chrono::seconds(30), .on_device_failure = DeviceFailurePolicy::DropDevice});
   dp.set_optimizer([](const std::vector<Tensor>& p) {

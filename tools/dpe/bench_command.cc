@@ -314,6 +314,11 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
                   r.samples_per_s, "", r.step_ms);
     }
   }
+  // The CPU's FMA peak and GEMM choices describe CPU devices: a table of CUDA devices ends with its rows.
+  const bool on_cpu = std::ranges::all_of(rows, [](const Row& r) {
+    return std::ranges::all_of(r.peak, [](const auto& entry) { return entry.first.is_cpu(); });
+  });
+  if (!on_cpu) return;
   const double flops = models::train_flops_per_sample(args.model);
   const PeakFlops peak = machine_peak();
   std::printf("# FMA-peak limit: %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,

@@ -27,8 +27,14 @@ PY
 grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe: [0-9.]+ GFLOP/s per core x [0-9]+ cores' \
   <<<"$out" || { echo "FAILED: no measured FMA-peak limit line"; fail=1; }
 # Which library ran each float32 GEMM shape, measured under DPE_CPU_SGEMM=auto (core/kernels/sgemm_choice.h).
-grep -qE '^#   m 64 n 512 k 784 B\^T, 1 thread: (onednn-sgemm|onednn-matmul|openblas) \(onednn-sgemm [0-9]+, ' <<<"$out" ||
+grep -qE '^#   m 64 n 512 k 784 B\^T, [0-9]+ threads?: (onednn-sgemm|onednn-matmul|openblas) \(onednn-sgemm [0-9]+, ' <<<"$out" ||
   { echo "FAILED: no float32 GEMM choice for the MLP's first layer"; fail=1; }
+# On a CUDA device the table ends with its rows: the CPU's FMA peak and GEMM choices say nothing about a GPU.
+if "$bin" devices 2>/dev/null | grep -qE '^ +cuda:0 '; then
+  out=$("$bin" bench --model mlp --device-ids cuda:0 --batch-size 64 --steps 2 --warmup 1 --modes single 2>&1) ||
+    { echo "FAILED: $out"; fail=1; }
+  if grep -qE '^# (FMA-peak|float32 GEMM)' <<<"$out"; then echo "FAILED: CPU lines in a cuda:0 table: $out"; fail=1; fi
+fi
 # --split auto: the weights it settled on and each device's time per sample, in the table's notes and the JSON.
 out=$("$bin" bench --model mlp --cpu-devices 2 --batch-size 64 --steps 6 --warmup 3 --modes ddp --split auto --json "$tmp/split.json" 2>&1) ||
   { echo "FAILED: --split auto: $out"; fail=1; }

@@ -8,15 +8,23 @@ set -uo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 export DPE_NUM_CPU_DEVICES=2
+source "$(dirname "$0")/test_lib.sh"  # run, expect, first_cpus
 # CI runs as root, which mpirun refuses unless told.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# A core per process where there are two, as one process gives a core to each of its two devices (so that the
-# kernels split their work alike and the results agree bit for bit).
-if (( $(nproc) >= 2 )); then bind=(--bind-to core); else bind=(--oversubscribe --bind-to none); fi
+# A hardware thread per process where there are two, and the one-process runs on two of them, one for each of
+# its two devices: the kernels then split their work alike (a thread each) and the results agree bit for bit.
+# Without the taskset, one process on the 16-core GPU machine gave each device 8 threads, which sum in another
+# order (its checkpoints differed from the two processes').
+if (( $(nproc) >= 2 )); then
+  bind=(--bind-to hwthread)
+  one=(taskset -c "$(first_cpus 2)")
+else
+  bind=(--oversubscribe --bind-to none)
+  one=()
+fi
 mpi=(timeout 120 mpirun -np 2 "${bind[@]}" "$bin" train --dist mpi)
 common=(--model mlp --mode ddp --limit 1000 --seed 3 --lr 0.05)
 fail=0
-source "$(dirname "$0")/test_lib.sh"  # run, expect
 # same_report A B: the two --json reports agree on the losses and accuracies of every epoch
 same_report() {
   python3 - "$1" "$2" <<'PY' || fail=1
@@ -35,14 +43,14 @@ headers=$(grep -c '^dpe train: mlp, mode ddp on cpu:0 in each of 2 processes' <<
 finals=$(grep -c '^final test accuracy' <<<"$out")
 [[ $headers -eq 1 && $finals -eq 1 ]] || { echo "FAILED: $headers headers and $finals final lines (want 1 each)"; fail=1; }
 python3 -c "import json, sys; sys.exit(json.load(open('$tmp/mpi.json'))['processes'] != 2)" || { echo "FAILED: processes"; fail=1; }
-run "1 process" "$bin" train "${common[@]}" --batch-size 64 --device-ids cpu:0,cpu:1 --epochs 2 --json "$tmp/one.json"
+run "1 process" "${one[@]}" "$bin" train "${common[@]}" --batch-size 64 --device-ids cpu:0,cpu:1 --epochs 2 --json "$tmp/one.json"
 same_report "$tmp/mpi.json" "$tmp/one.json"
 
 # DP mode across processes: a master per process, the masters' gradients averaged; the same report as one
 # process's DP over both devices.
 run "dp, 2 processes" "${mpi[@]}" "${common[@]/ddp/dp}" --batch-size 64 --device-ids cpu:0 --epochs 2 --json "$tmp/dp2.json"
 grep -q '^dpe train: mlp, mode dp on cpu:0 in each of 2 processes' <<<"$out" || { echo "FAILED: dp header: $out"; fail=1; }
-run "dp, 1 process" "$bin" train "${common[@]/ddp/dp}" --batch-size 64 --device-ids cpu:0,cpu:1 --epochs 2 --json "$tmp/dp1.json"
+run "dp, 1 process" "${one[@]}" "$bin" train "${common[@]/ddp/dp}" --batch-size 64 --device-ids cpu:0,cpu:1 --epochs 2 --json "$tmp/dp1.json"
 same_report "$tmp/dp2.json" "$tmp/dp1.json"
 
 # Process 0 writes the checkpoints; both processes resume from one. Exact: 1 epoch + a resumed 2nd gives the
@@ -54,14 +62,14 @@ run "1 epoch" "${mpi[@]}" "${exact[@]}" --device-ids cpu:0 --epochs 1 --checkpoi
 run "resumed" "${mpi[@]}" "${exact[@]}" --device-ids cpu:0 --epochs 2 --checkpoint "$tmp/c.ck" --resume "$tmp/b.ck"
 grep -q "resumed after epoch 1" <<<"$out" || { echo "FAILED: not resumed: $out"; fail=1; }
 cmp -s "$tmp/a.ck" "$tmp/c.ck" || { echo "FAILED: the resumed checkpoint differs from the uninterrupted one"; fail=1; }
-run "1 process, 2 epochs" "$bin" train "${exact[@]}" --device-ids cpu:0,cpu:1 --epochs 2 --checkpoint "$tmp/one.ck"
+run "1 process, 2 epochs" "${one[@]}" "$bin" train "${exact[@]}" --device-ids cpu:0,cpu:1 --epochs 2 --checkpoint "$tmp/one.ck"
 cmp -s "$tmp/a.ck" "$tmp/one.ck" || { echo "FAILED: 2 processes' checkpoint differs from 1 process's"; fail=1; }
 
 # SyncBatchNorm across processes: the CNN's statistics over every replica of both processes, byte for byte
 # those of one process with both devices.
 bn=(--model cnn --sync-bn --mode ddp --limit 256 --seed 3 --batch-size 64 --schedule constant --save-every 1 --epochs 1)
 run "sync-bn, 2 processes" "${mpi[@]}" "${bn[@]}" --device-ids cpu:0 --checkpoint "$tmp/bn2.ck"
-run "sync-bn, 1 process" "$bin" train "${bn[@]}" --device-ids cpu:0,cpu:1 --checkpoint "$tmp/bn1.ck"
+run "sync-bn, 1 process" "${one[@]}" "$bin" train "${bn[@]}" --device-ids cpu:0,cpu:1 --checkpoint "$tmp/bn1.ck"
 cmp -s "$tmp/bn2.ck" "$tmp/bn1.ck" || { echo "FAILED: SyncBatchNorm across 2 processes differs from 1 process"; fail=1; }
 
 # dpe bench --dist mpi: a dp-mpi and a ddp-mpi row for both processes' devices, printed and written by process 0

@@ -17,3 +17,8 @@ expect() {
     fail=1
   fi
 }
+
+# first_cpus N: the first N CPUs this process may run on, as a taskset list ("0,1").
+first_cpus() {
+  python3 -c 'import os, sys; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:int(sys.argv[1])])))' "$1"
+}

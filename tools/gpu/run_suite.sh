@@ -24,6 +24,8 @@
 #   --no-bench             skip step 4;  --bench-only: steps 1 and 4 alone
 #   --filter=PATTERN       a gtest filter for step 2 (default: all tests); --cuda-filter=PATTERN: the filter
 #                          that selects CUDA tests in steps 3 and 5 (default *Cuda*:*CUDA*:*Gpu*:*GPU*:*Parity*)
+#   --only=NAMES           steps 2 and 3 run only these tests.tsv entries, comma-separated (any kind: a rerun
+#                          of what failed, e.g. --only=engine.ddp_test,tools.dpe.dpe_bench_test)
 #   --budget=SECONDS       stop starting new runs after this long (default 540: a device call lasts 600 s)
 #   --timeout=SECONDS      one binary's limit (default 300; under the sanitizer 420)
 #
@@ -38,6 +40,7 @@ out_dir=""
 sanitizer=0 tests=1 bench=1
 san_tools="memcheck,racecheck"
 filter=""
+only=""
 cuda_filter='*Cuda*:*CUDA*:*Gpu*:*GPU*:*Parity*'
 budget=540 timeout_s=300 san_timeout_s=420
 for arg in "$@"; do
@@ -48,6 +51,7 @@ for arg in "$@"; do
     --no-bench) bench=0 ;;
     --bench-only) bench=1 tests=0 sanitizer=0 ;;
     --filter=*) filter="${arg#*=}" ;;
+    --only=*) only=",${arg#*=}," ;;
     --cuda-filter=*) cuda_filter="${arg#*=}" ;;
     --budget=*) budget="${arg#*=}" ;;
     --timeout=*) timeout_s="${arg#*=}" san_timeout_s="${arg#*=}" ;;
@@ -315,6 +319,7 @@ if ((tests)); then
   for line in "${suite[@]}"; do
     IFS=$'\t' read -r -a f <<<"$line"
     name="${f[0]}" kind="${f[1]}"
+    [[ -z "$only" || "$only" == *",$name,"* ]] || continue
     argv=("${f[@]:2}")
     argv[0]="$bundle/${argv[0]}"
     for i in "${!argv[@]}"; do [[ "${argv[$i]}" == bin/* ]] && argv[$i]="$bundle/${argv[$i]}"; done
@@ -338,6 +343,7 @@ if ((tests)); then
     for line in "${suite[@]}"; do
       IFS=$'\t' read -r -a f <<<"$line"
       [[ "${f[1]}" == gtest ]] || continue
+      [[ -z "$only" || "$only" == *",${f[0]},"* ]] || continue
       exe="$bundle/${f[2]}"
       has_tests "$exe" "$cuda_filter" || continue
       run_one "${f[0]}@2dev" gtest "$timeout_s" "DPE_CUDA_LOGICAL_DEVICES=0,0" -- "$exe" "--gtest_filter=$cuda_filter"
