@@ -58,8 +58,9 @@ std::string DataParallel::recover(const ReplicaError& failure, const std::vector
   const Device device = device_ids_[r];
   const bool oom = is_out_of_memory(failure.what());
   auto cannot = [&](const std::string& why) {
-    throw ReplicaError(failure.replica(), failure.device(), detail::str_cat(failure.what(), " (on_device_failure could not "
-                                                                  "recover: ", why, ")"), failure.later_failures());
+    throw ReplicaError(failure.replica(), failure.device(),
+                       detail::str_cat(failure.message(), " (on_device_failure could not recover: ", why, ")"),
+                       failure.later_failures());
   };
   const DeviceFailurePolicy policy = options_.on_device_failure;
   // Lost workers (stuck past the straggler timeout) are dropped whatever failed first.

@@ -6,6 +6,7 @@ ReplicaError::ReplicaError(int replica, Device device, const std::string& messag
     : Error(detail::str_cat("replica ", replica, " on ", device, ": ", message)),
       replica_(replica),
       device_(device),
+      message_(message),
       later_failures_(std::move(later_failures)) {}
 
 }  // namespace dpe

@@ -22,12 +22,15 @@ class ReplicaError : public Error {
   };
   ReplicaError(int replica, Device device, const std::string& message, std::vector<Failure> later_failures = {});
   int replica() const { return replica_; }
+  // The original message, without the "replica r on d: " prefix that what() adds.
+  const std::string& message() const { return message_; }
   const Device& device() const { return device_; }
   const std::vector<Failure>& later_failures() const { return later_failures_; }
 
  private:
   int replica_;
   Device device_;
+  std::string message_;
   std::vector<Failure> later_failures_;
 };
 

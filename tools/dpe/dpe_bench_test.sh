@@ -57,7 +57,8 @@ expect() {
   fi
 }
 bin=$(realpath "$bin")
-quick=(--model mlp --batch-size 32 --steps 1 --warmup 0 --modes single)
+# CPU devices also where there is a GPU: the FMA-peak and GEMM lines below describe CPU devices only.
+quick=(--model mlp --cpu-devices 1 --batch-size 32 --steps 1 --warmup 0 --modes single)
 
 # No shell anywhere: a --png path with a quote, $(...), backquotes and ';' is just a file name. gnuplot gets
 # its script on stdin and the PNG comes back on its stdout, so the path never enters gnuplot's language
