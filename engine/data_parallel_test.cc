@@ -362,11 +362,13 @@ TEST(DataParallelTest, BackwardFailureIsReportedOnceAndTheNextStepWorks) {
   EXPECT_TRUE(model->fc->weight.grad().defined());
 }
 
+// Every CUDA device this process sees: the GPU suite runs it on 2 and 4 logical devices of one GPU.
 TEST(DataParallelCudaTest, GradientsEqualTheSingleDeviceFullBatch) {
   if (cuda_device_count() < 2) {
     GTEST_SKIP() << "needs 2 CUDA devices (on one GPU: DPE_CUDA_LOGICAL_DEVICES=0,0)";
   }
-  std::vector<Device> devices = {Device::cuda(0), Device::cuda(1)};
+  std::vector<Device> devices;
+  for (int i = 0; i < cuda_device_count(); ++i) devices.push_back(Device::cuda(i));
   manual_seed(2);
   auto model = std::make_shared<Mlp>();
   model->to(Device::cuda(0));

@@ -25,6 +25,7 @@ TEST(ModelsTest, ShapesAndParameterCountsMatchThePyTorchReference) {
   EXPECT_EQ(parameter_count(*cnn), 421770);
   EXPECT_EQ(cnn->forward(images).shape(), (Shape{3, 10}));
   auto llama = make_model("tiny-llama");
+  EXPECT_EQ(parameter_count(*llama), 492928);
   Tensor tokens = Tensor::from_vector(std::vector<int64_t>(2 * kTinyLlamaSeqLen, 65), {2, kTinyLlamaSeqLen});
   EXPECT_EQ(llama->forward(tokens).shape(), (Shape{2, kTinyLlamaSeqLen, 259}));
 }

@@ -2,7 +2,8 @@
 """PyTorch side of dpe's DP-vs-DDP benchmark (`dpe bench --compare-pytorch` runs it).
 
 Trains dpe's built-in models (models/models.h: the same layers in the same order) with PyTorch on the first
---samples Fashion-MNIST training images and prints one JSON object per configuration on stdout:
+--samples Fashion-MNIST training images (tiny-llama: the first --samples records of the fortunes corpus, made
+into token rows as data/text_corpus.h does) and prints one JSON object per configuration on stdout:
 
   {"framework": "pytorch", "torch": "1.13.0a0", "config": "ddp-gloo", "model": "mlp", "batch": 256,
    "steps": 30, "step_ms": 12.3, "samples_per_s": 20813.0, "processes": 2, "threads_per_process": 1,
@@ -27,10 +28,15 @@ Configurations (--configs, comma-separated):
              DistributedSampler (rank r: samples r, r + 2, ...; an odd batch is padded from its start);
              synchronous steps, timed on rank 0 between barriers after the warm-up.
 
-Each configuration: torch.manual_seed(1), the model, cross_entropy, SGD(lr=0.01, momentum=0.9); --warmup
+Each configuration: torch.manual_seed(1), the model, cross_entropy (tiny-llama: over every position, PAD
+targets ignored), SGD(lr=0.01, momentum=0.9); --warmup
 untimed steps, then --steps timed ones (zero_grad, forward, loss, backward, step). step_ms is the mean time
 per timed step, samples_per_s = batch * steps / seconds; final_loss is the last step's loss (for ddp-gloo,
 the mean over the processes, which is the loss of the whole global batch).
+
+tiny-llama is written here with torch's fastest eager attention: F.scaled_dot_product_attention with
+is_causal=True where torch has it (2.0 and later: flash or memory-efficient kernels on a GPU), else the
+masked softmax. dpe's model, like this one, sees no padding mask in `dpe bench` (a causal mask only).
 
 Global batch s covers samples [start, start + batch) with start = s * batch % (samples - batch + 1), the
 rule `dpe bench` uses (tools/dpe/bench_command.cc), so both iterate over the same data in the same order.
@@ -59,6 +65,9 @@ import tempfile
 import time
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
+FORTUNES_PATH = "/usr/share/games/fortunes/fortunes"  # data/text_corpus.h's kFortunesPath
+BOS, EOS, PAD, VOCAB = 256, 257, 258, 259  # data/text_corpus.h
+TINY_LLAMA = dict(dim=128, num_layers=2, num_heads=4, hidden_dim=384, seq_len=64, eps=1e-6, theta=10000.0)  # models/models.cc
 MEAN, STD = 0.2860, 0.3530  # data/fashion_mnist.h
 LR, MOMENTUM, SEED = 0.01, 0.9, 1
 DDP_PROCESSES = 2
@@ -117,6 +126,50 @@ def load_fashion_mnist(data_dir, samples):
     return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(labels.astype(np.int64))
 
 
+def load_text_corpus(path, records, seq_len):
+    """(inputs (N, seq_len), targets (N, seq_len)) int64 from the first `records` records of a fortune(6)
+    file, as data/text_corpus.h makes them: records split at "%" lines, one trailing newline dropped, empty
+    ones skipped; [BOS] bytes [EOS] [PAD ...] cut or padded to seq_len + 1; targets = inputs shifted by one."""
+    import torch
+    with open(path, "rb") as f:
+        text = f.read()
+    rows, current = [], []
+
+    def add(lines):
+        record = b"".join(lines)
+        record = record[:-2] if record.endswith(b"\r\n") else record[:-1] if record.endswith(b"\n") else record
+        if record:
+            rows.append(record)
+
+    for line in text.splitlines(keepends=True):
+        if line.rstrip(b"\n") in (b"%", b"%\r"):
+            add(current)
+            current = []
+        else:
+            current.append(line)
+    add(current)
+    if not rows:
+        raise ValueError(f"{path}: no records")
+    rows = rows[:records]
+    seqs = torch.full((len(rows), seq_len + 1), PAD, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        body = list(r[:seq_len]) + [EOS]
+        seq = ([BOS] + body)[:seq_len + 1]
+        seqs[i, :len(seq)] = torch.tensor(seq, dtype=torch.int64)
+    return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
+
+
+def load_data(args):
+    """(inputs, targets) of --model: Fashion-MNIST images and labels, or tiny-llama's token rows."""
+    if args.model == "tiny-llama":
+        return load_text_corpus(args.data_dir, args.samples, TINY_LLAMA["seq_len"])
+    return load_fashion_mnist(args.data_dir, args.samples)
+
+
+def data_files(args):
+    return [args.data_dir] if args.model == "tiny-llama" else list(data_paths(args.data_dir))
+
+
 # ---------------------------------------------------------------- threads
 
 
@@ -162,8 +215,100 @@ def rank_indices(start, batch, rank, world):
 # ---------------------------------------------------------------- models
 
 
+def tiny_llama(cfg):
+    """models/models.cc's tiny-llama in torch: Meta's Llama names, RMSNorm, RoPE (HF's rotate_half), causal
+    attention, SwiGLU feed-forward, no biases."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg["eps"]) * self.weight
+
+    def rotate_half(x):
+        h = x.shape[-1] // 2
+        return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            d = cfg["dim"]
+            self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
+
+        def forward(self, x, cos, sin):
+            B, T, D = x.shape
+            H = cfg["num_heads"]
+            q, k, v = (w(x).view(B, T, H, D // H).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            if hasattr(F, "scaled_dot_product_attention"):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                scores = (q @ k.transpose(-2, -1)) / math.sqrt(D // H)
+                causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+                out = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+            return self.wo(out.transpose(1, 2).reshape(B, T, D))
+
+    class FeedForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            d, h = cfg["dim"], cfg["hidden_dim"]
+            self.w1, self.w2, self.w3 = nn.Linear(d, h, bias=False), nn.Linear(h, d, bias=False), nn.Linear(d, h, bias=False)
+
+        def forward(self, x):
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention_norm, self.attention = RMSNorm(cfg["dim"]), Attention()
+            self.ffn_norm, self.feed_forward = RMSNorm(cfg["dim"]), FeedForward()
+
+        def forward(self, h, cos, sin):
+            h = h + self.attention(self.attention_norm(h), cos, sin)
+            return h + self.feed_forward(self.ffn_norm(h))
+
+    class TinyLlama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok_embeddings = nn.Embedding(VOCAB, cfg["dim"])
+            self.layers = nn.ModuleList(Block() for _ in range(cfg["num_layers"]))
+            self.norm = RMSNorm(cfg["dim"])
+            self.output = nn.Linear(cfg["dim"], VOCAB, bias=False)
+            hd = cfg["dim"] // cfg["num_heads"]
+            inv_freq = 1.0 / (cfg["theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+            emb = torch.outer(torch.arange(cfg["seq_len"], dtype=torch.float64), inv_freq).repeat(1, 2)
+            self.register_buffer("cos", emb.cos().float(), persistent=False)
+            self.register_buffer("sin", emb.sin().float(), persistent=False)
+
+        def forward(self, tokens):
+            T = tokens.shape[1]
+            cos, sin = self.cos[:T], self.sin[:T]
+            h = self.tok_embeddings(tokens)
+            for block in self.layers:
+                h = block(h, cos, sin)
+            return self.output(self.norm(h))
+
+    return TinyLlama()
+
+
+def loss_fn(name):
+    """The model's loss: (output, targets) -> scalar."""
+    import torch.nn.functional as F
+    if name == "tiny-llama":
+        return lambda logits, targets: F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=PAD)
+    return F.cross_entropy
+
+
 def make_model(name):
     from torch import nn
+    if name == "tiny-llama":
+        return tiny_llama(TINY_LLAMA)
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                              nn.Linear(512, 10))
@@ -196,14 +341,13 @@ def timed_row(args, config, seconds, processes, threads, final_loss):
 
 def train_loop(args, model, optimizer, batch_fn, sync=None, before_timing=None):
     """Warm-up, then timed steps; returns (seconds, last loss tensor). batch_fn(step) -> (x, y)."""
-    import torch.nn.functional as F
-    loss = None
+    loss, criterion = None, loss_fn(args.model)
 
     def step(s):
         nonlocal loss
         x, y = batch_fn(s)
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        loss = criterion(model(x), y)
         loss.backward()
         optimizer.step()
 
@@ -296,7 +440,7 @@ def ddp_worker(rank, world, init_file, args, threads, queue):
     set_threads(threads)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        images, labels = load_fashion_mnist(args.data_dir, args.samples)
+        images, labels = load_data(args)
         torch.manual_seed(SEED)
         model = torch.nn.parallel.DistributedDataParallel(make_model(args.model))
         optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
@@ -355,7 +499,7 @@ def parse_config(name, threads):
 
 def main(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the output format.")
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--model", choices=["mlp", "cnn", "tiny-llama"], default="mlp")
     p.add_argument("--batch", type=int, default=256, help="global batch size (default 256)")
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
@@ -363,11 +507,14 @@ def main(argv=None):
                    help="comma-separated: single, single-Nt, cuda, dp, ddp-gloo (default single-1t,single-2t,ddp-gloo)")
     p.add_argument("--threads", type=int, default=2,
                    help="cores to use: threads of 'single'; ddp-gloo's 2 processes get threads // 2 each (default 2)")
-    p.add_argument("--samples", type=int, default=8192, help="first N training images (default 8192)")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"Fashion-MNIST directory (default {DEFAULT_DATA_DIR})")
+    p.add_argument("--samples", type=int, default=8192, help="first N training images or records (default 8192)")
+    p.add_argument("--data-dir", help=f"Fashion-MNIST directory (default {DEFAULT_DATA_DIR}), or tiny-llama's "
+                   f"text file (default {FORTUNES_PATH})")
     p.add_argument("--print-params", action="store_true",
                    help="print {\"model\": ..., \"params\": N} for --model and exit (no data needed)")
     args = p.parse_args(argv)
+    if args.data_dir is None:
+        args.data_dir = FORTUNES_PATH if args.model == "tiny-llama" else DEFAULT_DATA_DIR
 
     # Before torch loads libgomp (it reads this once): idle OpenMP threads sleep instead of spinning, which
     # otherwise take the cores from OpenBLAS's own threads (set_threads): on the 2-core VMs single-2t ran
@@ -399,16 +546,17 @@ def main(argv=None):
     if not configs:
         p.error("--configs is empty")
 
-    missing = [f for f in data_paths(args.data_dir) if not os.path.isfile(f)]
+    missing = [f for f in data_files(args) if not os.path.isfile(f)]
     if missing:
-        print(f"pytorch_reference: Fashion-MNIST data files missing: {', '.join(missing)}\n"
-              f"  install them (apt-get install dataset-fashion-mnist) or point --data-dir at a directory with "
-              f"train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz", file=sys.stderr)
+        print(f"pytorch_reference: data files missing: {', '.join(missing)}\n"
+              f"  install them (apt-get install dataset-fashion-mnist fortunes-min) or point --data-dir at a "
+              f"directory with train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz (tiny-llama: a text file)",
+              file=sys.stderr)
         return EXIT_NO_DATA
     try:
-        data = load_fashion_mnist(args.data_dir, args.samples)
+        data = load_data(args)
     except (OSError, ValueError) as e:
-        print(f"pytorch_reference: cannot read the Fashion-MNIST data: {e}", file=sys.stderr)
+        print(f"pytorch_reference: cannot read the data: {e}", file=sys.stderr)
         return EXIT_NO_DATA
     if data[0].shape[0] < args.batch:
         p.error(f"--batch {args.batch} is larger than the {data[0].shape[0]} samples loaded")

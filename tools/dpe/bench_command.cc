@@ -205,10 +205,11 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
 std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
   const std::string configs = join_commas(args.pytorch_configs);
   // An argument vector: the script path and every value reach python3 verbatim, whatever they contain.
-  const std::vector<std::string> argv = {args.pytorch_python, pytorch_script_path(args), "--model", args.model,
+  std::vector<std::string> argv = {args.pytorch_python, pytorch_script_path(args), "--model", args.model,
                                          "--batch", std::to_string(args.batch_size), "--steps",
                                          std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
                                          "--samples", std::to_string(samples), "--configs", configs};
+  if (!args.data_dir.empty()) argv.insert(argv.end(), {"--data-dir", args.data_dir});
   std::string shown;
   for (const std::string& a : argv) shown += (shown.empty() ? "" : " ") + a;
   std::fprintf(stderr, "running PyTorch: %s\n", shown.c_str());
@@ -443,8 +444,6 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
   }
   for (const std::string& precision : args.precisions) check_precision(precision, devices);
   if (args.compare_pytorch) {
-    DPE_CHECK(args.model == "mlp" || args.model == "cnn", "--compare-pytorch with --model ", args.model,
-              ": tools/bench/pytorch_reference.py has mlp and cnn only");
     for (const std::string& c : args.pytorch_configs) {
       DPE_CHECK(is_pytorch_config(c), "--pytorch-configs '", c, "': unknown configuration; expected single, "
                 "single-Nt (N >= 1 threads), cuda, dp or ddp-gloo (the ones tools/bench/pytorch_reference.py knows)");

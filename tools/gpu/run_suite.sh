@@ -13,7 +13,7 @@
 #   2. every test in tests.tsv (gtest binaries with --gtest_output=xml; sh tests and other executables, the
 #      fuzz harnesses, by exit status)
 #   3. with a GPU: the CUDA tests again with DPE_CUDA_LOGICAL_DEVICES=0,0 (two logical devices on GPU 0),
-#      which the multi-device CUDA tests need on a one-GPU machine
+#      which the multi-device CUDA tests need on a one-GPU machine, and the engine's with 0,0,0,0 (four)
 #   4. benchmarks: bin/bench/*; with a GPU also `dpe bench` (mlp, cnn, tiny-llama; single, DP, DDP) and
 #      `dpe collectives`, with JSON results in results/bench/
 #   5. with --sanitizer: the CUDA tests under compute-sanitizer (memcheck, racecheck by default)
@@ -348,6 +348,16 @@ if ((tests)); then
       has_tests "$exe" "$cuda_filter" || continue
       run_one "${f[0]}@2dev" gtest "$timeout_s" "DPE_CUDA_LOGICAL_DEVICES=0,0" -- "$exe" "--gtest_filter=$cuda_filter"
     done
+    # The engine's equivalence and lock-step tests once more on four (DP's chunks 2, 2, 2, 1 of a batch of 7).
+    say "== the engine's CUDA tests on four logical devices (DPE_CUDA_LOGICAL_DEVICES=0,0,0,0)"
+    for line in "${suite[@]}"; do
+      IFS=$'\t' read -r -a f <<<"$line"
+      [[ "${f[1]}" == gtest && "${f[0]}" == engine.* ]] || continue
+      [[ -z "$only" || "$only" == *",${f[0]},"* ]] || continue
+      exe="$bundle/${f[2]}"
+      has_tests "$exe" "$cuda_filter" || continue
+      run_one "${f[0]}@4dev" gtest "$timeout_s" "DPE_CUDA_LOGICAL_DEVICES=0,0,0,0" -- "$exe" "--gtest_filter=$cuda_filter"
+    done
   fi
 fi
 
@@ -380,8 +390,8 @@ if ((bench)); then
     mkdir -p "$results/bench"
     # First, what has never run on a GPU (issue 20, items 5 and 4). PyTorch on the same GPU, models, data and
     # batch (item 5): the machine's own torch, run by dpe bench --compare-pytorch through a wrapper that gives it
-    # the machine's library path, not the bundle's. Its rows hold dpe's own for mlp and cnn.
-    dpe_only_models=(tiny-llama)
+    # the machine's library path, not the bundle's. Its rows hold dpe's own.
+    dpe_only_models=()
     torch_py=""
     for py in /opt/torch/.venv/bin/python3 "$(command -v python3)"; do
       if [[ -x "$py" ]] && LD_LIBRARY_PATH="$orig_ld" "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' \
@@ -391,7 +401,7 @@ if ((bench)); then
     if [[ -n "$torch_py" && -f "$script" ]]; then
       printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$orig_ld" "$torch_py" >"$results/torch_python"
       chmod 755 "$results/torch_python"
-      for model in mlp cnn; do
+      for model in mlp cnn tiny-llama; do
         run_bench "dpe_vs_pytorch_$model" "" "$dpe_tool" bench --model "$model" --modes single,dp,ddp \
           --compare-pytorch --pytorch-python "$results/torch_python" --pytorch-script "$script" \
           --pytorch-configs cuda,dp --json "$results/bench/dpe_vs_pytorch_$model.json"
