@@ -1,8 +1,9 @@
 // ProcessGroup on the multi-process NCCL backend ('mpi-nccl'), run as every process of an mpirun launch
-// (mpirun_test.sh: 1 and 2 processes). Two processes on one GPU are refused, naming both ranks; then every
+// (mpirun_test.sh: 1, 2 and 3 processes). Two processes on one GPU are refused, naming both ranks; then every
 // process drives cuda:<local rank>, or, with fewer GPUs than processes, shares one under NCCL_HOSTID (NCCL's
-// own way to let two ranks use one GPU: as two hosts, over its socket transport). Each case skips, saying
-// why, where the machine cannot show it (no GPU: every case).
+// own way to let two ranks use one GPU: as two hosts, over its socket transport). Last, NcclComms::shrink
+// across processes: ncclCommShrink excluding a rank, which one GPU can show this way (in one process NCCL
+// refuses one GPU twice). Each case skips, saying why, where the machine cannot show it (no GPU: every case).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,6 +12,9 @@
 #include <vector>
 
 #include "collectives/mpi_world.h"
+#if DPE_WITH_CUDA
+#include "collectives/nccl_comms.h"
+#endif
 #include "collectives/process_group.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -42,17 +46,23 @@ TEST(MpiNcclBackend, TwoRanksOnOneGpuAreRefusedNamingBoth) {
   EXPECT_NE(e.find("NCCL refuses one GPU as two ranks"), std::string::npos) << e;
 }
 
-TEST(MpiNcclBackend, CollectivesRunGpuToGpuAcrossProcesses) {
+// This process's GPU: cuda:<local rank>, or, with fewer GPUs than processes on this host, a shared one, the
+// processes then as NCCL allows, each its own NCCL_HOSTID, their traffic through NCCL's socket transport over
+// the loopback interface.
+Device device_of_this_process() {
   const collectives::ProcessPlace& place = MpiWorld::get().place();
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  // Fewer GPUs than processes on this host: the processes share them as NCCL allows, each its own NCCL_HOSTID,
-  // their traffic through NCCL's socket transport over the loopback interface.
   const bool shared = cuda_device_count() < place.local_size;
   if (shared) {
     ::setenv("NCCL_HOSTID", ("dpe-test-host-" + std::to_string(place.rank)).c_str(), 1);
     ::setenv("NCCL_SOCKET_IFNAME", "lo", 1);
   }
-  const Device device = Device::cuda(shared ? place.local_rank % cuda_device_count() : place.local_rank);
+  return Device::cuda(shared ? place.local_rank % cuda_device_count() : place.local_rank);
+}
+
+TEST(MpiNcclBackend, CollectivesRunGpuToGpuAcrossProcesses) {
+  const collectives::ProcessPlace& place = MpiWorld::get().place();
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Device device = device_of_this_process();
   ProcessGroup group({device}, {.backend = CollectiveBackend::MpiNccl, .timeout = std::chrono::seconds(60)});
   ASSERT_EQ(group.backend(), CollectiveBackend::MpiNccl);
   const int world = group.world_size(), me = group.global_rank(0);
@@ -96,6 +106,46 @@ TEST(MpiNcclBackend, CollectivesRunGpuToGpuAcrossProcesses) {
   }
   for (int g = 0; g < world; ++g) EXPECT_TRUE(equal(list[g], values(g, count, device))) << "all_gather list " << g;
 }
+
+#if DPE_WITH_CUDA
+// Rank 1 of the clique leaves (it aborts its communicator, as a failed process would be cut off); the others
+// shrink without it, are renumbered in order, and all-reduce in the new clique.
+TEST(MpiNcclBackend, ShrinkExcludingARankLeavesAWorkingClique) {
+  const collectives::ProcessPlace& place = MpiWorld::get().place();
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (place.size < 2) GTEST_SKIP() << "one process: nobody to exclude";
+  const Device device = device_of_this_process();
+  collectives::MpiComm world(std::chrono::seconds(60));
+  NcclUniqueId id{};
+  if (place.rank == 0) id = make_nccl_unique_id();
+  world.broadcast(id.data(), static_cast<int64_t>(id.size()), 0, "the NCCL unique id");
+  NcclComms comms({device.index}, id, place.size, place.rank);
+  const int leaving = 1;
+  if (place.rank == leaving) {
+    comms.abort("left the clique");
+    const std::string e = error_of([&] {
+      comms.wait(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), [] { return std::string(); }, "wait");
+    });
+    EXPECT_NE(e.find("aborted by an earlier failure: left the clique"), std::string::npos) << e;
+  } else {
+    std::unique_ptr<NcclComms> shrunk = comms.shrink({leaving});
+    const int new_rank = place.rank < leaving ? place.rank : place.rank - 1;
+    Tensor t = full({5}, static_cast<double>(new_rank + 1), TensorOptions(DType::Float32).with_device(device));
+    shrunk->all_reduce(0, t, ReduceOp::Sum);
+    shrunk->wait(0, std::chrono::steady_clock::now() + std::chrono::seconds(60), [] { return std::string(); },
+                 "all_reduce after the shrink");
+    const int survivors = place.size - 1;
+    EXPECT_EQ(t.to_vector<float>(), std::vector<float>(5, static_cast<float>(survivors * (survivors + 1) / 2)));
+    // The parent is gone for good.
+    EXPECT_NE(error_of([&] {
+                comms.wait(0, std::chrono::steady_clock::now(), [] { return std::string(); }, "parent");
+              }).find("the group was shrunk (ncclCommShrink)"),
+              std::string::npos);
+  }
+  // Everyone reaches here before any process tears down what another may still use.
+  world.barrier("end of the shrink test");
+}
+#endif
 
 }  // namespace
 }  // namespace dpe

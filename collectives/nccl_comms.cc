@@ -49,6 +49,8 @@ NcclUniqueId make_nccl_unique_id() {
 }
 
 struct NcclComms::Impl {
+  int first_rank = 0;  // this process's members are ranks first_rank, first_rank + 1, ... of world_size
+  int world_size = 0;
   std::vector<int> logical;
   std::vector<ncclComm_t> comms;
   std::vector<cudaEvent_t> done;    // per member: recorded by wait(), created on first use
@@ -57,6 +59,7 @@ struct NcclComms::Impl {
 
 NcclComms::NcclComms(const std::vector<int>& logical_devices) : impl_(std::make_unique<Impl>()) {
   impl_->logical = logical_devices;
+  impl_->world_size = static_cast<int>(logical_devices.size());
   std::vector<int> physical;
   for (int d : logical_devices) physical.push_back(cuda::physical_device(d));
   impl_->comms.resize(physical.size());
@@ -65,6 +68,8 @@ NcclComms::NcclComms(const std::vector<int>& logical_devices) : impl_(std::make_
 
 NcclComms::NcclComms(const std::vector<int>& logical_devices, const NcclUniqueId& id, int world_size, int first_rank)
     : impl_(std::make_unique<Impl>()) {
+  impl_->first_rank = first_rank;
+  impl_->world_size = world_size;
   impl_->logical = logical_devices;
   impl_->comms.resize(logical_devices.size());
   ncclUniqueId unique;
@@ -85,25 +90,37 @@ NcclComms::NcclComms(const std::vector<int>& logical_devices, const NcclUniqueId
 NcclComms::NcclComms(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 std::unique_ptr<NcclComms> NcclComms::shrink(const std::vector<int>& excluded) {
+  for (size_t i = 0; i < excluded.size(); ++i) {
+    DPE_CHECK(excluded[i] >= 0 && excluded[i] < impl_->world_size && (i == 0 || excluded[i] > excluded[i - 1]),
+              "NcclComms::shrink: excluded ranks must be sorted, distinct and in [0, ", impl_->world_size,
+              "); got ", excluded[i], " at position ", i);
+  }
+  auto is_excluded = [&](int rank) { return std::binary_search(excluded.begin(), excluded.end(), rank); };
   auto shrunk = std::make_unique<Impl>();
-  // NCCL takes a non-const list. It refuses an empty one (ncclCommInitChildComm in NCCL's src/init.cc requires
-  // excludeRanksCount > 0; the first GPU run saw "invalid argument"), so a shrink by nobody splits every
-  // communicator into one of the same members instead: a new communicator either way, the parents aborted.
+  shrunk->world_size = impl_->world_size - static_cast<int>(excluded.size());
+  // Ranks are renumbered in order: a survivor's new rank is its old one less the excluded ranks below it.
+  shrunk->first_rank = impl_->first_rank - static_cast<int>(std::lower_bound(excluded.begin(), excluded.end(),
+                                                                             impl_->first_rank) - excluded.begin());
+  // NCCL takes a non-const list (it sorts it). It refuses an empty one (ncclCommInitChildComm in NCCL's
+  // src/init.cc requires excludeRanksCount > 0; the first GPU run saw "invalid argument"), so a shrink by
+  // nobody splits every communicator into one of the same members instead: a new communicator either way,
+  // the parents aborted.
   std::vector<int> excluded_ranks = excluded;
   std::vector<size_t> kept;
   for (size_t t = 0; t < impl_->comms.size(); ++t) {
-    if (std::find(excluded.begin(), excluded.end(), static_cast<int>(t)) == excluded.end()) kept.push_back(t);
+    if (!is_excluded(impl_->first_rank + static_cast<int>(t))) kept.push_back(t);
   }
   shrunk->logical.reserve(kept.size());
   for (size_t t : kept) shrunk->logical.push_back(impl_->logical[t]);
   shrunk->comms.assign(kept.size(), nullptr);
-  // The survivors' communicators shrink together; one thread drives them all, so in one NCCL group.
+  // The survivors' communicators shrink together; one thread drives this process's, so in one NCCL group.
   DPE_NCCL_CHECK(ncclGroupStart());
   for (size_t k = 0; k < kept.size(); ++k) {
     cuda::DeviceGuard guard(impl_->logical[kept[k]]);
+    const int rank = impl_->first_rank + static_cast<int>(kept[k]);
     const ncclResult_t status =
         excluded_ranks.empty()
-            ? ncclCommSplit(impl_->comms[kept[k]], 0, static_cast<int>(k), &shrunk->comms[k], nullptr)
+            ? ncclCommSplit(impl_->comms[kept[k]], 0, rank, &shrunk->comms[k], nullptr)
             : ncclCommShrink(impl_->comms[kept[k]], excluded_ranks.data(), static_cast<int>(excluded_ranks.size()),
                              &shrunk->comms[k], nullptr, NCCL_SHRINK_ABORT);
     if (status != ncclSuccess) {
@@ -114,13 +131,17 @@ std::unique_ptr<NcclComms> NcclComms::shrink(const std::vector<int>& excluded) {
   DPE_NCCL_CHECK(ncclGroupEnd());
   // The parent communicators, the excluded members' included, are done: abort rather than destroy (destroy
   // would wait for work a failed device may never finish).
+  abort("the group was shrunk (ncclCommShrink)");
+  return std::unique_ptr<NcclComms>(new NcclComms(std::move(shrunk)));
+}
+
+void NcclComms::abort(const std::string& why) {
   if (impl_->aborted.empty()) impl_->aborted.assign(impl_->comms.size(), "");
   for (size_t t = 0; t < impl_->comms.size(); ++t) {
     if (!impl_->aborted[t].empty()) continue;
-    impl_->aborted[t] = "the group was shrunk (ncclCommShrink)";
-    ncclCommAbort(impl_->comms[t]);
+    impl_->aborted[t] = why;
+    ncclCommAbort(impl_->comms[t]);  // its status is of no use: the communicator is gone either way
   }
-  return std::unique_ptr<NcclComms>(new NcclComms(std::move(shrunk)));
 }
 
 NcclComms::~NcclComms() {

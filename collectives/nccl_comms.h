@@ -46,12 +46,17 @@ class NcclComms {
   void wait(int rank, std::chrono::steady_clock::time_point deadline,
             const std::function<std::string()>& failed_elsewhere, const std::string& what);
 
-  // One process's communicators only (the first constructor): the communicators of the members left when the
-  // ranks `excluded` (sorted) go, by ncclCommShrink with NCCL_SHRINK_ABORT (operations still in flight on
+  // The communicators of this process's members that remain when the clique's ranks `excluded` (sorted,
+  // distinct, in [0, world_size)) go, by ncclCommShrink with NCCL_SHRINK_ABORT (operations still in flight on
   // these communicators end first), ranks renumbered in order; with nobody excluded, by ncclCommSplit (NCCL's
-  // shrink must exclude a rank). These communicators are aborted: every later
-  // call on them throws. No member may be inside a call.
+  // shrink must exclude a rank). Across processes, every process with a surviving member calls it, and a
+  // process whose members are all excluded must not (NCCL's rule; it calls abort()). These communicators are
+  // aborted: every later call on them throws. No member may be inside a call.
   std::unique_ptr<NcclComms> shrink(const std::vector<int>& excluded);
+
+  // Aborts every communicator of this process (ncclCommAbort: no waiting for peers); every later call on them
+  // throws, naming `why`.
+  void abort(const std::string& why);
 
  private:
   struct Impl;
