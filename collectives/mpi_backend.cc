@@ -21,6 +21,7 @@ MpiBackend::MpiBackend(std::vector<Device> devices, std::chrono::milliseconds ti
             size(), ", and the processes have between ", -extremes[1], " and ", extremes[0]);
   failures_ = std::make_unique<MpiAbortChannel>();
   for (int t = 0; t < size(); ++t) cross_.push_back(std::make_unique<MpiComm>(timeout, failures_.get()));
+  staging_.resize(static_cast<size_t>(size()));
 }
 
 Tensor MpiBackend::on_host(const Tensor& t) {
@@ -237,7 +238,9 @@ void MpiBackend::all_to_all(int rank, const PostedAll& posted) {
   }
   // To process q: every local member's input for global rank q·T + rank; from process q: this member's
   // outputs of q's members, in member order.
-  std::vector<uint8_t> sent, received;
+  std::vector<uint8_t>& sent = staging_[rank].sent;
+  std::vector<uint8_t>& received = staging_[rank].received;
+  sent.clear();
   std::vector<int64_t> send_bytes(processes_), recv_bytes(processes_);
   for (int q = 0; q < processes_; ++q) {
     const size_t before = sent.size();

@@ -354,10 +354,12 @@ TEST(MpiBackend, GatherAndScatterReachEveryGlobalRoot) {
   }
 }
 
-// all_to_all's pieces: global rank `from`'s input for global rank `to` has (from * 5 + to) % 4 elements (some
-// empty, sizes differing per pair) holding value(from * 100 + to, i).
-Tensor pair_piece(int from, int to, Device device) {
-  const int64_t count = (from * 5 + to) % 4;
+// all_to_all's pieces: global rank `from`'s input for global rank `to` has scale * ((from * 5 + to) % 4)
+// elements (some empty, sizes differing per pair) holding value(from * 100 + to, i).
+int64_t pair_count(int from, int to, int64_t scale = 1) { return scale * ((from * 5 + to) % 4); }
+
+Tensor pair_piece(int from, int to, Device device, int64_t scale = 1) {
+  const int64_t count = pair_count(from, to, scale);
   std::vector<double> v(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) v[i] = value(from * 100 + to, i);
   return Tensor::from_vector(v, {count}, TensorOptions(DType::Float32).with_device(device));
@@ -371,7 +373,7 @@ TEST(MpiBackend, AllToAllExchangesEveryPairAcrossProcesses) {
     const int g = group.global_rank(r);
     for (int k = 0; k < world; ++k) {
       inputs[r].push_back(pair_piece(g, k, Device::cpu(r)));
-      outputs[r].push_back(zeros({(k * 5 + g) % 4}, Device::cpu(r)));
+      outputs[r].push_back(zeros({pair_count(k, g)}, Device::cpu(r)));
     }
   }
   for (const std::string& e : run_members(2, [&](int r) { group.all_to_all(r, outputs[r], inputs[r]); })) ASSERT_EQ(e, "");
@@ -391,6 +393,31 @@ TEST(MpiBackend, AllToAllExchangesEveryPairAcrossProcesses) {
               std::string::npos) << e;
   }
   for (const std::string& e : run_members(2, [&](int r) { group.all_to_all(r, outputs[r], inputs[r]); })) EXPECT_EQ(e, "");
+}
+
+// The staging buffers are kept from call to call: a larger exchange, then a smaller one, each whole.
+TEST(MpiBackend, AllToAllAgainWithLargerAndSmallerPieces) {
+  ProcessGroup group = make_group(2);
+  const int world = group.world_size();
+  for (int64_t scale : {1, 5000, 3}) {
+    std::vector<std::vector<Tensor>> inputs(2), outputs(2);
+    for (int r = 0; r < 2; ++r) {
+      const int g = group.global_rank(r);
+      for (int k = 0; k < world; ++k) {
+        inputs[r].push_back(pair_piece(g, k, Device::cpu(r), scale));
+        outputs[r].push_back(zeros({pair_count(k, g, scale)}, Device::cpu(r)));
+      }
+    }
+    for (const std::string& e : run_members(2, [&](int r) { group.all_to_all(r, outputs[r], inputs[r]); })) {
+      ASSERT_EQ(e, "");
+    }
+    for (int r = 0; r < 2; ++r) {
+      for (int k = 0; k < world; ++k) {
+        EXPECT_TRUE(equal(outputs[r][k], pair_piece(k, group.global_rank(r), Device::cpu(r), scale)))
+            << "scale " << scale << ": global rank " << group.global_rank(r) << "'s output from " << k;
+      }
+    }
+  }
 }
 
 // An argument only one process can see is wrong: that process refuses it, and the others, which wait for it
