@@ -360,6 +360,7 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
     using Json = JsonReport;
     Json report = {
         {"model", args.model}, {"batch_size", args.batch_size}, {"steps", args.steps}, {"rows", Json::array()}};
+    const DisposeOnExit dispose_report(report);  // Note [A report's destructor allocates] (json_report.h)
     for (const Row& r : rows) {
       const StepReport& p = r.phases;
       Json row = {{"framework", r.framework},

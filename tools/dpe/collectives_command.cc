@@ -188,6 +188,7 @@ void run_collectives(CollectivesArgs args) {
   }
   JsonReport report = {{"members", n}, {"processes", n / local}, {"backend", backend_name(group.backend())},
                        {"results", JsonReport::array()}};
+  const DisposeOnExit dispose_report(report);  // Note [A report's destructor allocates] (json_report.h)
   double largest_allreduce_algbw = 0;
   int64_t largest_allreduce_bytes = 0;
   for (const std::string& op : args.ops) {

@@ -85,6 +85,8 @@ export DPE_NUM_CPU_DEVICES="$cores"
 # stacks and malloc arenas near the limit made its loader exit ("blas_thread_init: pthread_create failed",
 # status 130), which no code of dpe's runs early enough to prevent.
 export OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+# And one OpenMP thread on the main thread, which evaluates the test set with oneDNN (see above).
+export OMP_NUM_THREADS=1
 # The limits are above the address space the tool needs just to start: its shared libraries alone map about
 # 100 MB in the CPU-only build and about 1 GB in the CUDA build (cuBLAS, cuDNN, NCCL), where a fixed limit
 # would only test the dynamic loader. That base is found by bisection on `dpe train --help`.

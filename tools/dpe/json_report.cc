@@ -22,4 +22,10 @@ void write_json_report(const std::string& option, const std::string& path, const
   DPE_CHECK(out.good(), option, " ", path, ": write failed");
 }
 
+void dispose(JsonReport& report) noexcept {
+  if (!report.is_structured()) return;
+  for (JsonReport& child : report) dispose(child);
+  report.clear();
+}
+
 }  // namespace dpe::tool

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "data/data_loader.h"
 #include "io/checkpoint.h"
@@ -77,24 +79,49 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   }
 }
 
-// The --json report, written with nlohmann-json: strings escaped, keys in this order.
+// One line of the --json report's "epochs", kept as plain numbers while training runs.
+struct EpochRecord {
+  int64_t epoch = 0;
+  double train_loss = 0, test_accuracy = 0, loss_scale = 0, samples_per_s = 0, seconds = 0;
+  int64_t skipped_steps = 0;
+};
+
+// The --json report, written with nlohmann-json: strings escaped, keys in this order. Built here, at the end,
+// key by key (nlohmann's initializer lists leave temporaries whose destructors allocate) and disposed of
+// before it goes: Note [A report's destructor allocates] (json_report.h).
 void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes, double accuracy,
-                const JsonReport& epochs, const JsonReport& recovered = JsonReport::array()) {
-  JsonReport report = {{"model", args.engine.model},
-                                   {"mode", args.engine.mode},
-                                   {"mode_used", mode_name(dp.mode())},
-                                   {"devices", device_list_str(dp.device_ids())},
-                                   {"processes", processes},
-                                   {"batch_size", args.batch_size},
-                                   {"precision", args.engine.precision},
-                                   {"reduce_dtype", args.engine.reduce_dtype},
-                                   {"final_test_accuracy", as_printed("%g", accuracy)},
-                                   {"epochs", epochs}};
-  if (!recovered.empty()) report["recovered_failures"] = recovered;  // --on-device-failure
+                const std::vector<EpochRecord>& epochs, const std::vector<std::string>& recovered = {}) {
+  JsonReport report = JsonReport::object();
+  const DisposeOnExit dispose_report(report);
+  report["model"] = args.engine.model;
+  report["mode"] = args.engine.mode;
+  report["mode_used"] = mode_name(dp.mode());
+  report["devices"] = device_list_str(dp.device_ids());
+  report["processes"] = processes;
+  report["batch_size"] = args.batch_size;
+  report["precision"] = args.engine.precision;
+  report["reduce_dtype"] = args.engine.reduce_dtype;
+  report["final_test_accuracy"] = as_printed("%g", accuracy);
+  JsonReport& lines = report["epochs"] = JsonReport::array();
+  for (const EpochRecord& e : epochs) {
+    JsonReport& line = lines.emplace_back(JsonReport::object());
+    line["epoch"] = e.epoch;
+    line["train_loss"] = as_printed("%.6f", e.train_loss);
+    line["test_accuracy"] = as_printed("%.6f", e.test_accuracy);
+    line["skipped_steps"] = e.skipped_steps;
+    line["loss_scale"] = as_printed("%g", e.loss_scale);
+    line["samples_per_s"] = as_printed("%.2f", e.samples_per_s);
+    line["seconds"] = as_printed("%.3f", e.seconds);
+  }
+  if (!recovered.empty()) {  // --on-device-failure
+    JsonReport& failures = report["recovered_failures"] = JsonReport::array();
+    for (const std::string& r : recovered) failures.emplace_back(r);
+  }
   if (const auto& choice = dp.last_step().auto_mode; choice && choice->chosen) {
-    report["auto"] = {{"chosen", mode_name(*choice->chosen)},
-                      {"dp_step_ms", as_printed("%.3f", choice->dp_step_ms)},
-                      {"ddp_step_ms", as_printed("%.3f", choice->ddp_step_ms)}};
+    JsonReport& chosen = report["auto"] = JsonReport::object();
+    chosen["chosen"] = mode_name(*choice->chosen);
+    chosen["dp_step_ms"] = as_printed("%.3f", choice->dp_step_ms);
+    chosen["ddp_step_ms"] = as_printed("%.3f", choice->ddp_step_ms);
   }
   write_json_report("--json", args.json, report);
 }
@@ -183,7 +210,7 @@ void run_train(TrainArgs args) {
     std::printf("nothing left to train: %s is after epoch %lld and --epochs is %lld; the loaded model was evaluated\n",
                 args.engine.resume.c_str(), static_cast<long long>(first_epoch), static_cast<long long>(args.epochs));
     std::printf("final test accuracy %.4f\n", accuracy);
-    if (!args.json.empty()) write_json(args, *dp, slice.count, accuracy, JsonReport::array());
+    if (!args.json.empty()) write_json(args, *dp, slice.count, accuracy, {});
     return;
   }
   // One scheduler per optimizer (DDP: per replica, so every replica keeps the same learning rate), stepped
@@ -204,8 +231,8 @@ void run_train(TrainArgs args) {
   };
   make_schedulers(first_epoch * loader.num_batches());
   bool auto_reported = false;
-  JsonReport recovered_json = JsonReport::array();  // --on-device-failure: what was recovered from
-  JsonReport epochs_json = JsonReport::array();
+  std::vector<std::string> recovered_failures;  // --on-device-failure: what was recovered from
+  std::vector<EpochRecord> epoch_records;
   double accuracy = 0;
   for (int64_t epoch = first_epoch; epoch < args.epochs; ++epoch) {
     loader.begin_epoch(epoch);
@@ -228,7 +255,7 @@ void run_train(TrainArgs args) {
       for (auto& scheduler : schedulers) scheduler->step();
       for (const std::string& recovered : dp->last_step().recovered_failures) {
         std::fprintf(stderr, "warning: %s\n", recovered.c_str());
-        recovered_json.push_back(recovered);
+        recovered_failures.push_back(recovered);
       }
       if (const std::string chosen = auto_mode_summary(dp->last_step()); !chosen.empty() && !auto_reported && prints) {
         std::fprintf(stderr, "%s\n", chosen.c_str());
@@ -252,13 +279,13 @@ void run_train(TrainArgs args) {
                     dp->last_step().loss_scale, static_cast<long long>(skipped));
     }
     progress->finish(summary);
-    epochs_json.push_back({{"epoch", epoch + 1},
-                           {"train_loss", as_printed("%.6f", loss_sum / static_cast<double>(samples))},
-                           {"test_accuracy", as_printed("%.6f", accuracy)},
-                           {"skipped_steps", skipped},
-                           {"loss_scale", as_printed("%g", dp->last_step().loss_scale)},
-                           {"samples_per_s", as_printed("%.2f", rate)},
-                           {"seconds", as_printed("%.3f", seconds)}});
+    epoch_records.push_back({.epoch = epoch + 1,
+                             .train_loss = loss_sum / static_cast<double>(samples),
+                             .test_accuracy = accuracy,
+                             .loss_scale = dp->last_step().loss_scale,
+                             .samples_per_s = rate,
+                             .seconds = seconds,
+                             .skipped_steps = skipped});
     if (args.save_every > 0 && ((epoch + 1) % args.save_every == 0 || epoch + 1 == args.epochs)) {
       // Replicas are identical (DDP) or the master holds the model (DP): replica 0 is the model.
       io::TrainingState state{.epoch = epoch + 1, .step = (epoch + 1) * loader.num_batches()};
@@ -269,7 +296,7 @@ void run_train(TrainArgs args) {
   }
   if (!prints) return;
   std::printf("final test accuracy %.4f\n", accuracy);
-  if (!args.json.empty()) write_json(args, *dp, slice.count, accuracy, epochs_json, recovered_json);
+  if (!args.json.empty()) write_json(args, *dp, slice.count, accuracy, epoch_records, recovered_failures);
 }
 
 }  // namespace

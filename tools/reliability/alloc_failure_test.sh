@@ -15,6 +15,10 @@ bin="$1"
 shim="$(realpath "$2")"
 # Set, so that the tool does not start itself again (tools/dpe/main.cc), which would restart the count.
 export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 DPE_NUM_CPU_DEVICES=2
+# One OpenMP thread for oneDNN outside the devices too (the test-set evaluation runs on the main thread; each
+# device's worker sets its own share, one here): an exception on one of oneDNN's OpenMP threads ends in
+# std::terminate, which nothing outside oneDNN can prevent (a run of 2026-11-26 hit it in the evaluation).
+export OMP_NUM_THREADS=1
 fail=0
 count() { DPE_COUNT_ALLOCATIONS=1 LD_PRELOAD="$shim" "$bin" "$@" 2>&1 >/dev/null | sed -n 's/^allocations: //p'; }
 start=$(count train --help)
