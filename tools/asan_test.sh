@@ -27,7 +27,7 @@ targets=(
 # Left out, each with its reason (docs/FUZZING.md, "Known findings"):
 #   //core:onednn_cpu_test: runs oneDNN in forked children under RLIMIT_AS until memory runs out; ASan's own
 #   runtime then dies on its failed internal mmaps (fake stacks, thread-local blocks), which no option avoids.
-#   //collectives:mpi_world_test, mpi_backend_test, mpi_nccl_backend_test (both): Open MPI (uninstrumented) keeps allocations past
+#   //collectives:mpi_world_test, mpi_backend_test, mpi_nccl_backend_test (all three): Open MPI (uninstrumented) keeps allocations past
 #   MPI_Finalize, which LeakSanitizer reports as leaks of the test.
 excluded=(
   //core:onednn_cpu_test
@@ -35,6 +35,7 @@ excluded=(
   //collectives:mpi_backend_test
   //collectives:mpi_nccl_backend_test
   //collectives:mpi_nccl_backend_one_process_test
+  //collectives:mpi_nccl_backend_three_process_test
 )
 fuzz_seconds=${DPE_FUZZ_SECONDS:-2}
 # Bazel 4 expands no workspace path inside .bazelrc options, so the suppressions file is named here.

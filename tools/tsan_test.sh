@@ -25,6 +25,7 @@ excluded=(
   //collectives:mpi_backend_test
   //collectives:mpi_nccl_backend_test
   //collectives:mpi_nccl_backend_one_process_test
+  //collectives:mpi_nccl_backend_three_process_test
 )
 bazel test --config=tsan "$@" -- "${targets[@]}" "${excluded[@]/#/-}"
 status=$?
