@@ -219,6 +219,20 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   if (--state.pending[bucket_of_[param]] == 0) launch_ready_buckets(replica, from_hook);
 }
 
+// Note [One replica in all]
+// DDP over a single device in a single process (`dpe bench --modes ddp` on one device, a run that lost every
+// other device) has nothing to reduce: the weighted sum of one gradient with weight 1 is that gradient. The
+// bucket step would copy every fresh gradient into its bucket (the backward made new tensors after
+// zero_grad) and make .grad the bucket's view, a pass over every gradient and, on CUDA, a kernel per
+// parameter inside backward. So a group of one member in all, with weight 1 and no reduce_dtype (whose
+// rounding the user asked for), leaves each gradient where the backward put it; only a gradient that had to
+// be copied into its view (not contiguous) becomes the view. finalize_backward then has nothing to write back.
+// The buckets stay allocated (what attach_gradients and those copies use): the step's peak grows by one copy
+// of the gradients (1.7 MB for the CNN), the price of not reading and writing them every step.
+bool DdpReducer::alone(const ReplicaState& state) const {
+  return group_->world_size() == 1 && state.weight == 1.0 && !options_.reduce_dtype;
+}
+
 void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
   ReplicaState& state = *replicas_[replica];
   while (state.next_bucket < buckets_.size() && state.pending[state.next_bucket] == 0) {
@@ -228,6 +242,15 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
     std::vector<Tensor> pieces;
     for (size_t p : members) pieces.push_back(std::move(state.pieces[p]));
     NoGradGuard no_grad;
+    if (alone(state)) {  // Note [One replica in all]
+      for (size_t i = 0; i < members.size(); ++i) {
+        const Tensor& param = params_[replica][members[i]];
+        if (!options_.find_unused_parameters && !same_memory(param.grad(), pieces[i])) param.set_grad(pieces[i]);
+      }
+      if (from_hook) ++state.launched_from_hooks;
+      ++state.next_bucket;
+      continue;
+    }
     if (options_.reduce_dtype && *options_.reduce_dtype != bucket.dtype()) {
       // Compressed on the wire (bf16_compress_hook): weighted into the bucket, rounded once, summed, and
       // widened back in place.
@@ -291,6 +314,10 @@ void DdpReducer::finalize_backward(size_t replica) {
               ". Expected every parameter to take part in producing the loss; if some legitimately do not, "
               "construct DataParallel with find_unused_parameters = true");
   }
+  if (alone(state)) {  // Note [One replica in all]: every gradient is final where it is
+    if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters) rebuild_due_ = true;
+    return;
+  }
   NoGradGuard no_grad;
   std::vector<int32_t> used(params_[replica].size(), 1);
   if (options_.find_unused_parameters) {
@@ -323,6 +350,7 @@ int64_t DdpReducer::launched_during_backward() const {
 double DdpReducer::allreduce_ms(size_t replica) const { return replicas_[replica]->allreduce_ms; }
 
 int64_t DdpReducer::allreduce_bytes() const {
+  if (alone(*replicas_[0])) return 0;  // Note [One replica in all]
   int64_t bytes = 0;
   for (const Tensor& b : replicas_[0]->buffers) {
     bytes += b.numel() * static_cast<int64_t>(element_size(options_.reduce_dtype.value_or(b.dtype())));

@@ -113,6 +113,7 @@ class DdpReducer {
 
  private:
   struct ReplicaState;
+  bool alone(const ReplicaState& state) const;  // Note [One replica in all] (ddp_reducer.cc)
   void assign_buckets(std::vector<std::vector<size_t>> buckets);
   void on_gradient_ready(size_t replica, size_t param);
   void mark_ready(size_t replica, size_t param, bool from_hook);

@@ -349,6 +349,51 @@ TEST(DdpTest, NoSyncAccumulatesLocallyWithoutCollectives) {
   }
 }
 
+// Note [One replica in all] (ddp_reducer.cc): DDP on one device leaves the gradients where the backward put
+// them: the same bits as a plain backward, nothing reduced, and no_sync accumulation, unused parameters and
+// the unused-parameter error as with several devices.
+TEST(DdpTest, OneReplicaInAllKeepsTheBackwardsGradients) {
+  manual_seed(50);
+  std::vector<Tensor> xs, ys;
+  for (int k = 0; k < 3; ++k) {
+    xs.push_back(randn({4, 6}));
+    ys.push_back(randn({4, 3}));
+  }
+  auto net = std::make_shared<Net>();
+  auto plain = nn::clone_module(*net, Device::cpu(0));
+  DataParallel ddp(net, {.device_ids = first(1), .mode = ParallelMode::DDP});
+  for (int step = 0; step < 2; ++step) {
+    plain->zero_grad();
+    mse(plain->forward(xs[step]), ys[step]).backward();
+    ddp.zero_grad();
+    ddp.forward_backward(xs[step], ys[step], mse);
+    auto got = ddp.replica(0).parameters(), want = plain->parameters();
+    for (size_t p = 0; p < got.size(); ++p) EXPECT_TRUE(equal(got[p].grad(), want[p].grad())) << step << " " << p;
+    EXPECT_EQ(ddp.last_step().reduce.bytes, 0);
+  }
+  // Accumulated: two micro-batches under no_sync, then a synchronised third, as a plain backward sums them.
+  plain->zero_grad();
+  ddp.zero_grad();
+  for (int k = 0; k < 3; ++k) mse(plain->forward(xs[k]), ys[k]).backward();
+  {
+    auto guard = ddp.no_sync();
+    for (int k = 0; k < 2; ++k) ddp.forward_backward(xs[k], ys[k], mse);
+  }
+  ddp.forward_backward(xs[2], ys[2], mse);
+  auto got = ddp.replica(0).parameters(), want = plain->parameters();
+  for (size_t p = 0; p < got.size(); ++p) EXPECT_LT(max_relative_diff(got[p].grad(), want[p].grad()), 1e-6) << p;
+
+  Tensor x = randn({4, 6}), y = randn({4, 3});
+  DataParallel strict(std::make_shared<Net>(8, true), {.device_ids = first(1), .mode = ParallelMode::DDP});
+  EXPECT_NE(error_of([&] { strict.forward_backward(x, y, mse); }).find("'skip.weight', 'skip.bias'"), std::string::npos);
+  DataParallel lenient(std::make_shared<Net>(8, true),
+                       {.device_ids = first(1), .mode = ParallelMode::DDP, .find_unused_parameters = true});
+  lenient.forward_backward(x, y, mse);
+  for (const auto& [name, param] : lenient.replica(0).named_parameters()) {
+    EXPECT_EQ(param.grad().defined(), !name.starts_with("skip.")) << name;
+  }
+}
+
 TEST(DdpTest, UnusedParametersNeedFindUnusedParameters) {
   manual_seed(51);
   Tensor x = randn({4, 6}), y = randn({4, 3});
