@@ -55,7 +55,9 @@ void expect_slow_device_gets_a_smaller_chunk(ParallelMode mode) {
   // A quarter for cpu:1 (10 of 40), with room for the sleeps' overshoot on a loaded machine.
   EXPECT_GE(step.chunk_sizes[1], 6) << mode_name(mode);
   EXPECT_LE(step.chunk_sizes[1], 14) << mode_name(mode);
-  EXPECT_GT(step.ms_per_sample[1], 2 * step.ms_per_sample[0]) << mode_name(mode);
+  // cpu:1 sleeps 0.2 ms more per sample; the compute, the same on both (and several times slower under
+  // ThreadSanitizer, where a ratio of the two once fell to 1.95), adds to both alike.
+  EXPECT_GT(step.ms_per_sample[1] - step.ms_per_sample[0], 0.1) << mode_name(mode);
   EXPECT_GT(step.device_compute_ms[0], 0.0);
   if (mode == ParallelMode::DDP) {
     // DDP's all-reduce work follows the split: the slow device reduces the smaller part of every bucket.
