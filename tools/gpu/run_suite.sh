@@ -456,6 +456,15 @@ EOF
   elif [[ -x "$dpe_tool" ]]; then
     say "   (no GPU: the dpe bench / dpe collectives GPU benchmarks are not run)"
   fi
+  # Issue 18's auto split on two CPU devices that are unequal without sharing a core (2 cores against 6: the
+  # development VMs can only time-share one), where the machine has the cores: the even split, then auto.
+  if (($(nproc) >= 8)) && [[ -x "$dpe_tool" ]]; then
+    for split in chunk auto; do
+      run_bench "auto_split_2v6_cores_$split" "DPE_NUM_CPU_DEVICES=2 DPE_CPU_DEVICE_CORES=0,1;2,3,4,5,6,7" \
+        "$dpe_tool" bench --model cnn --modes dp,ddp --device-ids cpu:0,cpu:1 --batch-size 256 --steps 30 \
+        --warmup 12 --split "$split" --json "$results/bench/auto_split_2v6_cores_$split.json"
+    done
+  fi
   # The CPU benchmarks (bin/bench/*) last: with a GPU, what only the GPU machine can run comes first in the budget.
   for exe in "$bundle"/bin/bench/*; do
     [[ -f "$exe" ]] && run_bench "$(basename "$exe")" "" "$exe"
