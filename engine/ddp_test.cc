@@ -385,7 +385,8 @@ TEST(DdpTest, OneReplicaInAllKeepsTheBackwardsGradients) {
 
   Tensor x = randn({4, 6}), y = randn({4, 3});
   DataParallel strict(std::make_shared<Net>(8, true), {.device_ids = first(1), .mode = ParallelMode::DDP});
-  EXPECT_NE(error_of([&] { strict.forward_backward(x, y, mse); }).find("'skip.weight', 'skip.bias'"), std::string::npos);
+  EXPECT_NE(error_of([&] { strict.forward_backward(x, y, mse); }).find("'skip.weight', 'skip.bias'"),
+            std::string::npos);
   DataParallel lenient(std::make_shared<Net>(8, true),
                        {.device_ids = first(1), .mode = ParallelMode::DDP, .find_unused_parameters = true});
   lenient.forward_backward(x, y, mse);

@@ -67,7 +67,8 @@ import time
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 FORTUNES_PATH = "/usr/share/games/fortunes/fortunes"  # data/text_corpus.h's kFortunesPath
 BOS, EOS, PAD, VOCAB = 256, 257, 258, 259  # data/text_corpus.h
-TINY_LLAMA = dict(dim=128, num_layers=2, num_heads=4, hidden_dim=384, seq_len=64, eps=1e-6, theta=10000.0)  # models/models.cc
+# models/models.cc's tiny_llama_config, models.h's kTinyLlamaSeqLen
+TINY_LLAMA = dict(dim=128, num_layers=2, num_heads=4, hidden_dim=384, seq_len=64, eps=1e-6, theta=10000.0)
 MEAN, STD = 0.2860, 0.3530  # data/fashion_mnist.h
 LR, MOMENTUM, SEED = 0.01, 0.9, 1
 DDP_PROCESSES = 2
@@ -258,7 +259,9 @@ def tiny_llama(cfg):
         def __init__(self):
             super().__init__()
             d, h = cfg["dim"], cfg["hidden_dim"]
-            self.w1, self.w2, self.w3 = nn.Linear(d, h, bias=False), nn.Linear(h, d, bias=False), nn.Linear(d, h, bias=False)
+            self.w1 = nn.Linear(d, h, bias=False)
+            self.w2 = nn.Linear(h, d, bias=False)
+            self.w3 = nn.Linear(d, h, bias=False)
 
         def forward(self, x):
             return self.w2(F.silu(self.w1(x)) * self.w3(x))

@@ -206,9 +206,9 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
   const std::string configs = join_commas(args.pytorch_configs);
   // An argument vector: the script path and every value reach python3 verbatim, whatever they contain.
   std::vector<std::string> argv = {args.pytorch_python, pytorch_script_path(args), "--model", args.model,
-                                         "--batch", std::to_string(args.batch_size), "--steps",
-                                         std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
-                                         "--samples", std::to_string(samples), "--configs", configs};
+                                   "--batch", std::to_string(args.batch_size), "--steps",
+                                   std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
+                                   "--samples", std::to_string(samples), "--configs", configs};
   if (!args.data_dir.empty()) argv.insert(argv.end(), {"--data-dir", args.data_dir});
   std::string shown;
   for (const std::string& a : argv) shown += (shown.empty() ? "" : " ") + a;
