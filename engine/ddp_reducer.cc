@@ -70,6 +70,7 @@ DdpReducer::DdpReducer(std::vector<std::vector<Tensor>> replica_params, std::vec
                        std::shared_ptr<ProcessGroup> group, DdpReducerOptions options)
     : params_(std::move(replica_params)), names_(std::move(names)), group_(std::move(group)), options_(options) {
   DPE_INTERNAL_ASSERT(!params_.empty() && group_ && static_cast<size_t>(group_->size()) == params_.size());
+  alone_ = group_->world_size() == 1 && !options_.reduce_dtype;  // Note [One replica in all]
   DPE_CHECK(options_.bucket_cap_bytes > 0 && options_.first_bucket_bytes > 0,
             "DDP: bucket sizes must be positive, got cap ", options_.bucket_cap_bytes, " B and first bucket ",
             options_.first_bucket_bytes, " B");
@@ -113,6 +114,7 @@ void DdpReducer::assign_buckets(std::vector<std::vector<size_t>> buckets) {
     ReplicaState& state = *replicas_[r];
     state.buffers.clear();
     state.views.assign(n, Tensor());
+    if (alone_) continue;  // Note [One replica in all]: no bucket memory
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Tensor& first = params_[r][buckets_[b][0]];
       state.buffers.push_back(Tensor::empty({numel[b]}, TensorOptions(first.dtype()).with_device(first.device())));
@@ -158,7 +160,8 @@ bool same_memory(const Tensor& a, const Tensor& b) { return a.defined() && a.dat
 }  // namespace
 
 void DdpReducer::attach_gradients(size_t replica) {
-  if (!armed_ || options_.find_unused_parameters) return;
+  // Alone, the backward accumulates into .grad as it is (Note [One replica in all]).
+  if (!armed_ || options_.find_unused_parameters || alone_) return;
   NoGradGuard no_grad;
   ReplicaState& state = *replicas_[replica];
   for (size_t p = 0; p < params_[replica].size(); ++p) {
@@ -201,7 +204,9 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   NoGradGuard no_grad;
   const Tensor& grad = params_[replica][param].grad();
   const Tensor& view = state.views[param];
-  if (from_hook && grad.defined()) {
+  if (alone_) {  // Note [One replica in all]: the gradient stays where it is; there is no bucket
+    if (from_hook && grad.defined()) state.used[param] = 1;
+  } else if (from_hook && grad.defined()) {
     state.used[param] = 1;
     // Weighted when the bucket is all-reduced (all_reduce_into), so the SUM over every replica of every
     // process is the weighted average. A fresh gradient is not copied here: the all-reduce reads it in place
@@ -224,15 +229,11 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
 // other device) has nothing to reduce: the weighted sum of one gradient with weight 1 is that gradient. The
 // bucket step would copy every fresh gradient into its bucket (the backward made new tensors after
 // zero_grad) and make .grad the bucket's view, a pass over every gradient and, on CUDA, a kernel per
-// parameter inside backward. So a group of one member in all, with weight 1 and no reduce_dtype (whose
-// rounding the user asked for), leaves each gradient where the backward put it; only a gradient that had to
-// be copied into its view (not contiguous) becomes the view. finalize_backward then has nothing to write back.
-// The buckets stay allocated (what attach_gradients and those copies use): the step's peak grows by one copy
-// of the gradients (1.7 MB for the CNN), the price of not reading and writing them every step.
-bool DdpReducer::alone(const ReplicaState& state) const {
-  return group_->world_size() == 1 && state.weight == 1.0 && !options_.reduce_dtype;
-}
-
+// parameter inside backward, and the buckets would hold a second copy of the gradients. So a group of one
+// member in all without reduce_dtype (whose rounding the user asked for) has no bucket memory: each gradient
+// stays where the backward put it (accumulating there under no_sync), scaled in place only if its weight is
+// not 1, and finalize_backward has nothing to write back. The buckets' bookkeeping (pending counts, launch
+// order, the rebuild) still runs, so unused parameters are found and reported as with several devices.
 void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
   ReplicaState& state = *replicas_[replica];
   while (state.next_bucket < buckets_.size() && state.pending[state.next_bucket] == 0) {
@@ -242,10 +243,11 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
     std::vector<Tensor> pieces;
     for (size_t p : members) pieces.push_back(std::move(state.pieces[p]));
     NoGradGuard no_grad;
-    if (alone(state)) {  // Note [One replica in all]
-      for (size_t i = 0; i < members.size(); ++i) {
-        const Tensor& param = params_[replica][members[i]];
-        if (!options_.find_unused_parameters && !same_memory(param.grad(), pieces[i])) param.set_grad(pieces[i]);
+    if (alone_) {  // Note [One replica in all]: the weighted sum of one gradient
+      if (state.weight != 1.0) {
+        for (size_t p : members) {
+          if (params_[replica][p].grad().defined()) scale_into(params_[replica][p].grad(), state.weight);
+        }
       }
       if (from_hook) ++state.launched_from_hooks;
       ++state.next_bucket;
@@ -314,7 +316,7 @@ void DdpReducer::finalize_backward(size_t replica) {
               ". Expected every parameter to take part in producing the loss; if some legitimately do not, "
               "construct DataParallel with find_unused_parameters = true");
   }
-  if (alone(state)) {  // Note [One replica in all]: every gradient is final where it is
+  if (alone_) {  // Note [One replica in all]: every gradient is final where it is
     if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters) rebuild_due_ = true;
     return;
   }
@@ -350,7 +352,7 @@ int64_t DdpReducer::launched_during_backward() const {
 double DdpReducer::allreduce_ms(size_t replica) const { return replicas_[replica]->allreduce_ms; }
 
 int64_t DdpReducer::allreduce_bytes() const {
-  if (alone(*replicas_[0])) return 0;  // Note [One replica in all]
+  if (alone_) return 0;  // Note [One replica in all]
   int64_t bytes = 0;
   for (const Tensor& b : replicas_[0]->buffers) {
     bytes += b.numel() * static_cast<int64_t>(element_size(options_.reduce_dtype.value_or(b.dtype())));

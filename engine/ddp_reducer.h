@@ -113,7 +113,6 @@ class DdpReducer {
 
  private:
   struct ReplicaState;
-  bool alone(const ReplicaState& state) const;  // Note [One replica in all] (ddp_reducer.cc)
   void assign_buckets(std::vector<std::vector<size_t>> buckets);
   void on_gradient_ready(size_t replica, size_t param);
   void mark_ready(size_t replica, size_t param, bool from_hook);
@@ -127,6 +126,7 @@ class DdpReducer {
   std::vector<size_t> bucket_of_;     // param -> bucket
   std::vector<int64_t> offset_of_;    // param -> element offset in its bucket
   std::vector<std::unique_ptr<ReplicaState>> replicas_;
+  bool alone_ = false;  // one member in all, no reduce_dtype: Note [One replica in all] (ddp_reducer.cc)
   bool armed_ = false;
   bool rebuilt_ = false;
   bool rebuild_due_ = false;

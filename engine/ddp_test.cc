@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/autograd/function.h"
 #include "core/autograd/grad_mode.h"
 #include "core/ops.h"
@@ -393,6 +394,24 @@ TEST(DdpTest, OneReplicaInAllKeepsTheBackwardsGradients) {
   for (const auto& [name, param] : lenient.replica(0).named_parameters()) {
     EXPECT_EQ(param.grad().defined(), !name.starts_with("skip.")) << name;
   }
+}
+
+// ... and holds no buckets: what it keeps after its steps is the gradients, not a second copy of them.
+TEST(DdpTest, OneReplicaInAllHoldsNoBuckets) {
+  manual_seed(52);
+  Tensor x = randn({4, 6}), y = randn({4, 3});
+  auto net = std::make_shared<Net>(256);  // ~67k parameters: the gradients outweigh everything else here
+  int64_t gradient_bytes = 0;
+  for (const Tensor& p : net->parameters()) gradient_bytes += p.nbytes();
+  const int64_t before = memory_stats(Device::cpu(0)).allocated_bytes;
+  DataParallel ddp(net, {.device_ids = first(1), .mode = ParallelMode::DDP});
+  for (int step = 0; step < 3; ++step) {  // past the buckets' rebuild after the first
+    ddp.zero_grad();
+    ddp.forward_backward(x, y, mse);
+  }
+  const int64_t held = memory_stats(Device::cpu(0)).allocated_bytes - before;
+  EXPECT_GE(held, gradient_bytes);
+  EXPECT_LT(held, gradient_bytes * 3 / 2) << "gradients " << gradient_bytes;
 }
 
 TEST(DdpTest, UnusedParametersNeedFindUnusedParameters) {
