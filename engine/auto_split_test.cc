@@ -52,12 +52,14 @@ void expect_slow_device_gets_a_smaller_chunk(ParallelMode mode) {
   const StepReport& step = dp.last_step();
   ASSERT_EQ(step.split_weights.size(), 2u);
   ASSERT_EQ(step.chunk_sizes.size(), 2u);
-  // A quarter for cpu:1 (10 of 40), with room for the sleeps' overshoot on a loaded machine.
-  EXPECT_GE(step.chunk_sizes[1], 6) << mode_name(mode);
-  EXPECT_LE(step.chunk_sizes[1], 14) << mode_name(mode);
-  // cpu:1 sleeps 0.2 ms more per sample; the compute, the same on both (and several times slower under
-  // ThreadSanitizer, where a ratio of the two once fell to 1.95), adds to both alike.
+  // cpu:1 sleeps 0.2 ms more per sample; the compute, the same on both (and several times slower under the
+  // sanitizers, where a ratio of the two fell to 1.95 and cpu:1's chunk rose to 15 of 40), adds to both alike.
   EXPECT_GT(step.ms_per_sample[1] - step.ms_per_sample[0], 0.1) << mode_name(mode);
+  // So cpu:1 gets less than half, as much as the measured speeds say (a quarter, 10 of 40, when the compute is
+  // negligible next to the sleeps), within the moving average's lag, the hysteresis and the rounding.
+  const double share = (1 / step.ms_per_sample[1]) / (1 / step.ms_per_sample[0] + 1 / step.ms_per_sample[1]);
+  EXPECT_LT(step.chunk_sizes[1], batch / 2) << mode_name(mode);
+  EXPECT_NEAR(static_cast<double>(step.chunk_sizes[1]), share * batch, 4.0) << mode_name(mode);
   EXPECT_GT(step.device_compute_ms[0], 0.0);
   if (mode == ParallelMode::DDP) {
     // DDP's all-reduce work follows the split: the slow device reduces the smaller part of every bucket.

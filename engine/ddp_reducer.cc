@@ -239,11 +239,8 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
   while (state.next_bucket < buckets_.size() && state.pending[state.next_bucket] == 0) {
     auto start = detail::Clock::now();
     const std::vector<size_t>& members = buckets_[state.next_bucket];
-    Tensor& bucket = state.buffers[state.next_bucket];
-    std::vector<Tensor> pieces;
-    for (size_t p : members) pieces.push_back(std::move(state.pieces[p]));
     NoGradGuard no_grad;
-    if (alone_) {  // Note [One replica in all]: the weighted sum of one gradient
+    if (alone_) {  // Note [One replica in all]: the weighted sum of one gradient; there is no bucket
       if (state.weight != 1.0) {
         for (size_t p : members) {
           if (params_[replica][p].grad().defined()) scale_into(params_[replica][p].grad(), state.weight);
@@ -253,6 +250,9 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
       ++state.next_bucket;
       continue;
     }
+    Tensor& bucket = state.buffers[state.next_bucket];
+    std::vector<Tensor> pieces;
+    for (size_t p : members) pieces.push_back(std::move(state.pieces[p]));
     if (options_.reduce_dtype && *options_.reduce_dtype != bucket.dtype()) {
       // Compressed on the wire (bf16_compress_hook): weighted into the bucket, rounded once, summed, and
       // widened back in place.
