@@ -204,8 +204,8 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
   NoGradGuard no_grad;
   const Tensor& grad = params_[replica][param].grad();
   const Tensor& view = state.views[param];
-  if (alone_) {  // Note [One replica in all]: the gradient stays where it is; there is no bucket
-    if (from_hook && grad.defined()) state.used[param] = 1;
+  if (alone_) {
+    // Note [One replica in all]: the gradient stays where it is; there is no bucket to stage it in.
   } else if (from_hook && grad.defined()) {
     state.used[param] = 1;
     // Weighted when the bucket is all-reduced (all_reduce_into), so the SUM over every replica of every
@@ -237,7 +237,6 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
 void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
   ReplicaState& state = *replicas_[replica];
   while (state.next_bucket < buckets_.size() && state.pending[state.next_bucket] == 0) {
-    auto start = detail::Clock::now();
     const std::vector<size_t>& members = buckets_[state.next_bucket];
     NoGradGuard no_grad;
     if (alone_) {  // Note [One replica in all]: the weighted sum of one gradient; there is no bucket
@@ -250,6 +249,7 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
       ++state.next_bucket;
       continue;
     }
+    auto start = detail::Clock::now();
     Tensor& bucket = state.buffers[state.next_bucket];
     std::vector<Tensor> pieces;
     for (size_t p : members) pieces.push_back(std::move(state.pieces[p]));
@@ -316,10 +316,9 @@ void DdpReducer::finalize_backward(size_t replica) {
               ". Expected every parameter to take part in producing the loss; if some legitimately do not, "
               "construct DataParallel with find_unused_parameters = true");
   }
-  if (alone_) {  // Note [One replica in all]: every gradient is final where it is
-    if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters) rebuild_due_ = true;
-    return;
-  }
+  // Every bucket was launched: replica 0's ready order is complete for the rebuild.
+  if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters) rebuild_due_ = true;
+  if (alone_) return;  // Note [One replica in all]: every gradient is final where it is
   NoGradGuard no_grad;
   std::vector<int32_t> used(params_[replica].size(), 1);
   if (options_.find_unused_parameters) {
@@ -338,7 +337,6 @@ void DdpReducer::finalize_backward(size_t replica) {
       param.set_grad(state.views[p].clone());
     }
   }
-  if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters) rebuild_due_ = true;
 }
 
 void DdpReducer::disarm() { armed_ = false; }

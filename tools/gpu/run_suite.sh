@@ -339,24 +339,21 @@ if ((tests)); then
   done
 
   if ((gpus > 0)); then
-    say "== CUDA tests on two logical devices (DPE_CUDA_LOGICAL_DEVICES=0,0), filter $cuda_filter"
-    for line in "${suite[@]}"; do
-      IFS=$'\t' read -r -a f <<<"$line"
-      [[ "${f[1]}" == gtest ]] || continue
-      [[ -z "$only" || "$only" == *",${f[0]},"* ]] || continue
-      exe="$bundle/${f[2]}"
-      has_tests "$exe" "$cuda_filter" || continue
-      run_one "${f[0]}@2dev" gtest "$timeout_s" "DPE_CUDA_LOGICAL_DEVICES=0,0" -- "$exe" "--gtest_filter=$cuda_filter"
-    done
-    # The engine's equivalence and lock-step tests once more on four (DP's chunks 2, 2, 2, 1 of a batch of 7).
-    say "== the engine's CUDA tests on four logical devices (DPE_CUDA_LOGICAL_DEVICES=0,0,0,0)"
-    for line in "${suite[@]}"; do
-      IFS=$'\t' read -r -a f <<<"$line"
-      [[ "${f[1]}" == gtest && "${f[0]}" == engine.* ]] || continue
-      [[ -z "$only" || "$only" == *",${f[0]},"* ]] || continue
-      exe="$bundle/${f[2]}"
-      has_tests "$exe" "$cuda_filter" || continue
-      run_one "${f[0]}@4dev" gtest "$timeout_s" "DPE_CUDA_LOGICAL_DEVICES=0,0,0,0" -- "$exe" "--gtest_filter=$cuda_filter"
+    # Every binary's CUDA tests on two logical devices; the engine's equivalence and lock-step tests once more
+    # on four (DP's chunks 2, 2, 2, 1 of a batch of 7). Each pass: label, mapping, which binaries.
+    for pass in "2dev 0,0 *" "4dev 0,0,0,0 engine.*"; do
+      read -r label mapping binaries <<<"$pass"
+      say "== CUDA tests of $binaries on logical devices DPE_CUDA_LOGICAL_DEVICES=$mapping, filter $cuda_filter"
+      for line in "${suite[@]}"; do
+        IFS=$'\t' read -r -a f <<<"$line"
+        # shellcheck disable=SC2053  # $binaries is a glob on purpose
+        [[ "${f[1]}" == gtest && "${f[0]}" == $binaries ]] || continue
+        [[ -z "$only" || "$only" == *",${f[0]},"* ]] || continue
+        exe="$bundle/${f[2]}"
+        has_tests "$exe" "$cuda_filter" || continue
+        run_one "${f[0]}@$label" gtest "$timeout_s" "DPE_CUDA_LOGICAL_DEVICES=$mapping" -- "$exe" \
+          "--gtest_filter=$cuda_filter"
+      done
     done
   fi
 fi
