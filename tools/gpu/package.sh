@@ -298,7 +298,7 @@ for d in bin/tests bin/tools bin/bench bin/sh runfiles sysdata lib lib/compat; d
     "$(find "$stage/$d" -type f | wc -l)"
 done
 echo "  largest files:"
-find "$stage" -type f -printf '%s %P\n' | sort -rn | head -6 | while read -r s p; do printf '    %8s  %s\n' "$(human "$s")" "$p"; done
+find "$stage" -type f -printf '%s %P\n' | sort -rn | sed -n 1,6p | while read -r s p; do printf '    %8s  %s\n' "$(human "$s")" "$p"; done
 log "uncompressed total $(human "$(du -sb "$stage" | cut -f1)")"
 
 rm -rf "$out"
@@ -315,7 +315,7 @@ else
 fi
 echo
 log "bundle $out:"
-find "$out" -type f -printf '%s %P\n' | sort -rn | head -6 | while read -r s p; do printf '    %8s  %s\n' "$(human "$s")" "$p"; done
+find "$out" -type f -printf '%s %P\n' | sort -rn | sed -n 1,6p | while read -r s p; do printf '    %8s  %s\n' "$(human "$s")" "$p"; done
 total=$(du -sb "$out" | cut -f1)
 log "total $(human "$total") ($total bytes)"
 if ((total > 60 * 1024 * 1024)); then
