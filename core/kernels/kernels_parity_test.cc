@@ -435,9 +435,12 @@ TYPED_TEST(Parity, SgdStep) {
 // ---------------------------------------------------------------------------------------------------------
 // Reductions.
 
+// {1, 16384, 128}: tiny-llama's RMSNorm weight gradient (B*T rows of dim 128) and {2, 5003, 33}: pieces of
+// unequal length, both split in two passes (Note [Split reductions] in reduce_cuda.cu), as is the 2^20 axis.
 const AxisShape kReduceShapes[] = {{1, 0, 1},  {3, 0, 5},   {1, 1, 1},    {1, 7, 1},     {1, 1023, 1},
                                    {1, (1 << 20) + 3, 1}, {3, 1023, 7}, {5, 7, 1}, {2, 1, 9}, {1, 7, 1023},
-                                   {4, 33, 65}, {0, 5, 3},  {2, 4099, 3}, {1031, 17, 1}};
+                                   {4, 33, 65}, {0, 5, 3},  {2, 4099, 3}, {1031, 17, 1}, {1, 16384, 128},
+                                   {2, 5003, 33}};
 
 TYPED_TEST(Parity, Reduce) {
   SKIP_WITHOUT_GPU();
@@ -513,6 +516,24 @@ TYPED_TEST(Parity, ReduceAndArgmaxPropagateNaN) {
   EXPECT_EQ(cpu, download<int64_t>(d_idx, outputs));
   EXPECT_EQ(cpu[3], 500);
   EXPECT_EQ(cpu[2 * 7 + 6], 0);
+}
+
+// Two-pass reductions add in a fixed order too: the same input gives the same bits on every call.
+TYPED_TEST(Parity, SplitReductionIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  for (const AxisShape& s : {AxisShape{1, 16384, 128}, AxisShape{2, 5003, 33}, AxisShape{1, (1 << 20) + 3, 1}}) {
+    std::vector<T> x = random_vector<T, Rng>(s.outer * s.size * s.inner, -1, 1, 77);
+    const size_t outputs = static_cast<size_t>(s.outer * s.inner);
+    auto d_x = upload(x);
+    DeviceBuffer d_first(outputs * sizeof(T)), d_again(outputs * sizeof(T));
+    for (AxisReduction op : {AxisReduction::Sum, AxisReduction::Mean}) {
+      reduce_cuda(stream(), op, dtype_of<T>(), s.outer, s.size, s.inner, d_x->get(), d_first.get());
+      reduce_cuda(stream(), op, dtype_of<T>(), s.outer, s.size, s.inner, d_x->get(), d_again.get());
+      expect_equal(download<T>(d_first, outputs), download<T>(d_again, outputs),
+                   "reduce op " + std::to_string(static_cast<int>(op)) + " " + shape_str(s.outer, s.size, s.inner));
+    }
+  }
 }
 
 TYPED_TEST(Parity, ArgmaxFirstIndexOfTies) {
