@@ -1,11 +1,14 @@
 #include "core/autograd/backward.h"
 
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "core/autograd/grad_mode.h"
 #include "core/autograd/node.h"
+#include "core/autograd/pass_profile.h"
+#include "core/autograd/profiler.h"
 #include "core/error.h"
 #include "core/lost_thread.h"
 #include "core/ops.h"
@@ -80,13 +83,17 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
     if (dependencies[node] == 0) ready.push(node);
   }
 
+  std::optional<PassProfile> profile;  // core/autograd/profiler.h
+  if (backward_profile_enabled()) profile.emplace();
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
     std::vector<Tensor> grad_outputs = std::move(inputs[node]);
     inputs.erase(node);
     grad_outputs.resize(node->num_outputs);
+    if (profile) profile->start(*node, grad_outputs);
     std::vector<Tensor> grad_inputs = node->apply(std::move(grad_outputs));
+    if (profile) profile->stop();
     checkpoint_if_lost();  // core/lost_thread.h
     DPE_INTERNAL_ASSERT(grad_inputs.empty() || grad_inputs.size() == node->next_edges.size(), node->name(),
                         " returned ", grad_inputs.size(), " gradients for ", node->next_edges.size(), " edges");
@@ -102,6 +109,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
     }
     node->release_saved();
   }
+  if (profile) profile->finish();
 }
 
 }  // namespace dpe::autograd

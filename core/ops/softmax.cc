@@ -47,7 +47,8 @@ Tensor softmax_impl(SoftmaxKind kind, const Tensor& x, int64_t dim, const char* 
         });
   }
   Tensor saved = y.detach();
-  autograd::record(y, {x}, std::string(name) + "Backward", [kind, saved, d](const Tensor& g) -> std::vector<Tensor> {
+  const char* node = kind == SoftmaxKind::Softmax ? "SoftmaxBackward" : "LogSoftmaxBackward";
+  autograd::record(y, {x}, node, [kind, saved, d](const Tensor& g) -> std::vector<Tensor> {
     return {softmax_backward(kind, saved, g, d)};
   });
   return y;

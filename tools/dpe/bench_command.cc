@@ -9,6 +9,9 @@
 // "One device" gets one device's share of the machine: on CPU devices, cores / number of devices threads,
 // the share each device has in DP and DDP mode, so the scaling efficiency compares like with like. The
 // "single-all" mode runs one device on every core.
+//
+// --profile runs as many steps again after each mode's timed ones with the backward profiled
+// (core/autograd/profiler.h) and prints, per mode, where the backward's time goes by node kind.
 #include <cblas.h>
 #include <omp.h>
 #include <tbb/task_arena.h>
@@ -30,6 +33,7 @@
 
 #include "bench/fma_peak.h"
 #include "core/allocator.h"
+#include "core/autograd/profiler.h"
 #include "core/kernels/sgemm_choice.h"
 #include "engine/worker_pool.h"
 #include "models/models.h"
@@ -61,6 +65,7 @@ struct BenchArgs {
   int64_t virtual_shards = 0;
   std::vector<std::string> precisions = {"fp32"};  // every mode in each (rows ddp, ddp-bf16, ...)
   std::string reduce_dtype = "fp32";  // ddp's bucket dtype (rows ddp-r16 with bf16 or fp16)
+  bool profile = false;  // after each mode's timed steps, as many again with the backward profiled
 };
 
 // The configurations tools/bench/pytorch_reference.py knows (its parse_config): single, single-Nt (N >= 1
@@ -98,6 +103,8 @@ struct Row {
   std::string note;
   bool reports = true;  // --dist mpi: only process 0's rows are shown and written
   std::vector<double> split_weights, ms_per_sample;  // --split auto: after the last timed step
+  std::vector<autograd::NodeTime> backward_profile;  // --profile: summed over its steps and devices
+  int64_t profiled_steps = 0;
 };
 
 // Runs fn on a thread limited to `threads` intra-op threads (oneTBB arena and OpenMP, as the engine's
@@ -185,6 +192,15 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
     row.ms_per_sample = dp->last_step().ms_per_sample;
     row.step_ms = seconds * 1e3 / static_cast<double>(args.steps);
     row.samples_per_s = static_cast<double>(args.batch_size * args.steps) / seconds;
+    if (args.profile) {
+      // Separate steps: profiling synchronises each backward pass, which the timed steps must not pay.
+      autograd::clear_backward_profile();
+      autograd::enable_backward_profile(true);
+      for (int64_t s = 0; s < args.steps; ++s) step(args.warmup + args.steps + s);
+      autograd::enable_backward_profile(false);
+      row.backward_profile = autograd::backward_profile();
+      row.profiled_steps = args.steps;
+    }
   };
   bool cpu = devices[0].is_cpu();
   if (mode == "single" && cpu) {
@@ -336,6 +352,24 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   print_sgemm_choices();
 }
 
+// --profile: a row's backward by node kind, per step, the largest first.
+void print_backward_profile(const Row& r, const std::vector<Device>& devices) {
+  double total = 0;
+  for (const autograd::NodeTime& n : r.backward_profile) total += n.ms;
+  const double steps = static_cast<double>(r.profiled_steps);
+  // Single rows ran on the first device; --dist mpi rows count every process's devices, but time this one's.
+  const std::vector<Device> ran(devices.begin(), devices.begin() + std::min<size_t>(r.devices, devices.size()));
+  std::printf("\n# %s backward by node on %s, per step (%lld profiled steps after the timed ones; %s)\n",
+              r.config.c_str(), device_list_str(ran).c_str(), static_cast<long long>(r.profiled_steps),
+              devices[0].is_cpu() ? "wall time" : "stream time between events around each node");
+  std::printf("%-24s %10s %9s %6s\n", "node", "calls/step", "ms/step", "share");
+  for (const autograd::NodeTime& n : r.backward_profile) {
+    std::printf("%-24s %10.1f %9.3f %5.1f%%\n", n.name.c_str(), static_cast<double>(n.calls) / steps, n.ms / steps,
+                total > 0 ? 100 * n.ms / total : 0.0);
+  }
+  std::printf("%-24s %10s %9.3f\n", "total", "", total / steps);
+}
+
 void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
   if (!args.csv.empty()) {
     std::ofstream out(args.csv);
@@ -389,6 +423,15 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
       }
       for (const auto& [device, bytes] : r.peak) row["peak_bytes"][device.str()] = bytes;
       if (!r.note.empty()) row["note"] = r.note;
+      if (r.profiled_steps > 0) {
+        row["backward_profile"] = Json::array();
+        const double steps = static_cast<double>(r.profiled_steps);
+        for (const autograd::NodeTime& n : r.backward_profile) {
+          row["backward_profile"].push_back({{"node", n.name},
+                                             {"calls_per_step", as_printed("%g", static_cast<double>(n.calls) / steps)},
+                                             {"ms_per_step", as_printed("%g", n.ms / steps)}});
+        }
+      }
       report["rows"].push_back(std::move(row));
     }
     write_json_report("--json", args.json, report);
@@ -506,6 +549,9 @@ void run_bench(const BenchArgs& args) {
     }
     std::printf("\n");
   }
+  for (const Row& r : rows) {
+    if (r.profiled_steps > 0) print_backward_profile(r, devices);
+  }
   write_outputs(args, rows);
 }
 
@@ -557,6 +603,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--pytorch-script", args->pytorch_script,
                   "path of pytorch_reference.py (default: the repository's; with --compare-pytorch)")
       ->needs(compare);
+  cmd->add_flag("--profile", args->profile, "after each mode's timed steps, as many again with every backward node "
+               "timed: a table per mode of node kinds by time per step (--json: backward_profile)");
   cmd->add_option("--json", args->json, "write the rows as JSON (checked at start-up)");
   cmd->add_option("--csv", args->csv, "write the rows as CSV (checked at start-up)");
   cmd->add_option("--png", args->png, "draw samples/s per configuration (gnuplot; checked at start-up)");

@@ -45,6 +45,31 @@ row = json.load(open(sys.argv[1]))["rows"][0]
 assert len(row["split_weights"]) == 2 and abs(sum(row["split_weights"]) - 1) < 1e-3, row
 assert all(t > 0 for t in row["ms_per_sample"]), row
 PY
+# --profile: each mode's backward by node kind, after its timed steps; the shares add up to the total, and the
+# JSON row has the same nodes. tiny-llama's backward has attention's softmax and the embedding's scatter-add.
+out=$("$bin" bench --model tiny-llama --cpu-devices 2 --batch-size 16 --steps 2 --warmup 1 --modes single,ddp --profile \
+      --json "$tmp/profile.json" 2>&1) || { echo "FAILED: --profile: $out"; fail=1; }
+for mode in single ddp; do
+  grep -qE "^# $mode backward by node on cpu:0.*, per step \(2 profiled steps after the timed ones; wall time\)" <<<"$out" ||
+    { echo "FAILED: no $mode profile header: $out"; fail=1; }
+done
+for node in SoftmaxBackward EmbeddingBackward MatmulBackward; do
+  [[ $(grep -cE "^$node +[0-9.]+ +[0-9.]+ +[0-9.]+%" <<<"$out") -eq 2 ]] || { echo "FAILED: $node not in both profiles"; fail=1; }
+done
+python3 - "$tmp/profile.json" <<'PY' || { echo "FAILED: the --profile JSON"; fail=1; }
+import json, sys
+for row in json.load(open(sys.argv[1]))["rows"]:
+    nodes = {n["node"]: n for n in row["backward_profile"]}
+    # one per layer and device: a table sums its devices
+    assert nodes["SoftmaxBackward"]["calls_per_step"] == 2 * row["devices"], row
+    assert sum(n["ms_per_step"] for n in nodes.values()) > 0, row
+PY
+if "$bin" devices 2>/dev/null | grep -qE '^ +cuda:0 '; then
+  out=$("$bin" bench --model tiny-llama --device-ids cuda:0 --batch-size 16 --steps 2 --warmup 1 --modes single --profile 2>&1) ||
+    { echo "FAILED: --profile on cuda:0: $out"; fail=1; }
+  grep -qE '^# single backward by node on cuda:0, per step .*stream time' <<<"$out" && grep -qE '^SoftmaxBackward ' <<<"$out" ||
+    { echo "FAILED: no cuda:0 profile: $out"; fail=1; }
+fi
 # expect STATUS PATTERN ARGS...: `dpe bench ARGS` exits with STATUS within 30 s, output containing PATTERN.
 expect() {
   local want_status="$1" pattern="$2"; shift 2
