@@ -10,6 +10,7 @@
 #include "core/kernels/copy.h"
 #include "core/kernels/cuda_launch.cuh"
 #include "core/kernels/dtype_dispatch.h"
+#include "core/kernels/offset_calc.h"
 
 namespace dpe::kernels {
 namespace {
@@ -20,6 +21,7 @@ using detail::grid_stride;
 using detail::kBlock;
 
 using detail::dispatch_dtype;
+using detail::OffsetCalc32;
 
 // convert<D>, except that a same-type copy is a bit copy: it keeps the 16-bit float NaN bits that convert's
 // round trip through float changes. (copy_cpu bit-copies contiguous same-type data too, with memcpy; its
@@ -44,6 +46,16 @@ __global__ void copy_kernel(int64_t n, const S* src, Layout src_layout, bool src
   }
 }
 
+// src, dst: offsets from `calc` (the coalesced layouts, core/kernels/offset_calc.h), n < 2^31.
+template <typename S, typename D>
+__global__ void copy_strided32_kernel(uint32_t n, const S* src, D* dst, OffsetCalc32<2> calc) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    uint32_t off[2];
+    calc.offsets(i, off);
+    dst[off[1]] = copy_value<D>(src[off[0]]);
+  }
+}
+
 // dst: (n)
 template <typename D>
 __global__ void fill_kernel(int64_t n, D* dst, D value) {
@@ -59,10 +71,19 @@ void copy_cuda(cudaStream_t stream, const void* src, DType src_dtype, const Layo
   const int64_t n = src_layout.numel();
   if (n == 0) return;
   const bool src_contiguous = src_layout.is_contiguous(), dst_contiguous = dst_layout.is_contiguous();
+  OffsetCalc32<2> calc;
+  const Layout* const operands[2] = {&src_layout, &dst_layout};
+  const bool strided32 = !(src_contiguous && dst_contiguous) && detail::make_offset_calc32(operands, &calc);
   dispatch_dtype(src_dtype, [&](auto src_tag) {
     using S = typename decltype(src_tag)::type;
     dispatch_dtype(dst_dtype, [&](auto dst_tag) {
       using D = typename decltype(dst_tag)::type;
+      if (strided32) {
+        copy_strided32_kernel<S, D><<<grid_for(n), kBlock, 0, stream>>>(
+            static_cast<uint32_t>(n), static_cast<const S*>(src), static_cast<D*>(dst), calc);
+        DPE_CUDA_CHECK_LAUNCH();
+        return;
+      }
       copy_kernel<S, D><<<grid_for(n), kBlock, 0, stream>>>(n, static_cast<const S*>(src), src_layout,
                                                            src_contiguous, static_cast<D*>(dst), dst_layout,
                                                            dst_contiguous);

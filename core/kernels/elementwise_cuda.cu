@@ -7,6 +7,7 @@
 #include "core/kernels/cuda_launch.cuh"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/math.h"
+#include "core/kernels/offset_calc.h"
 
 namespace dpe::kernels {
 namespace {
@@ -18,6 +19,7 @@ using detail::grid_for;
 using detail::grid_stride;
 using detail::kBlock;
 using detail::check_n;
+using detail::OffsetCalc32;
 
 template <typename F>
 void dispatch_unary(UnaryOp op, F&& f) {
@@ -58,6 +60,16 @@ __global__ void binary_kernel(int64_t n, const T* a, Layout a_layout, bool a_con
     const T av = a[a_contiguous ? i : a_layout.offset_of(i)];
     const T bv = b[b_contiguous ? i : b_layout.offset_of(i)];
     out[i] = apply_binary(Op, av, bv);
+  }
+}
+
+// out: (n) contiguous, n < 2^31  a, b: offsets from `calc` (the coalesced layouts, core/kernels/offset_calc.h).
+template <typename T, BinaryOp Op>
+__global__ void binary_strided32_kernel(uint32_t n, const T* a, const T* b, OffsetCalc32<2> calc, T* out) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    uint32_t off[2];
+    calc.offsets(i, off);
+    out[i] = apply_binary(Op, a[off[0]], b[off[1]]);
   }
 }
 
@@ -113,9 +125,18 @@ void binary_cuda(cudaStream_t stream, BinaryOp op, DType dtype, const Layout& ou
   const int64_t n = out_layout.numel();
   if (n == 0) return;
   const bool a_contiguous = a_layout.is_contiguous(), b_contiguous = b_layout.is_contiguous();
+  OffsetCalc32<2> calc;
+  const Layout* const operands[2] = {&a_layout, &b_layout};
+  const bool strided32 = !(a_contiguous && b_contiguous) && detail::make_offset_calc32(operands, &calc);
   dispatch_compute_type(dtype, "binary_cuda", [&](auto tag) {
     using T = decltype(tag);
     dispatch_binary(op, [&](auto op_c) {
+      if (strided32) {
+        binary_strided32_kernel<T, decltype(op_c)::value><<<grid_for(n), kBlock, 0, stream>>>(
+            static_cast<uint32_t>(n), static_cast<const T*>(a), static_cast<const T*>(b), calc, static_cast<T*>(out));
+        DPE_CUDA_CHECK_LAUNCH();
+        return;
+      }
       binary_kernel<T, decltype(op_c)::value><<<grid_for(n), kBlock, 0, stream>>>(n, static_cast<const T*>(a), a_layout,
                                                                    a_contiguous, static_cast<const T*>(b),
                                                                    b_layout, b_contiguous, static_cast<T*>(out));

@@ -227,6 +227,9 @@ TEST(ParityCopy, StridedBroadcastAndTransposed) {
       {"0-d scalar", make_layout({}, {}), make_layout({}, {})},
       {"empty dim", make_layout({4, 0, 3}, {0, 3, 1}), contiguous({4, 0, 3})},
       {"large transposed", make_layout({1031, 1021}, {1, 1031}), contiguous({1031, 1021})},
+      // attention's heads: (B, T, H, hd) = (7, 33, 4, 32) read as (B, H, T, hd), and back into a permuted dst
+      {"heads src", make_layout({7, 4, 33, 32}, {4224, 32, 128, 1}), contiguous({7, 4, 33, 32})},
+      {"heads dst", contiguous({7, 4, 33, 32}), make_layout({7, 4, 33, 32}, {4224, 32, 128, 1})},
   };
   const std::pair<DType, DType> pairs[] = {{DType::Float32, DType::Float32}, {DType::Float64, DType::Float64},
                                            {DType::Float64, DType::Float16}, {DType::Float32, DType::Int64},
@@ -352,6 +355,9 @@ TYPED_TEST(Parity, BinaryWithBroadcastingAndTransposes) {
   cases.push_back({"transposed both, row broadcast", contiguous({65, 33}), make_layout({65, 33}, {1, 65}),
                    make_layout({65, 33}, {0, 1})});
   cases.push_back({"0-d", make_layout({}, {}), make_layout({}, {}), make_layout({}, {})});
+  // rotary embeddings: permuted heads (B, H, T, hd) = (7, 4, 33, 32) times a (T, hd) table broadcast over (B, H)
+  cases.push_back({"heads times table", contiguous({7, 4, 33, 32}), make_layout({7, 4, 33, 32}, {4224, 32, 128, 1}),
+                   make_layout({7, 4, 33, 32}, {0, 0, 32, 1})});
   const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum,
                           BinaryOp::Minimum};
   for (const Case& c : cases) {
