@@ -41,6 +41,12 @@ struct GemmArgs {
 };
 
 void gemm_cpu(const GemmArgs& args);
+
+namespace detail {
+// The OpenMP threads gemm_cpu runs a call on: 1 when its products (every batch entry) add up to less than its
+// threshold (Note [Small GEMMs on one thread] in matmul_cpu.cc), else the calling thread's omp_get_max_threads().
+int gemm_threads(const GemmArgs& args);
+}  // namespace detail
 // Whether oneDNN runs bfloat16 products with this CPU's own instructions (avx512_core_bf16 or better, as
 // limited by ONEDNN_MAX_CPU_ISA): the condition for CPU autocast to be worth it. Decided once per process.
 bool cpu_has_bf16_instructions();

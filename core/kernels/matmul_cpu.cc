@@ -3,7 +3,8 @@
 // cblas_dgemm (gradient checks only, where its speed does not matter). Nothing hand-written.
 //
 // Threads: oneDNN parallelises with OpenMP using omp_get_max_threads() of the *calling* thread, so each
-// device worker sets its share with omp_set_num_threads() once (see docs/DESIGN.md); OpenBLAS uses its own
+// device worker sets its share with omp_set_num_threads() once (see docs/DESIGN.md), and products too small
+// to share run on the calling thread alone (Note [Small GEMMs on one thread]); OpenBLAS uses its own
 // process-wide pthread pool (openblas_set_num_threads), which is why it is a float32 candidate only for
 // one-thread shares with a one-thread pool (it then runs on the calling worker). None uses TBB. Apart from
 // the float32 choice and oneDNN primitives, cached once per shape behind a mutex, gemm_cpu keeps no state:
@@ -11,8 +12,10 @@
 // Batches run one after another, so a batch stride of 0 on A or B is safe; C must not overlap across
 // batches.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <optional>
 #include <climits>
 #include <type_traits>
 
@@ -101,12 +104,52 @@ void gemm_batched(const GemmArgs& g) {
   }
 }
 
+// Note [Small GEMMs on one thread]
+// oneDNN starts an OpenMP team of omp_get_max_threads() for every call, however small. Waking threads that
+// have gone to sleep costs more than a small product takes on one core; within one batched call the threads
+// stay awake from one matrix to the next. So a call whose products add up to less than kOneThreadFlops runs
+// on the calling thread alone (its OpenMP setting restored afterwards). tiny-llama on one CPU device with both
+// cores (dpe bench --model tiny-llama --modes single-all), ms per step before / after: batch 1 6.8-8.6 /
+// 3.5, batch 4 10.7-11.7 / 8.7-9.6, batch 16 24.8-27.5 / 25.5-27.3 (its attention's 64 products of 64 x 64
+// x 32 are one call of 17 MFLOP: two threads, as before); the MLP at batch 256 unchanged (docs/BENCHMARKS.md).
+// A product under the threshold has one thread's bits whatever the device's share of cores (oneDNN's GEMM
+// may split K over threads, which rounds differently).
+constexpr double kOneThreadFlops = 1e7;  // ~60 us on one core
+
+}  // namespace
+
+namespace detail {
+
+int gemm_threads(const GemmArgs& g) {
+  const int threads = omp_get_max_threads();
+  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) *
+                       static_cast<double>(g.batch);
+  return flops < kOneThreadFlops ? 1 : threads;
+}
+
+}  // namespace detail
+
+namespace {
+
+class OneOmpThread {
+ public:
+  OneOmpThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneOmpThread() { omp_set_num_threads(saved_); }
+  OneOmpThread(const OneOmpThread&) = delete;
+  OneOmpThread& operator=(const OneOmpThread&) = delete;
+
+ private:
+  int saved_;
+};
+
 }  // namespace
 
 // For b in [0, batch): C[b] (m, n) = alpha * op(A[b]) (m, k) @ op(B[b]) (k, n) + beta * C[b].
 void gemm_cpu(const GemmArgs& args) {
   check_args(args);
   if (args.m == 0 || args.n == 0 || args.batch == 0) return;
+  std::optional<OneOmpThread> one_thread;  // Note [Small GEMMs on one thread]
+  if (detail::gemm_threads(args) < omp_get_max_threads()) one_thread.emplace();
   if (args.dtype == DType::Float32) {
     gemm_batched<float>(args);
   } else if (args.dtype == DType::BFloat16) {

@@ -423,5 +423,30 @@ TEST(SgemmBackends, ChoiceIsMeasuredOncePerShapeAndRecorded) {
   EXPECT_EQ(found, 1) << "one measurement for the shape";
 }
 
+// Note [Small GEMMs on one thread]: tiny-llama's products at batch 1 run on one thread; its attention's batched
+// products at batch 16, its projections at batch 64 and the MLP's on the caller's share; the caller's OpenMP
+// setting survives the call.
+TEST(GemmCpu, SmallProductsRunOnTheCallingThreadAlone) {
+  std::thread([] {
+    omp_set_num_threads(2);
+    GemmArgs g;
+    g.m = 64, g.n = 384, g.k = 128;  // 6.3 MFLOP: a feed-forward projection at batch 1
+    EXPECT_EQ(detail::gemm_threads(g), 1);
+    g.m = 64 * 64;  // 403 MFLOP: at batch 64
+    EXPECT_EQ(detail::gemm_threads(g), 2);
+    g.m = 64, g.n = 64, g.k = 32, g.batch = 4;  // attention scores at batch 1: 4 heads, 1 MFLOP
+    EXPECT_EQ(detail::gemm_threads(g), 1);
+    g.batch = 64;  // at batch 16: 17 MFLOP in one call
+    EXPECT_EQ(detail::gemm_threads(g), 2);
+    g.m = 128, g.n = 512, g.k = 784, g.batch = 1;  // the MLP's first layer on one device
+    EXPECT_EQ(detail::gemm_threads(g), 2);
+
+    Problem<float> small(64, 384, 128, Transpose::No, Transpose::Yes, 1.0, 0.0);
+    gemm_cpu(small.args);
+    small.check("a small product on one thread");
+    EXPECT_EQ(omp_get_max_threads(), 2);
+  }).join();
+}
+
 }  // namespace
 }  // namespace dpe::kernels
