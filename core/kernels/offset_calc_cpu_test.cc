@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "tests/testing/kernel_test_util.h"
+
 namespace dpe::kernels::detail {
 namespace {
 
@@ -42,16 +44,6 @@ TEST(FastDivmod, EqualsDivisionForEveryKindOfDivisor) {
   }
 }
 
-Layout layout(std::vector<int64_t> sizes, std::vector<int64_t> strides) {
-  Layout l;
-  l.ndim = static_cast<int>(sizes.size());
-  for (int d = 0; d < l.ndim; ++d) {
-    l.sizes[d] = sizes[d];
-    l.strides[d] = strides[d];
-  }
-  return l;
-}
-
 // Every linear index of two operands: the calculator's offsets equal Layout::offset_of's.
 void expect_matches_offset_of(const Layout& a, const Layout& b, int want_ndim) {
   OffsetCalc32<2> calc;
@@ -68,32 +60,32 @@ void expect_matches_offset_of(const Layout& a, const Layout& b, int want_ndim) {
 
 TEST(OffsetCalc32, MatchesOffsetOfOnTheAttentionsLayouts) {
   const int64_t B = 3, H = 4, T = 5, hd = 6;
-  const Layout contiguous = layout({B, H, T, hd}, {H * T * hd, T * hd, hd, 1});
+  const Layout contiguous = make_layout({B, H, T, hd}, {H * T * hd, T * hd, hd, 1});
   // heads(): (B, T, H, hd) viewed as (B, H, T, hd), and a (T, hd) table broadcast over (B, H).
-  const Layout permuted = layout({B, H, T, hd}, {T * H * hd, hd, H * hd, 1});
-  const Layout table = layout({B, H, T, hd}, {0, 0, hd, 1});
+  const Layout permuted = make_layout({B, H, T, hd}, {T * H * hd, hd, H * hd, 1});
+  const Layout table = make_layout({B, H, T, hd}, {0, 0, hd, 1});
   expect_matches_offset_of(permuted, table, 4);    // nothing merges: the permuted operand is contiguous nowhere
   expect_matches_offset_of(contiguous, table, 2);  // (B*H, T*hd) with strides (0, 1) for the table
   expect_matches_offset_of(contiguous, contiguous, 1);
   // narrow(-1, hd/2, hd/2) of a contiguous tensor, as rotate_half reads it, with size-1 dimensions.
-  const Layout half = layout({B, 1, T, hd / 2}, {T * hd, 999, hd, 1});
-  const Layout into = layout({B, 1, T, hd / 2}, {T * hd / 2, 0, hd / 2, 1});
+  const Layout half = make_layout({B, 1, T, hd / 2}, {T * hd, 999, hd, 1});
+  const Layout into = make_layout({B, 1, T, hd / 2}, {T * hd / 2, 0, hd / 2, 1});
   expect_matches_offset_of(half, into, 2);
-  const Layout scalar = layout({}, {});
+  const Layout scalar = make_layout({}, {});
   expect_matches_offset_of(scalar, scalar, 1);
 }
 
 TEST(OffsetCalc32, RefusesWhatThirtyOneBitsDoNotHold) {
   OffsetCalc32<2> calc;
-  const Layout big = layout({int64_t{1} << 31}, {1});
+  const Layout big = make_layout({int64_t{1} << 31}, {1});
   const Layout* const too_many[2] = {&big, &big};
   EXPECT_FALSE(make_offset_calc32(too_many, &calc));
-  const Layout small = layout({4, 8}, {8, 1});
-  const Layout far = layout({4, 8}, {int64_t{1} << 30, 1});  // last row starts at 3 * 2^30
+  const Layout small = make_layout({4, 8}, {8, 1});
+  const Layout far = make_layout({4, 8}, {int64_t{1} << 30, 1});  // last row starts at 3 * 2^30
   const Layout* const too_far[2] = {&small, &far};
   EXPECT_FALSE(make_offset_calc32(too_far, &calc));
-  const Layout pair = layout({2, 8}, {8, 1});
-  const Layout largest = layout({2, 8}, {(int64_t{1} << 31) - 8, 1});  // last offset exactly 2^31 - 1
+  const Layout pair = make_layout({2, 8}, {8, 1});
+  const Layout largest = make_layout({2, 8}, {(int64_t{1} << 31) - 8, 1});  // last offset exactly 2^31 - 1
   const Layout* const fits[2] = {&pair, &largest};
   EXPECT_TRUE(make_offset_calc32(fits, &calc));
 }
