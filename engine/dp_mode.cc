@@ -42,6 +42,7 @@ class DataParallelGatherNode final : public autograd::Node {
   }
 
   std::string name() const override { return "DataParallelGatherBackward"; }
+  bool runs_nested_backward() const override { return true; }
   void release_saved() override {
     outputs_.clear();
     chunk_inputs_.clear();

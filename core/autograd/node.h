@@ -34,6 +34,9 @@ class Node {
   // Drops saved tensors after backward (retain_graph = false); a second backward then fails clearly.
   // A node shared by concurrent graphs (a leaf's AccumulateGrad) keeps nothing to release.
   virtual void release_saved() {}
+  // Whether apply() runs whole backward passes of other graphs itself (DP's gather, which runs every
+  // replica's backward): the backward profiler times those passes' nodes, not this one around them.
+  virtual bool runs_nested_backward() const { return false; }
 
   // Monotonic creation order: the engine runs ready nodes newest first, like PyTorch, so the gradient-ready
   // order follows reverse execution order.

@@ -14,7 +14,8 @@ namespace dpe::autograd {
 
 class PassProfile {
  public:
-  // Around node.apply(grad_outputs): timed on the device of the first defined gradient (untimed if none).
+  // Around node.apply(grad_outputs): timed on the device of the first defined gradient (untimed if none, or
+  // if the node runs nested backward passes, whose nodes are timed instead).
   void start(const Node& node, const std::vector<Tensor>& grad_outputs);
   void stop();
   // Waits for the pass's last recorded events and adds its times to the table. Call once, after the pass.

@@ -44,6 +44,7 @@ void clear_backward_profile() {
 
 void PassProfile::start(const Node& node, const std::vector<Tensor>& grad_outputs) {
   open_ = false;
+  if (node.runs_nested_backward()) return;  // its passes time their own nodes
   for (const Tensor& g : grad_outputs) {
     if (!g.defined()) continue;
     Timing& t = timings_.emplace_back(Timing{node.name(), g.device(), Event(), Event()});

@@ -8,7 +8,9 @@
 // runs a little slower than an unprofiled one: profile in separate steps from timed ones.
 //
 // Thread-safety: any number of threads may run backward() while profiling is on (DP's replicas); each
-// pass's times are merged under a lock when it ends, so a table of n devices sums their nodes. Turning
+// pass's times are merged under a lock when it ends, so a table of n devices sums their nodes. A node that
+// runs other graphs' backward passes itself (Node::runs_nested_backward: DP's gather) is not timed: the
+// nodes of those passes are, so nothing counts twice. Gradient additions between nodes are not timed. Turning
 // profiling on or off, reading or clearing the table while a pass runs, takes effect from the next pass.
 #pragma once
 
@@ -29,7 +31,7 @@ bool backward_profile_enabled();
 
 // Every node name timed since the last clear, the largest total first (ties by name).
 std::vector<NodeTime> backward_profile();
-// Backward passes that ran with profiling on since the last clear.
+// Backward passes that ran with profiling on since the last clear, nested ones (DP's replicas) included.
 int64_t backward_profile_passes();
 void clear_backward_profile();
 

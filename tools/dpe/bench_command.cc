@@ -192,6 +192,12 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
     row.ms_per_sample = dp->last_step().ms_per_sample;
     row.step_ms = seconds * 1e3 / static_cast<double>(args.steps);
     row.samples_per_s = static_cast<double>(args.batch_size * args.steps) / seconds;
+    // The timed steps' peaks. The input data set lives on cpu:0 for the whole run; it is not the step's memory.
+    const int64_t data_bytes = static_cast<int64_t>(data.train_inputs.nbytes() + data.train_targets.nbytes());
+    for (const Device& d : dp->device_ids()) {
+      const int64_t peak = memory_stats(d).peak_allocated_bytes;
+      row.peak.emplace_back(d, d == data.train_inputs.device() ? peak - data_bytes : peak);
+    }
     if (args.profile) {
       // Separate steps: profiling synchronises each backward pass, which the timed steps must not pay.
       autograd::clear_backward_profile();
@@ -208,12 +214,6 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
     with_threads(std::max(1, usable_cores() / static_cast<int>(devices.size())), run);
   } else {
     run();  // single-all: the caller's thread with every core; dp/ddp: the engine's workers
-  }
-  // The input data set lives on cpu:0 for the whole run; it is not the step's memory.
-  int64_t data_bytes = static_cast<int64_t>(data.train_inputs.nbytes() + data.train_targets.nbytes());
-  for (const Device& d : dp->device_ids()) {
-    int64_t peak = memory_stats(d).peak_allocated_bytes;
-    row.peak.emplace_back(d, d == data.train_inputs.device() ? peak - data_bytes : peak);
   }
   return row;
 }
