@@ -103,6 +103,7 @@ void CausalSelfAttention::reset() {
   wo = register_module("wo", std::make_shared<Linear>(dim_, dim_, /*bias=*/false));
   tables_ = {};
   tables_len_ = -1;
+  causal_mask_ = Tensor();
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) { return forward_impl(x, Tensor()); }
@@ -118,6 +119,14 @@ const functional::RotaryTables& CausalSelfAttention::tables_for(int64_t T, const
     tables_len_ = T;
   }
   return tables_;
+}
+
+const Tensor& CausalSelfAttention::causal_mask_for(int64_t T, const Tensor& x) {
+  if (!causal_mask_.defined() || causal_mask_.size(0) != T || causal_mask_.dtype() != x.dtype() ||
+      causal_mask_.device() != x.device()) {
+    causal_mask_ = functional::attention_masks(T, Tensor(), TensorOptions(x.dtype()).with_device(x.device())).additive;
+  }
+  return causal_mask_;
 }
 
 Tensor CausalSelfAttention::forward_impl(const Tensor& x, const Tensor& key_padding_mask) {
@@ -140,7 +149,9 @@ Tensor CausalSelfAttention::forward_impl(const Tensor& x, const Tensor& key_padd
   // scores: (B*H, T, T) -> (B, H, T, T), masked, softmax over keys.
   Tensor scores = bmm(q, k.transpose(1, 2)) * (1.0 / std::sqrt(static_cast<double>(hd)));
   functional::AttentionMasks masks =
-      functional::attention_masks(T, key_padding_mask, TensorOptions(x.dtype()).with_device(x.device()));
+      key_padding_mask.defined()
+          ? functional::attention_masks(T, key_padding_mask, TensorOptions(x.dtype()).with_device(x.device()))
+          : functional::AttentionMasks{causal_mask_for(T, x), Tensor()};
   Tensor probs = softmax(scores.view({B, H, T, T}) + masks.additive, -1);
   if (masks.keep.defined()) probs = probs * masks.keep;  // rows without a visible key -> 0
 

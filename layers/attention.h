@@ -70,13 +70,16 @@ class CausalSelfAttention : public Cloneable<CausalSelfAttention> {
  private:
   Tensor forward_impl(const Tensor& x, const Tensor& key_padding_mask);
   const functional::RotaryTables& tables_for(int64_t T, const Tensor& x);
+  const Tensor& causal_mask_for(int64_t T, const Tensor& x);
 
   int64_t dim_;
   int64_t num_heads_;
   double rope_theta_;
-  // Cache of the last RoPE tables (keyed by length, dtype, device); a module is used by one thread at a time.
+  // Caches of the last RoPE tables and causal mask (keyed by length, dtype, device), built on the host and
+  // copied to the device once rather than every step; a module is used by one thread at a time.
   functional::RotaryTables tables_;
   int64_t tables_len_ = -1;
+  Tensor causal_mask_;
 };
 
 }  // namespace dpe::nn
