@@ -350,7 +350,6 @@ int64_t DdpReducer::launched_during_backward() const {
 double DdpReducer::allreduce_ms(size_t replica) const { return replicas_[replica]->allreduce_ms; }
 
 int64_t DdpReducer::allreduce_bytes() const {
-  if (alone_) return 0;  // Note [One replica in all]
   int64_t bytes = 0;
   for (const Tensor& b : replicas_[0]->buffers) {
     bytes += b.numel() * static_cast<int64_t>(element_size(options_.reduce_dtype.value_or(b.dtype())));

@@ -15,8 +15,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <optional>
 #include <climits>
+#include <optional>
 #include <type_traits>
 
 #include "core/error.h"
@@ -116,21 +116,6 @@ void gemm_batched(const GemmArgs& g) {
 // may split K over threads, which rounds differently).
 constexpr double kOneThreadFlops = 1e7;  // ~60 us on one core
 
-}  // namespace
-
-namespace detail {
-
-int gemm_threads(const GemmArgs& g) {
-  const int threads = omp_get_max_threads();
-  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) *
-                       static_cast<double>(g.batch);
-  return flops < kOneThreadFlops ? 1 : threads;
-}
-
-}  // namespace detail
-
-namespace {
-
 class OneOmpThread {
  public:
   OneOmpThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
@@ -143,6 +128,12 @@ class OneOmpThread {
 };
 
 }  // namespace
+
+int detail::gemm_threads(const GemmArgs& g) {
+  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) *
+                       static_cast<double>(g.batch);
+  return flops < kOneThreadFlops ? 1 : omp_get_max_threads();
+}
 
 // For b in [0, batch): C[b] (m, n) = alpha * op(A[b]) (m, k) @ op(B[b]) (k, n) + beta * C[b].
 void gemm_cpu(const GemmArgs& args) {
