@@ -82,6 +82,14 @@ void bench_max_pool(double min_seconds, int64_t n, int64_t c, int64_t hw) {
   report("max_pool2d 2x2 backward " + shape,
          best_ms(min_seconds, [&] { k::max_pool2d_backward_cpu(s, dy.data(), indices.data(), dx.data()); }),
          12.0 * out + 4.0 * in);
+  // What max_pool2d runs: window codes instead of indices (Note [Window codes]).
+  std::vector<uint8_t> codes(out);
+  report("max_pool2d 2x2 forward, window codes " + shape,
+         best_ms(min_seconds, [&] { k::max_pool2d_2x2_cpu(s, x.data(), y.data(), codes.data()); }),
+         4.0 * in + 5.0 * out);
+  report("max_pool2d 2x2 backward, window codes " + shape,
+         best_ms(min_seconds, [&] { k::max_pool2d_2x2_backward_cpu(s, dy.data(), codes.data(), dx.data()); }),
+         5.0 * out + 4.0 * in);
 }
 
 void bench_relu(double min_seconds, int64_t numel, const std::string& what) {

@@ -64,6 +64,20 @@ inline void check_adaptive_shape(const char* what, const Pool2dShape& s) {
 void max_pool2d_cpu(const Pool2dShape& s, const void* x, void* y, int64_t* indices);
 // dy, indices: (P, H_out, W_out)  dx: (P, H, W)
 void max_pool2d_backward_cpu(const Pool2dShape& s, const void* dy, const int64_t* indices, void* dx);
+// Note [Window codes]
+// MaxPool2d(2) on CPU float32 (kernel 2, stride 2, no padding: the CNN's pools and most others) can save,
+// instead of int64 indices, one uint8 code per output: the winner's place in its window, 2 * row + column
+// (0..3). The forward writes an eighth of the index bytes, and the backward writes each dx element once from
+// dy and the codes, where the scatter through indices zero-fills dx and then writes it again: in the CNN's
+// step the two pools' index writes, zero fills and scatters were the largest of dpe's own kernels (profile in
+// docs/BENCHMARKS.md). max_pool2d saves codes where max_pool2d_2x2_applies; max_pool2d_with_indices, whose
+// indices the caller sees, keeps int64 (PyTorch's convention). Same values and gradients bit for bit.
+bool max_pool2d_2x2_applies(const Pool2dShape& s);
+// x: (P, H, W)  y, codes: (P, H_out, W_out); s as max_pool2d_2x2_applies.
+void max_pool2d_2x2_cpu(const Pool2dShape& s, const void* x, void* y, uint8_t* codes);
+// dy, codes: (P, H_out, W_out)  dx: (P, H, W), every element written (0 where no window's winner is).
+void max_pool2d_2x2_backward_cpu(const Pool2dShape& s, const void* dy, const uint8_t* codes, void* dx);
+
 // x: (P, H, W)  y: (P, H_out, W_out)
 void avg_pool2d_cpu(const Pool2dShape& s, const void* x, void* y);
 // dy: (P, H_out, W_out)  dx: (P, H, W)

@@ -2,6 +2,7 @@
 // (plane, output row) or (plane, input row) under oneTBB. Each element is computed independently, so
 // results do not depend on the thread count.
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #if defined(__AVX2__)
@@ -116,43 +117,131 @@ void load_pairs(const float* p, __m256i mask_lo, __m256i mask_hi, __m256& even, 
 // outputs (all of a 7-wide row) use masked loads and stores. On the CNN's 14- and 7-wide output rows the
 // unpadded search's strided sweeps ran at 3-6 GB/s, this at 15-17 (bench/cnn_kernels_bench, one core); a
 // scalar version of the tree compiled to branches that random data mispredicts, and was slower still.
-void max_pool2d_2x2(const Pool2dShape& s, const float* xs, float* ys, int64_t* indices) {
-  for_each_row(s.planes, s.h_out, s.w_out * 4, [&](int64_t p, int64_t oi) {
-    const int64_t w = s.w, w_out = s.w_out;
-    const int64_t top = 2 * oi * w;  // the windows' first row, as a flat index into the plane
-    const float* r0 = xs + p * s.h * w + top;
-    const float* r1 = r0 + w;
-    float* y = ys + (p * s.h_out + oi) * w_out;
-    int64_t* index = indices + (p * s.h_out + oi) * w_out;
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i one = _mm256_set1_epi32(1), row = _mm256_set1_epi32(static_cast<int32_t>(w));
-    for (int64_t j = 0; j < w_out; j += 8) {
-      // Lanes [0, n) are outputs j..j+n of this row; their inputs are the 2n floats from 2j in each row.
-      const int32_t n = static_cast<int32_t>(std::min<int64_t>(8, w_out - j));
-      const __m256i out_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
-      const __m256i in_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n), lane);
-      const __m256i in_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n - 8), lane);
-      __m256 a, b, c, d;
-      load_pairs(r0 + 2 * j, in_lo, in_hi, a, b);
-      load_pairs(r1 + 2 * j, in_lo, in_hi, c, d);
-      const __m256 top_right = second_wins(a, b), bottom_right = second_wins(c, d);
-      const __m256 upper = _mm256_blendv_ps(a, b, top_right), lower = _mm256_blendv_ps(c, d, bottom_right);
-      const __m256 bottom = second_wins(upper, lower);
-      _mm256_maskstore_ps(y + j, out_mask, _mm256_blendv_ps(upper, lower, bottom));
-      // The winner's offset from the window's first element: 0 or 1 in the top row, w or w + 1 below.
-      const __m256i upper_offset = _mm256_and_si256(_mm256_castps_si256(top_right), one);
-      const __m256i lower_offset = _mm256_add_epi32(row, _mm256_and_si256(_mm256_castps_si256(bottom_right), one));
-      const __m256i offset = _mm256_add_epi32(
-          _mm256_slli_epi32(lane, 1),
-          _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(upper_offset), _mm256_castsi256_ps(lower_offset),
-                                               bottom)));
-      const __m256i first = _mm256_set1_epi64x(top + 2 * j);
-      const __m256i index_lo = _mm256_add_epi64(first, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(offset)));
-      const __m256i index_hi = _mm256_add_epi64(first, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(offset, 1)));
-      auto* out = reinterpret_cast<long long*>(index + j);
-      _mm256_maskstore_epi64(out, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(out_mask)), index_lo);
-      _mm256_maskstore_epi64(out + 4, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(out_mask, 1)), index_hi);
+// Index: int64_t (flat offsets in the plane) or uint8_t (Note [Window codes]).
+template <typename Index>
+void max_pool2d_2x2(const Pool2dShape& s, const float* xs, float* ys, Index* indices) {
+  // One task per plane (like the backward's): a task per output row cost two int64 divisions a row.
+  detail::parallel_tasks(s.planes, s.h * s.w, [&](int64_t p) {
+    for (int64_t oi = 0; oi < s.h_out; ++oi) {
+      const int64_t w = s.w, w_out = s.w_out;
+      const int64_t top = 2 * oi * w;  // the windows' first row, as a flat index into the plane
+      const float* r0 = xs + p * s.h * w + top;
+      const float* r1 = r0 + w;
+      float* y = ys + (p * s.h_out + oi) * w_out;
+      Index* index = indices + (p * s.h_out + oi) * w_out;
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256i one = _mm256_set1_epi32(1), two = _mm256_set1_epi32(2);
+      for (int64_t j = 0; j < w_out; j += 8) {
+        // Lanes [0, n) are outputs j..j+n of this row; their inputs are the 2n floats from 2j in each row.
+        const int32_t n = static_cast<int32_t>(std::min<int64_t>(8, w_out - j));
+        const __m256i out_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
+        const __m256i in_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n), lane);
+        const __m256i in_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n - 8), lane);
+        __m256 a, b, c, d;
+        load_pairs(r0 + 2 * j, in_lo, in_hi, a, b);
+        load_pairs(r1 + 2 * j, in_lo, in_hi, c, d);
+        const __m256 top_right = second_wins(a, b), bottom_right = second_wins(c, d);
+        const __m256 upper = _mm256_blendv_ps(a, b, top_right), lower = _mm256_blendv_ps(c, d, bottom_right);
+        const __m256 bottom = second_wins(upper, lower);
+        _mm256_maskstore_ps(y + j, out_mask, _mm256_blendv_ps(upper, lower, bottom));
+        // The winner's place in its window, 2 * row + column.
+        const __m256i upper_code = _mm256_and_si256(_mm256_castps_si256(top_right), one);
+        const __m256i lower_code = _mm256_or_si256(two, _mm256_and_si256(_mm256_castps_si256(bottom_right), one));
+        const __m256i code = _mm256_castps_si256(
+            _mm256_blendv_ps(_mm256_castsi256_ps(upper_code), _mm256_castsi256_ps(lower_code), bottom));
+        if constexpr (std::is_same_v<Index, uint8_t>) {
+          // Eight int32 codes to eight bytes (saturating packs keep 0..3).
+          const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+          const __m128i bytes = _mm_packus_epi16(words, words);
+          if (n == 8) {
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(index + j), bytes);
+          } else {
+            alignas(16) uint8_t tail[16];
+            _mm_store_si128(reinterpret_cast<__m128i*>(tail), bytes);
+            std::memcpy(index + j, tail, static_cast<size_t>(n));
+          }
+        } else {
+          // The winner's offset from the row's first window: 2 * lane, + w in the bottom row, + 1 on the right.
+          const __m256i offset = _mm256_add_epi32(
+              _mm256_add_epi32(_mm256_slli_epi32(lane, 1), _mm256_and_si256(code, one)),
+              _mm256_and_si256(_mm256_castps_si256(bottom), _mm256_set1_epi32(static_cast<int32_t>(w))));
+          const __m256i first = _mm256_set1_epi64x(top + 2 * j);
+          const __m256i index_lo = _mm256_add_epi64(first, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(offset)));
+          const __m256i index_hi = _mm256_add_epi64(first, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(offset, 1)));
+          auto* out = reinterpret_cast<long long*>(index + j);
+          _mm256_maskstore_epi64(out, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(out_mask)), index_lo);
+          _mm256_maskstore_epi64(out + 4, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(out_mask, 1)), index_hi);
+        }
+      }
     }
+  });
+}
+
+// (v0[0] v1[0] v0[1] v1[1] ... v0[7] v1[7]) as two vectors: a gradient row of eight windows' left and right
+// columns.
+void interleave(__m256 v0, __m256 v1, __m256& first, __m256& second) {
+  const __m256 lo = _mm256_unpacklo_ps(v0, v1), hi = _mm256_unpackhi_ps(v0, v1);  // per 128-bit half
+  first = _mm256_permute2f128_ps(lo, hi, 0x20);
+  second = _mm256_permute2f128_ps(lo, hi, 0x31);
+}
+
+// The gradient rows r0 (the windows' top) and r1 of eight windows from their dy and codes (lanes as int32):
+// dy where the code names the element, +0 elsewhere (dy's bits selected, not multiplied: a NaN or -0 dy
+// arrives as it is, like the scatter's). Full: 16 floats a row; else lanes [0, n) through the masks.
+template <bool kFull>
+void write_window_gradients(__m256 dy, __m256i code, float* r0, float* r1, __m256i mask_lo, __m256i mask_hi) {
+  auto at = [&](int place) {
+    return _mm256_and_ps(dy, _mm256_castsi256_ps(_mm256_cmpeq_epi32(code, _mm256_set1_epi32(place))));
+  };
+  __m256 top_first, top_second, bottom_first, bottom_second;
+  interleave(at(0), at(1), top_first, top_second);
+  interleave(at(2), at(3), bottom_first, bottom_second);
+  if constexpr (kFull) {
+    _mm256_storeu_ps(r0, top_first);
+    _mm256_storeu_ps(r0 + 8, top_second);
+    _mm256_storeu_ps(r1, bottom_first);
+    _mm256_storeu_ps(r1 + 8, bottom_second);
+  } else {
+    _mm256_maskstore_ps(r0, mask_lo, top_first);
+    _mm256_maskstore_ps(r0 + 8, mask_hi, top_second);
+    _mm256_maskstore_ps(r1, mask_lo, bottom_first);
+    _mm256_maskstore_ps(r1 + 8, mask_hi, bottom_second);
+  }
+}
+
+// The backward of Note [Window codes]: each output row's two gradient rows written once, eight windows at a
+// time. The column and row no window covers (odd W, odd H) are zeroed.
+void max_pool2d_2x2_backward(const Pool2dShape& s, const float* dys, const uint8_t* codes, float* dxs) {
+  // One task per plane: a task per output row cost two int64 divisions per row, more than the row's work on
+  // the CNN's 7-wide rows.
+  detail::parallel_tasks(s.planes, s.h * s.w, [&](int64_t p) {
+    const int64_t w = s.w, w_out = s.w_out;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const int64_t tail = w_out % 8;
+    const int32_t n = static_cast<int32_t>(tail);
+    const __m256i out_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
+    const __m256i mask_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n), lane);
+    const __m256i mask_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n - 8), lane);
+    for (int64_t oi = 0; oi < s.h_out; ++oi) {
+      const float* g = dys + (p * s.h_out + oi) * w_out;
+      const uint8_t* code = codes + (p * s.h_out + oi) * w_out;
+      float* r0 = dxs + p * s.h * w + 2 * oi * w;
+      float* r1 = r0 + w;
+      int64_t j = 0;
+      for (; j + 8 <= w_out; j += 8) {
+        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(code + j)));
+        write_window_gradients<true>(_mm256_loadu_ps(g + j), c, r0 + 2 * j, r1 + 2 * j, mask_lo, mask_hi);
+      }
+      if (tail > 0) {
+        uint64_t packed = 0;  // the tail's codes, gathered without reading past the row
+        for (int64_t k = 0; k < tail; ++k) packed |= uint64_t{code[j + k]} << (8 * k);
+        const __m256i c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(packed)));
+        write_window_gradients<false>(_mm256_maskload_ps(g + j, out_mask), c, r0 + 2 * j, r1 + 2 * j, mask_lo,
+                                      mask_hi);
+      }
+      if (w % 2 != 0) r0[w - 1] = r1[w - 1] = 0.0f;
+    }
+    if (s.h % 2 != 0) std::fill(dxs + (p + 1) * s.h * w - w, dxs + (p + 1) * s.h * w, 0.0f);
   });
 }
 #endif
@@ -165,13 +254,9 @@ void max_pool2d_cpu(const Pool2dShape& s, const void* x, void* y, int64_t* indic
   dispatch_float(s.dtype, "max_pool2d_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
 #if defined(__AVX2__)
-    // Offsets within a plane are int32 in the vector kernel.
-    if constexpr (std::is_same_v<T, float>) {
-      if (s.pad_h == 0 && s.pad_w == 0 && s.kh == 2 && s.kw == 2 && s.stride_h == 2 && s.stride_w == 2 &&
-          s.w < (int64_t{1} << 30)) {
-        max_pool2d_2x2(s, static_cast<const float*>(x), static_cast<float*>(y), indices);
-        return;
-      }
+    if (max_pool2d_2x2_applies(s)) {
+      max_pool2d_2x2<int64_t>(s, static_cast<const float*>(x), static_cast<float*>(y), indices);
+      return;
     }
 #endif
     if (s.pad_h == 0 && s.pad_w == 0) {
@@ -182,6 +267,35 @@ void max_pool2d_cpu(const Pool2dShape& s, const void* x, void* y, int64_t* indic
       return detail::max_window(s, plane, oi, oj, indices + (p * s.h_out + oi) * s.w_out + oj);
     });
   });
+}
+
+bool max_pool2d_2x2_applies(const Pool2dShape& s) {
+#if defined(__AVX2__)
+  // Offsets within a plane are int32 in the vector kernels.
+  return s.dtype == DType::Float32 && s.pad_h == 0 && s.pad_w == 0 && s.kh == 2 && s.kw == 2 && s.stride_h == 2 &&
+         s.stride_w == 2 && s.w < (int64_t{1} << 30);
+#else
+  (void)s;
+  return false;
+#endif
+}
+
+// x: (P, H, W)  y, codes: (P, H_out, W_out)
+void max_pool2d_2x2_cpu(const Pool2dShape& s, const void* x, void* y, uint8_t* codes) {
+  check_pool2d_shape("max_pool2d_2x2_cpu", s);
+  DPE_INTERNAL_ASSERT(max_pool2d_2x2_applies(s), "the 2x2 window-code kernels do not take this pool");
+#if defined(__AVX2__)
+  max_pool2d_2x2<uint8_t>(s, static_cast<const float*>(x), static_cast<float*>(y), codes);
+#endif
+}
+
+// dy, codes: (P, H_out, W_out)  dx: (P, H, W)
+void max_pool2d_2x2_backward_cpu(const Pool2dShape& s, const void* dy, const uint8_t* codes, void* dx) {
+  check_pool2d_shape("max_pool2d_2x2_backward_cpu", s);
+  DPE_INTERNAL_ASSERT(max_pool2d_2x2_applies(s), "the 2x2 window-code kernels do not take this pool");
+#if defined(__AVX2__)
+  max_pool2d_2x2_backward(s, static_cast<const float*>(dy), codes, static_cast<float*>(dx));
+#endif
 }
 
 // dy, indices: (P, H_out, W_out)  dx: (P, H, W)

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -13,6 +14,7 @@
 #include "core/amp/autocast.h"
 #include "core/error.h"
 #include "core/kernels/conv.h"
+#include "core/kernels/pool.h"
 #include "core/ops.h"
 #include "core/ops/conv.h"
 #include "core/ops/pool.h"
@@ -293,6 +295,46 @@ TEST(PoolTest, MaxPoolBackwardOfTilingWindowsScattersDyToTheWinners) {
       for (size_t o = 0; o < idx.size(); ++o) want[static_cast<size_t>(o / out_plane * plane + idx[o])] = g[o];
       EXPECT_EQ(x.grad().to(DType::Float64).to_vector<double>(), want);
     }
+  }
+}
+
+// max_pool2d of a float32 MaxPool2d(2) on CPU saves window codes, not indices (Note [Window codes]); its
+// values and gradient must be max_pool2d_with_indices's bit for bit: widths 2..41 (full vectors, masked tails,
+// rows shorter than a vector, odd widths with a column no window covers), odd and even heights, ties, both
+// zeros, infinities and NaNs in x, and a NaN and a -0 in dy (moved as they are, not multiplied).
+TEST(PoolTest, MaxPool2x2WindowCodesGiveTheIndicesGradientBitForBit) {
+  std::mt19937 gen(11);
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  std::uniform_int_distribution<int> pick(-3, 6);  // -3..1: small integers (ties), 2..6: a special value
+  auto bits = [](const Tensor& t) {
+    std::vector<float> v = t.to_vector<float>();
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+    return b;
+  };
+  for (int64_t w = 2; w <= 41; ++w) {
+    const int64_t h = w % 4 + 2;
+    SCOPED_TRACE(detail::str_cat("input (2, 3, ", h, ", ", w, ")"));
+    std::vector<float> values(static_cast<size_t>(2 * 3 * h * w));
+    for (float& v : values) {
+      const int k = pick(gen);
+      v = k <= 1 ? static_cast<float>(k) : specials[k - 2];
+    }
+    kernels::Pool2dShape s{.planes = 6, .h = h, .w = w, .h_out = h / 2, .w_out = w / 2, .kh = 2, .kw = 2,
+                           .stride_h = 2, .stride_w = 2};
+    ASSERT_TRUE(kernels::max_pool2d_2x2_applies(s));  // else this test would not reach the codes
+    Tensor x_codes = Tensor::from_vector(values, {2, 3, h, w}).set_requires_grad(true);
+    Tensor x_indices = Tensor::from_vector(values, {2, 3, h, w}).set_requires_grad(true);
+    Tensor y = max_pool2d(x_codes, {2, 2});
+    ValuesIndices r = max_pool2d_with_indices(x_indices, {2, 2}, {2, 2});
+    EXPECT_EQ(bits(y), bits(r.values));
+    Tensor dy = randn(y.shape(), DType::Float32);
+    dy.view({-1}).select(0, 0).fill_(std::numeric_limits<float>::quiet_NaN());
+    dy.view({-1}).select(0, dy.numel() - 1).fill_(-0.0);
+    y.backward(dy);
+    r.values.backward(dy);
+    EXPECT_EQ(bits(x_codes.grad()), bits(x_indices.grad()));
   }
 }
 

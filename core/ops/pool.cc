@@ -87,11 +87,26 @@ Tensor adaptive_backward(const Pool2dShape& s, const Shape& x_shape, const Tenso
       });
 }
 
-}  // namespace
+// max_pool2d of a CPU MaxPool2d(2) on float32: the backward reads uint8 window codes, not int64 indices
+// (Note [Window codes], core/kernels/pool.h).
+Tensor max_pool2d_2x2(const Tensor& x, const Pool2dShape& s) {
+  Tensor xc = x.detach().contiguous();
+  const Shape out_shape = output_shape(x, s);
+  Tensor y = Tensor::empty(out_shape, options_of(x));
+  Tensor codes = Tensor::empty(out_shape, options_of(x).with_dtype(DType::UInt8));
+  if (y.numel() > 0) kernels::max_pool2d_2x2_cpu(s, xc.data_ptr(), y.data_ptr(), codes.data<uint8_t>());
+  const Shape x_shape = x.shape();
+  autograd::record(y, {x}, "MaxPool2dBackward", [s, x_shape, codes](const Tensor& g) -> std::vector<Tensor> {
+    return {pool_backward(
+        x_shape, g,
+        [&](const void* dy, void* dx) { kernels::max_pool2d_2x2_backward_cpu(s, dy, codes.data<uint8_t>(), dx); },
+        [&](auto, const void*, void*) { DPE_INTERNAL_ASSERT(false, "window codes are CPU only"); })};
+  });
+  return y;
+}
 
-ValuesIndices max_pool2d_with_indices(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-                                      std::array<int64_t, 2> padding) {
-  const Pool2dShape s = window_shape(x, kernel, stride, padding, "max_pool2d");
+// max_pool2d_with_indices on a checked shape.
+ValuesIndices max_pool2d_with_indices(const Tensor& x, const Pool2dShape& s) {
   Tensor xc = x.detach().contiguous();
   const Shape out_shape = output_shape(x, s);
   Tensor y = Tensor::empty(out_shape, options_of(x));
@@ -115,9 +130,18 @@ ValuesIndices max_pool2d_with_indices(const Tensor& x, std::array<int64_t, 2> ke
   return {y, indices};
 }
 
+}  // namespace
+
+ValuesIndices max_pool2d_with_indices(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                                      std::array<int64_t, 2> padding) {
+  return max_pool2d_with_indices(x, window_shape(x, kernel, stride, padding, "max_pool2d"));
+}
+
 Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                   std::array<int64_t, 2> padding) {
-  return max_pool2d_with_indices(x, kernel, stride, padding).values;
+  const Pool2dShape s = window_shape(x, kernel, stride, padding, "max_pool2d");
+  if (x.device().is_cpu() && kernels::max_pool2d_2x2_applies(s)) return max_pool2d_2x2(x, s);
+  return max_pool2d_with_indices(x, s).values;
 }
 
 Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel) { return max_pool2d(x, kernel, kernel); }
