@@ -38,6 +38,20 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+namespace {
+
+// channels-last strides of a 4-d shape (N, C, H, W): (H*W*C, 1, W*C, C).
+Shape channels_last_strides(const Shape& shape) {
+  return {shape[2] * shape[3] * shape[1], 1, shape[3] * shape[1], shape[1]};
+}
+
+void check_channels_last_shape(const Shape& shape, const char* what) {
+  DPE_CHECK(shape.size() == 4, what, ": channels-last tensors are 4-d (N, C, H, W), got ", shape_str(shape));
+}
+
+}  // namespace
+
+
 // Checked: a product that does not fit in int64 is an error, not a wrapped (possibly negative or small)
 // count that a caller would then allocate or index with. A shape with a 0 has 0 elements whatever the rest.
 int64_t shape_numel(const Shape& shape) {
@@ -112,6 +126,15 @@ void check_inplace_allowed(const Tensor& t, const char* op) {
 // ---------------------------------------------------------------------------------------------------
 // creation and metadata
 
+Tensor Tensor::empty(const Shape& shape, TensorOptions options, MemoryFormat format) {
+  Tensor t = empty(shape, options);
+  if (format == MemoryFormat::ChannelsLast) {
+    check_channels_last_shape(shape, "empty(ChannelsLast)");
+    t.impl_->strides = channels_last_strides(shape);  // the same bytes, NHWC order
+  }
+  return t;
+}
+
 Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
   const size_t nbytes = checked_nbytes(shape, options.dtype);
   auto impl = std::make_shared<TensorImpl>();
@@ -173,6 +196,26 @@ Tensor Tensor::pin_memory() const {
   copy_into(out, *this);
   autograd::record(out, {*this}, "PinMemoryBackward", [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
   return out;
+}
+
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::Contiguous) return is_contiguous();
+  if (dim() != 4) return false;
+  const auto& impl = checked();
+  int64_t expected = 1;
+  for (int64_t d : {1, 3, 2, 0}) {  // C, W, H, N: innermost first
+    if (impl.shape[d] != 1 && impl.strides[d] != expected) return false;
+    expected *= impl.shape[d];
+  }
+  return true;
+}
+
+MemoryFormat Tensor::suggest_memory_format() const {
+  if (!is_contiguous(MemoryFormat::ChannelsLast)) return MemoryFormat::Contiguous;
+  if (!is_contiguous()) return MemoryFormat::ChannelsLast;
+  // In both orders: channels last only if it carries channels-last's strides (contiguous(ChannelsLast) gave it).
+  return size(2) * size(3) > 1 && strides() == channels_last_strides(shape()) ? MemoryFormat::ChannelsLast
+                                                                              : MemoryFormat::Contiguous;
 }
 
 bool Tensor::is_contiguous() const {
@@ -431,22 +474,41 @@ Tensor Tensor::expand(const Shape& shape_in) const {
 // ---------------------------------------------------------------------------------------------------
 // copies
 
-Tensor Tensor::contiguous() const {
-  if (is_contiguous()) return *this;
-  return clone();
-}
+namespace {
 
-Tensor Tensor::clone() const {
-  Tensor out = empty(shape(), TensorOptions(dtype()).with_device(device()));
-  copy_into(out, *this);
-  autograd::record(out, {*this}, "CloneBackward", [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
+// A differentiable copy of t in `format`.
+Tensor copy_in(const Tensor& t, MemoryFormat format) {
+  Tensor out = Tensor::empty(t.shape(), TensorOptions(t.dtype()).with_device(t.device()), format);
+  copy_into(out, t);
+  autograd::record(out, {t}, "CloneBackward", [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
   return out;
 }
+
+}  // namespace
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return copy_in(*this, MemoryFormat::Contiguous);
+}
+
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::Contiguous) return contiguous();
+  check_channels_last_shape(shape(), "contiguous(ChannelsLast)");
+  if (suggest_memory_format() == MemoryFormat::ChannelsLast) return *this;
+  if (is_contiguous(MemoryFormat::ChannelsLast)) {
+    // Already NHWC in memory (C = 1 or H = W = 1): the same elements under channels-last's strides.
+    return make_view(*this, shape(), channels_last_strides(shape()), storage_offset(), "AliasBackward",
+                     [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
+  }
+  return copy_in(*this, MemoryFormat::ChannelsLast);
+}
+
+Tensor Tensor::clone() const { return copy_in(*this, suggest_memory_format()); }
 
 Tensor Tensor::to(const Device& target, bool non_blocking) const {
   if (target == device()) return *this;
   check_device_exists(target);
-  Tensor out = empty(shape(), TensorOptions(dtype()).with_device(target));
+  Tensor out = empty(shape(), TensorOptions(dtype()).with_device(target), suggest_memory_format());
   copy_into(out, *this, non_blocking);
   Device source = device();
   autograd::record(out, {*this}, "ToDeviceBackward",
@@ -456,7 +518,7 @@ Tensor Tensor::to(const Device& target, bool non_blocking) const {
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
-  Tensor out = empty(shape(), TensorOptions(target).with_device(device()));
+  Tensor out = empty(shape(), TensorOptions(target).with_device(device()), suggest_memory_format());
   copy_into(out, *this);
   DType source = dtype();
   if (is_floating_point(source) && is_floating_point(target)) {

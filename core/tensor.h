@@ -29,6 +29,15 @@ using Shape = std::vector<int64_t>;
 
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 
+// Note [Memory formats]
+// PyTorch's memory formats of 4-d (N, C, H, W) tensors. A layout, never a value: every op gives the same values
+// whichever it is handed. Contiguous: NCHW in memory. ChannelsLast: the channels of a pixel next to each other
+// (NHWC in memory, strides (H*W*C, 1, W*C, C)), the layout oneDNN's CPU convolutions compute in; conv2d, the
+// 2x2 max-pool, batch_norm and the activations keep it on CPU, so a channels-last CNN runs without relayouts
+// between its layers (docs/LAYERS.md, "Channels last"). Like PyTorch, the input decides: convert it with
+// contiguous(MemoryFormat::ChannelsLast), and copies (clone, to) keep the format they are given.
+enum class MemoryFormat : uint8_t { Contiguous, ChannelsLast };
+
 struct TensorOptions {
   DType dtype = DType::Float32;
   Device device = Device::cpu(0);
@@ -58,6 +67,8 @@ class Tensor {
 
   // ---- creation (see also core/ops.h: zeros, ones, full, arange, rand, randn) ----
   static Tensor empty(const Shape& shape, TensorOptions options = {});
+  // ChannelsLast: shape must be 4-d (N, C, H, W); the strides are (H*W*C, 1, W*C, C).
+  static Tensor empty(const Shape& shape, TensorOptions options, MemoryFormat format);
   // Copies `values` (row-major) into a new tensor of `shape`; the element count must match. Without
   // options the tensor has T's dtype on cpu:0 (like torch::tensor); with options, their dtype and device.
   template <typename T>
@@ -75,6 +86,11 @@ class Tensor {
   const Device& device() const;
   int64_t storage_offset() const;
   bool is_contiguous() const;
+  // ChannelsLast: 4-d with the memory in NHWC order (strides of size-1 dims do not count, as in PyTorch).
+  bool is_contiguous(MemoryFormat format) const;
+  // ChannelsLast for a 4-d tensor in NHWC order that is not also in NCHW order, or that is in both (C = 1 or
+  // H = W = 1: the same memory either way) with channels-last's own strides; else Contiguous.
+  MemoryFormat suggest_memory_format() const;
   bool is_pinned() const;  // in pinned host memory (core/pinned_memory.h)
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(dtype()); }
   const std::shared_ptr<Storage>& storage() const;
@@ -104,7 +120,11 @@ class Tensor {
 
   // ---- copies (differentiable) ----
   Tensor contiguous() const;  // self if already contiguous
-  Tensor clone() const;
+  // Self if suggest_memory_format() is already `format`; else a copy in it (ChannelsLast: 4-d tensors only).
+  // Memory already in NHWC order (C = 1, say) is not copied: the result is a view of it with channels-last's
+  // strides, so that suggest_memory_format() and the ops see the format.
+  Tensor contiguous(MemoryFormat format) const;
+  Tensor clone() const;  // in the source's suggest_memory_format(), as to() below
   // Self if already there. non_blocking (PyTorch's): a copy from pinned memory to a CUDA device is only
   // enqueued on the device's stream, and the call returns at once; kernels enqueued later on that device see
   // the data, and the pinned block is not reused before the copy has read it, but writing to the source

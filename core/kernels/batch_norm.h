@@ -24,6 +24,10 @@ namespace dpe::kernels {
 struct BatchNormShape {
   DType dtype = DType::Float32;
   int64_t n = 0, c = 0, s = 0;
+  // CPU only: x, y, dy, dx are channels last, (N, S, C) in memory (Note [Memory formats], core/tensor.h). The
+  // sums then run over fixed blocks of rows of C values, merged in block order: still independent of the
+  // thread count, but not the same bits as the NCHW order's.
+  bool channels_last = false;
 };
 
 // mean[c] = sum over (n, s) of x / M;  var[c] = sum of (x - mean[c])^2 / M (biased). Needs M > 0.

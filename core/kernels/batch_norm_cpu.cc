@@ -5,6 +5,7 @@
 // bit-identical for any thread count. The elementwise passes hoist the channel's constants, so the inner loop
 // is a vectorisable a * x + b.
 // Thread-safety: independent tasks under tbb::parallel_for in the caller's task_arena.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -50,12 +51,114 @@ void for_each_plane(const BatchNormShape& s, const F& body) {
   parallel_tasks(s.n * s.c, s.s, [&](int64_t p) { body(static_cast<size_t>(p), p % s.c, p * s.s); });
 }
 
+// Channels last: (N * S) rows of C values. Reductions run over blocks of kRowsPerBlock-ish rows (a block is
+// about kBlockValues values, a function of C only), each block's per-channel sums in double, then the blocks
+// merged in order. The inner loops run over the C channels of a row: contiguous, vectorisable.
+constexpr int64_t kBlockValues = 4096;
+
+int64_t rows_per_block(const BatchNormShape& s) { return std::max<int64_t>(1, kBlockValues / std::max<int64_t>(1, s.c)); }
+
+// Calls body(block, first_row, rows) for each block of rows, one task each.
+template <typename F>
+void for_each_block(const BatchNormShape& s, const F& body) {
+  const int64_t rows = s.n * s.s, per_block = rows_per_block(s);
+  const int64_t blocks = (rows + per_block - 1) / per_block;
+  parallel_tasks(blocks, per_block * s.c, [&](int64_t b) {
+    const int64_t first = b * per_block;
+    body(static_cast<size_t>(b), first, std::min(per_block, rows - first));
+  });
+}
+
+int64_t block_count(const BatchNormShape& s) {
+  const int64_t per_block = rows_per_block(s);
+  return (s.n * s.s + per_block - 1) / per_block;
+}
+
+template <typename T>
+void stats_channels_last(const BatchNormShape& s, const T* x, T* mean, T* var) {
+  const size_t c = static_cast<size_t>(s.c);
+  std::vector<double> block_mean(static_cast<size_t>(block_count(s)) * c), block_m2(block_mean.size());
+  std::vector<double> block_rows(static_cast<size_t>(block_count(s)));
+  for_each_block(s, [&](size_t b, int64_t first, int64_t rows) {
+    double* mu = &block_mean[b * c];
+    double* m2 = &block_m2[b * c];
+    for (int64_t r = first; r < first + rows; ++r) {
+      const T* row = x + r * s.c;
+      for (size_t k = 0; k < c; ++k) mu[k] += static_cast<double>(row[k]);
+    }
+    for (size_t k = 0; k < c; ++k) mu[k] /= static_cast<double>(rows);
+    for (int64_t r = first; r < first + rows; ++r) {
+      const T* row = x + r * s.c;
+      for (size_t k = 0; k < c; ++k) {
+        const double d = row[k] - mu[k];
+        m2[k] += d * d;
+      }
+    }
+    block_rows[b] = static_cast<double>(rows);
+  });
+  for (size_t k = 0; k < c; ++k) {
+    double count = 0, m = 0, m2 = 0;
+    for (size_t b = 0; b < block_rows.size(); ++b) {  // Chan's update, blocks in order
+      const double total = count + block_rows[b], delta = block_mean[b * c + k] - m;
+      m += delta * block_rows[b] / total;
+      m2 += block_m2[b * c + k] + delta * delta * count * block_rows[b] / total;
+      count = total;
+    }
+    mean[k] = static_cast<T>(m);
+    var[k] = static_cast<T>(m2 / count);
+  }
+}
+
+// out[r, k] = in[r, k] * scale[k] + shift[k] over (N * S) rows of C.
+template <typename T>
+void affine_channels_last(const BatchNormShape& s, const T* in, const std::vector<T>& scale,
+                          const std::vector<T>& shift, T* out) {
+  for_each_block(s, [&](size_t, int64_t first, int64_t rows) {
+    for (int64_t r = first; r < first + rows; ++r) {
+      const T* x = in + r * s.c;
+      T* y = out + r * s.c;
+      for (int64_t k = 0; k < s.c; ++k) y[k] = x[k] * scale[static_cast<size_t>(k)] + shift[static_cast<size_t>(k)];
+    }
+  });
+}
+
+template <typename T>
+void backward_reduce_channels_last(const BatchNormShape& s, const T* dy, const T* x, const T* mean, T* sum_dy,
+                                   T* sum_dy_xmu) {
+  const size_t c = static_cast<size_t>(s.c);
+  std::vector<double> block_g(static_cast<size_t>(block_count(s)) * c), block_gx(block_g.size());
+  for_each_block(s, [&](size_t b, int64_t first, int64_t rows) {
+    double* g = &block_g[b * c];
+    double* gx = &block_gx[b * c];
+    for (int64_t r = first; r < first + rows; ++r) {
+      const T *grad = dy + r * s.c, *in = x + r * s.c;
+      for (size_t k = 0; k < c; ++k) {
+        g[k] += static_cast<double>(grad[k]);
+        gx[k] += static_cast<double>(grad[k]) * (static_cast<double>(in[k]) - static_cast<double>(mean[k]));
+      }
+    }
+  });
+  for (size_t k = 0; k < c; ++k) {
+    double sum = 0, sum_xmu = 0;
+    for (size_t b = 0; b * c < block_g.size(); ++b) {
+      sum += block_g[b * c + k];
+      sum_xmu += block_gx[b * c + k];
+    }
+    sum_dy[k] = static_cast<T>(sum);
+    sum_dy_xmu[k] = static_cast<T>(sum_xmu);
+  }
+}
+
 }  // namespace
 
 void batch_norm_stats_cpu(const BatchNormShape& s, const void* x, void* mean, void* var) {
   detail::check_batch_norm_shape("batch_norm_stats_cpu", s, /*needs_values=*/true);
   dispatch_float(s.dtype, "batch_norm_stats_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (s.channels_last) {
+      stats_channels_last(s, static_cast<const T*>(x), static_cast<T*>(mean), static_cast<T*>(var));
+      return;
+    }
     // Each plane's mean and squared deviations (two passes over S values, the second from cache), in memory
     // order; then per channel Chan's update merges its planes in n order.
     std::vector<double> plane_mean(static_cast<size_t>(s.n * s.c)), plane_m2(plane_mean.size());
@@ -92,6 +195,16 @@ void batch_norm_elemt_cpu(const BatchNormShape& s, const void* x, const void* me
     using T = typename decltype(tag)::type;
     const T *xs = static_cast<const T*>(x), *ms = static_cast<const T*>(mean), *is = static_cast<const T*>(invstd);
     const T *ws = static_cast<const T*>(weight), *bs = static_cast<const T*>(bias);
+    if (s.channels_last) {
+      // y = x * scale + (shift - mean * scale): rounded differently from the NCHW loop's (x - mean) * scale.
+      std::vector<T> scale(static_cast<size_t>(s.c)), shift(scale.size());
+      for (int64_t c = 0; c < s.c; ++c) {
+        scale[static_cast<size_t>(c)] = static_cast<T>(is[c] * at(ws, c, 1.0));
+        shift[static_cast<size_t>(c)] = static_cast<T>(at(bs, c, 0.0) - ms[c] * scale[static_cast<size_t>(c)]);
+      }
+      affine_channels_last(s, xs, scale, shift, static_cast<T*>(y));
+      return;
+    }
     for_each_plane(s, [&](size_t, int64_t c, int64_t offset) {
       const T mu = ms[c], scale = static_cast<T>(is[c] * at(ws, c, 1.0)), shift = static_cast<T>(at(bs, c, 0.0));
       const T* in = xs + offset;
@@ -106,6 +219,11 @@ void batch_norm_backward_reduce_cpu(const BatchNormShape& s, const void* dy, con
   detail::check_batch_norm_shape("batch_norm_backward_reduce_cpu", s);
   dispatch_float(s.dtype, "batch_norm_backward_reduce_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (s.channels_last) {
+      backward_reduce_channels_last(s, static_cast<const T*>(dy), static_cast<const T*>(x),
+                                    static_cast<const T*>(mean), static_cast<T*>(sum_dy), static_cast<T*>(sum_dy_xmu));
+      return;
+    }
     // Per plane in memory order, then per channel over its planes in n order.
     std::vector<double> plane_g(static_cast<size_t>(s.n * s.c)), plane_gx(plane_g.size());
     for_each_plane(s, [&](size_t p, int64_t c, int64_t offset) {
@@ -134,6 +252,38 @@ void batch_norm_backward_elemt_cpu(const BatchNormShape& s, bool batch_stats, co
     using T = typename decltype(tag)::type;
     const T *dys = static_cast<const T*>(dy), *xs = static_cast<const T*>(x), *ws = static_cast<const T*>(weight);
     const double inv_m = batch_stats ? 1.0 / static_cast<double>(s.n * s.s) : 0.0;
+    if (s.channels_last) {
+      // dx = dy * scale' + (x * proj' + shift'), the per-channel constants folded:
+      //   batch statistics: (dy - grad_mean - (x - mu) proj) * scale = dy * scale - x * proj * scale
+      //                     + (mu * proj - grad_mean) * scale.
+      const size_t c = static_cast<size_t>(s.c);
+      std::vector<T> dy_scale(c), x_scale(c), shift(c);
+      for (size_t k = 0; k < c; ++k) {
+        const double inv = static_cast<const T*>(invstd)[k], scale = inv * at(ws, static_cast<int64_t>(k), 1.0);
+        dy_scale[k] = static_cast<T>(scale);
+        if (batch_stats) {
+          const double mu = static_cast<const T*>(mean)[k];
+          const double grad_mean = static_cast<const T*>(sum_dy)[k] * inv_m;
+          const double proj = static_cast<const T*>(sum_dy_xmu)[k] * inv_m * inv * inv;
+          x_scale[k] = static_cast<T>(-proj * scale);
+          shift[k] = static_cast<T>((mu * proj - grad_mean) * scale);
+        }
+      }
+      T* out = static_cast<T*>(dx);
+      for_each_block(s, [&](size_t, int64_t first, int64_t rows) {
+        for (int64_t r = first; r < first + rows; ++r) {
+          const T* g = dys + r * s.c;
+          T* o = out + r * s.c;
+          if (!batch_stats) {
+            for (size_t k = 0; k < c; ++k) o[k] = g[k] * dy_scale[k];
+            continue;
+          }
+          const T* in = xs + r * s.c;
+          for (size_t k = 0; k < c; ++k) o[k] = g[k] * dy_scale[k] + in[k] * x_scale[k] + shift[k];
+        }
+      });
+      return;
+    }
     for_each_plane(s, [&](size_t, int64_t c, int64_t offset) {
       const double inv = static_cast<const T*>(invstd)[c];
       const T scale = static_cast<T>(inv * at(ws, c, 1.0));

@@ -42,6 +42,9 @@ struct Conv2dShape {
   // CPU, bfloat16 operands only: x and dy arrive in float32 and are rounded to bfloat16 (round to nearest even)
   // by the relayout into oneDNN's layout, one pass where a cast and a reorder were two; w is bfloat16 as usual.
   bool f32_activations = false;
+  // CPU only (not float64): x, y, dx and dy are channels last, (N, H, W, C) in memory (Note [Memory formats],
+  // core/tensor.h); the layout oneDNN's convolutions compute in, so they are not relaid out. w stays OIHW.
+  bool channels_last = false;
 
   int64_t h_out() const { return (h + 2 * pad_h - dil_h * (kh - 1) - 1) / stride_h + 1; }
   int64_t w_out() const { return (w + 2 * pad_w - dil_w * (kw - 1) - 1) / stride_w + 1; }

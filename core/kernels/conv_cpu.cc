@@ -54,7 +54,8 @@ using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t
                        int64_t, int64_t, int64_t, int64_t, int64_t>;
 
 Key key_of(Pass pass, const Conv2dShape& s) {
-  return {(static_cast<int>(pass) * 16 + static_cast<int>(s.dtype)) * 2 + (s.f32_activations ? 1 : 0),
+  return {((static_cast<int>(pass) * 16 + static_cast<int>(s.dtype)) * 2 + (s.f32_activations ? 1 : 0)) * 2 +
+              (s.channels_last ? 1 : 0),
           s.n,
           s.c_in,
           s.h,
@@ -101,8 +102,13 @@ Descs descs_of(const Conv2dShape& s, Pass pass, bool any, bool hint = false) {
   const dt weights = hint || !weights_pass ? operands : dt::f32;
   const dt dst = hint ? operands : !forward ? activations : dt::f32;
   auto layout = [any](tag plain) { return any ? tag::any : plain; };
+  // Channels last: the primitive is asked for NHWC activations, not the layout it prefers (nChw16c for
+  // float32 and for the first convolution's bfloat16 forward), so that nothing is relaid out; measured on one
+  // core (batch 128): the NHWC kernels (brgconv, jit) within 10-40% of the blocked ones' time, against
+  // relayouts that cost as much as the convolution (docs/BENCHMARKS.md, "Channels last").
+  const auto activation_layout = [&] { return s.channels_last ? tag::nhwc : layout(tag::nchw); };
   Descs d;
-  d.src = dnnl::memory::desc({s.n, s.c_in, s.h, s.w}, src, layout(tag::nchw));
+  d.src = dnnl::memory::desc({s.n, s.c_in, s.h, s.w}, src, activation_layout());
   if (s.groups == 1) {
     d.weights = dnnl::memory::desc({s.c_out, s.c_in, s.kh, s.kw}, weights, layout(tag::oihw));
   } else {
@@ -110,7 +116,7 @@ Descs descs_of(const Conv2dShape& s, Pass pass, bool any, bool hint = false) {
                                    layout(tag::goihw));
   }
   d.bias = dnnl::memory::desc({s.c_out}, dt::f32, tag::x);
-  d.dst = dnnl::memory::desc({s.n, s.c_out, s.h_out(), s.w_out()}, dst, layout(tag::nchw));
+  d.dst = dnnl::memory::desc({s.n, s.c_out, s.h_out(), s.w_out()}, dst, activation_layout());
   d.strides = {s.stride_h, s.stride_w};
   d.dilates = {s.dil_h - 1, s.dil_w - 1};
   d.pad_l = {s.pad_h, s.pad_w};
@@ -462,6 +468,8 @@ void backward_weight_im2col(const Conv2dShape& s, const double* x, const double*
 void check_cpu_conv(const char* what, const Conv2dShape& s) {
   check_conv2d_shape(what, s);
   DPE_CHECK(s.dtype != DType::Float16, what, ": dtype float16 runs on CUDA only (CPU: float32, float64, bfloat16)");
+  DPE_CHECK(!s.channels_last || s.dtype != DType::Float64, what,
+            ": float64 convolutions (im2col) take NCHW only, got channels_last");
 }
 
 }  // namespace

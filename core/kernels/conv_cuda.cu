@@ -260,6 +260,7 @@ void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, 
   const char* what = "conv2d_forward_cuda";
   check_conv2d_shape(what, s);
   DPE_CHECK(!s.f32_activations, what, ": float32 activations with 16-bit operands are CPU-only (cast them)");
+  DPE_CHECK(!s.channels_last, what, ": channels-last activations are CPU-only (the op hands cuDNN NCHW)");
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
@@ -284,6 +285,7 @@ void conv2d_backward_data_cuda(cudaStream_t stream, int device, const Conv2dShap
   const char* what = "conv2d_backward_data_cuda";
   check_conv2d_shape(what, s);
   DPE_CHECK(!s.f32_activations, what, ": float32 activations with 16-bit operands are CPU-only (cast them)");
+  DPE_CHECK(!s.channels_last, what, ": channels-last activations are CPU-only (the op hands cuDNN NCHW)");
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
@@ -306,6 +308,7 @@ void conv2d_backward_weight_cuda(cudaStream_t stream, int device, const Conv2dSh
   const char* what = "conv2d_backward_weight_cuda";
   check_conv2d_shape(what, s);
   DPE_CHECK(!s.f32_activations, what, ": float32 activations with 16-bit operands are CPU-only (cast them)");
+  DPE_CHECK(!s.channels_last, what, ": channels-last activations are CPU-only (the op hands cuDNN NCHW)");
   const int64_t count = s.c_out * (s.c_in / s.groups) * s.kh * s.kw;
   if (s.n == 0) {
     DPE_CUDA_CHECK(

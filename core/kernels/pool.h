@@ -30,6 +30,10 @@ struct Pool2dShape {
   int64_t kh = 1, kw = 1;            // window (max / avg)
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;
+  // The window-code kernels only: x, y, codes, dy and dx are channels last, (N, H, W, C) in memory with
+  // planes = N * C (Note [Memory formats], core/tensor.h).
+  bool channels_last = false;
+  int64_t c = 1;  // C, when channels_last
 };
 
 // Output size of a window pool: (H + 2 pad - k) / stride + 1 (floor).
@@ -72,10 +76,13 @@ void max_pool2d_backward_cpu(const Pool2dShape& s, const void* dy, const int64_t
 // step the two pools' index writes, zero fills and scatters were the largest of dpe's own kernels (profile in
 // docs/BENCHMARKS.md). max_pool2d saves codes where max_pool2d_2x2_applies; max_pool2d_with_indices, whose
 // indices the caller sees, keeps int64 (PyTorch's convention). Same values and gradients bit for bit.
+// Channels-last tensors (s.channels_last) take these kernels too: there a window's four candidates are four
+// rows of C channels, compared eight channels at a time.
 bool max_pool2d_2x2_applies(const Pool2dShape& s);
-// x: (P, H, W)  y, codes: (P, H_out, W_out); s as max_pool2d_2x2_applies.
+// x: (P, H, W)  y, codes: (P, H_out, W_out), or their channels-last orders; s as max_pool2d_2x2_applies.
 void max_pool2d_2x2_cpu(const Pool2dShape& s, const void* x, void* y, uint8_t* codes);
-// dy, codes: (P, H_out, W_out)  dx: (P, H, W), every element written (0 where no window's winner is).
+// dy, codes: (P, H_out, W_out)  dx: (P, H, W), or their channels-last orders; every dx element written (0 where
+// no window's winner is).
 void max_pool2d_2x2_backward_cpu(const Pool2dShape& s, const void* dy, const uint8_t* codes, void* dx);
 
 // x: (P, H, W)  y: (P, H_out, W_out)

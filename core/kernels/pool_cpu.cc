@@ -109,6 +109,58 @@ void load_pairs(const float* p, __m256i mask_lo, __m256i mask_hi, __m256& even, 
   odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xdd)), 0xd8));
 }
 
+// A 2x2 window's maximum under max_window's rule (Note [2x2 max-pool]) from its candidates in window order, a
+// top-left, b top-right, c bottom-left, d bottom-right, and the winner's place, 2 * row + column (int32 lanes).
+struct WindowMax {
+  __m256 value;
+  __m256i code;
+};
+
+WindowMax window_max(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 top_right = second_wins(a, b), bottom_right = second_wins(c, d);
+  const __m256 upper = _mm256_blendv_ps(a, b, top_right), lower = _mm256_blendv_ps(c, d, bottom_right);
+  const __m256 bottom = second_wins(upper, lower);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i upper_code = _mm256_and_si256(_mm256_castps_si256(top_right), one);
+  const __m256i lower_code =
+      _mm256_or_si256(_mm256_set1_epi32(2), _mm256_and_si256(_mm256_castps_si256(bottom_right), one));
+  const __m256i code = _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(upper_code), _mm256_castsi256_ps(lower_code), bottom));
+  return {_mm256_blendv_ps(upper, lower, bottom), code};
+}
+
+// Stores lanes [0, n) of eight int32 codes (0..3) as bytes.
+void store_codes(uint8_t* out, __m256i code, int32_t n) {
+  const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+  const __m128i bytes = _mm_packus_epi16(words, words);
+  if (n == 8) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), bytes);
+  } else {
+    alignas(16) uint8_t tail[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(tail), bytes);
+    std::memcpy(out, tail, static_cast<size_t>(n));
+  }
+}
+
+// Lanes [0, n) of eight codes as int32 lanes, reading no byte past them.
+__m256i load_codes(const uint8_t* in, int64_t n) {
+  if (n == 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in)));
+  uint64_t packed = 0;
+  for (int64_t k = 0; k < n; ++k) packed |= uint64_t{in[k]} << (8 * k);
+  return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(packed)));
+}
+
+// The first n of eight lanes.
+__m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// dy where `code` names `place` (0..3), +0 elsewhere: dy's bits selected, not multiplied, so a NaN or -0 dy
+// arrives as it is, like the scatter's.
+__m256 gradient_at(__m256 dy, __m256i code, int place) {
+  return _mm256_and_ps(dy, _mm256_castsi256_ps(_mm256_cmpeq_epi32(code, _mm256_set1_epi32(place))));
+}
+
 // Note [2x2 max-pool]
 // MaxPool2d(2) (kernel 2, stride 2, no padding: the CNN's pools and most others) on float32, eight outputs
 // at a time: each window row's first maximum, then the bottom row's only where it beats the top row's (a
@@ -130,41 +182,26 @@ void max_pool2d_2x2(const Pool2dShape& s, const float* xs, float* ys, Index* ind
       float* y = ys + (p * s.h_out + oi) * w_out;
       Index* index = indices + (p * s.h_out + oi) * w_out;
       const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      const __m256i one = _mm256_set1_epi32(1), two = _mm256_set1_epi32(2);
+      const __m256i one = _mm256_set1_epi32(1);
       for (int64_t j = 0; j < w_out; j += 8) {
         // Lanes [0, n) are outputs j..j+n of this row; their inputs are the 2n floats from 2j in each row.
         const int32_t n = static_cast<int32_t>(std::min<int64_t>(8, w_out - j));
         const __m256i out_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
         const __m256i in_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n), lane);
         const __m256i in_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n - 8), lane);
-        __m256 a, b, c, d;
+          __m256 a, b, c, d;
         load_pairs(r0 + 2 * j, in_lo, in_hi, a, b);
         load_pairs(r1 + 2 * j, in_lo, in_hi, c, d);
-        const __m256 top_right = second_wins(a, b), bottom_right = second_wins(c, d);
-        const __m256 upper = _mm256_blendv_ps(a, b, top_right), lower = _mm256_blendv_ps(c, d, bottom_right);
-        const __m256 bottom = second_wins(upper, lower);
-        _mm256_maskstore_ps(y + j, out_mask, _mm256_blendv_ps(upper, lower, bottom));
-        // The winner's place in its window, 2 * row + column.
-        const __m256i upper_code = _mm256_and_si256(_mm256_castps_si256(top_right), one);
-        const __m256i lower_code = _mm256_or_si256(two, _mm256_and_si256(_mm256_castps_si256(bottom_right), one));
-        const __m256i code = _mm256_castps_si256(
-            _mm256_blendv_ps(_mm256_castsi256_ps(upper_code), _mm256_castsi256_ps(lower_code), bottom));
+        const WindowMax m = window_max(a, b, c, d);
+        _mm256_maskstore_ps(y + j, out_mask, m.value);
         if constexpr (std::is_same_v<Index, uint8_t>) {
-          // Eight int32 codes to eight bytes (saturating packs keep 0..3).
-          const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
-          const __m128i bytes = _mm_packus_epi16(words, words);
-          if (n == 8) {
-            _mm_storel_epi64(reinterpret_cast<__m128i*>(index + j), bytes);
-          } else {
-            alignas(16) uint8_t tail[16];
-            _mm_store_si128(reinterpret_cast<__m128i*>(tail), bytes);
-            std::memcpy(index + j, tail, static_cast<size_t>(n));
-          }
+          store_codes(index + j, m.code, n);
         } else {
           // The winner's offset from the row's first window: 2 * lane, + w in the bottom row, + 1 on the right.
+          const __m256i bottom = _mm256_cmpgt_epi32(m.code, one);
           const __m256i offset = _mm256_add_epi32(
-              _mm256_add_epi32(_mm256_slli_epi32(lane, 1), _mm256_and_si256(code, one)),
-              _mm256_and_si256(_mm256_castps_si256(bottom), _mm256_set1_epi32(static_cast<int32_t>(w))));
+              _mm256_add_epi32(_mm256_slli_epi32(lane, 1), _mm256_and_si256(m.code, one)),
+              _mm256_and_si256(bottom, _mm256_set1_epi32(static_cast<int32_t>(w))));
           const __m256i first = _mm256_set1_epi64x(top + 2 * j);
           const __m256i index_lo = _mm256_add_epi64(first, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(offset)));
           const __m256i index_hi = _mm256_add_epi64(first, _mm256_cvtepi32_epi64(_mm256_extracti128_si256(offset, 1)));
@@ -185,17 +222,13 @@ void interleave(__m256 v0, __m256 v1, __m256& first, __m256& second) {
   second = _mm256_permute2f128_ps(lo, hi, 0x31);
 }
 
-// The gradient rows r0 (the windows' top) and r1 of eight windows from their dy and codes (lanes as int32):
-// dy where the code names the element, +0 elsewhere (dy's bits selected, not multiplied: a NaN or -0 dy
-// arrives as it is, like the scatter's). Full: 16 floats a row; else lanes [0, n) through the masks.
+// The gradient rows r0 (the windows' top) and r1 of eight windows from their dy and codes (lanes as int32).
+// Full: 16 floats a row; else lanes [0, n) through the masks.
 template <bool kFull>
 void write_window_gradients(__m256 dy, __m256i code, float* r0, float* r1, __m256i mask_lo, __m256i mask_hi) {
-  auto at = [&](int place) {
-    return _mm256_and_ps(dy, _mm256_castsi256_ps(_mm256_cmpeq_epi32(code, _mm256_set1_epi32(place))));
-  };
   __m256 top_first, top_second, bottom_first, bottom_second;
-  interleave(at(0), at(1), top_first, top_second);
-  interleave(at(2), at(3), bottom_first, bottom_second);
+  interleave(gradient_at(dy, code, 0), gradient_at(dy, code, 1), top_first, top_second);
+  interleave(gradient_at(dy, code, 2), gradient_at(dy, code, 3), bottom_first, bottom_second);
   if constexpr (kFull) {
     _mm256_storeu_ps(r0, top_first);
     _mm256_storeu_ps(r0 + 8, top_second);
@@ -215,13 +248,8 @@ void max_pool2d_2x2_backward(const Pool2dShape& s, const float* dys, const uint8
   // One task per plane: a task per output row cost two int64 divisions per row, more than the row's work on
   // the CNN's 7-wide rows.
   detail::parallel_tasks(s.planes, s.h * s.w, [&](int64_t p) {
-    const int64_t w = s.w, w_out = s.w_out;
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const int64_t tail = w_out % 8;
-    const int32_t n = static_cast<int32_t>(tail);
-    const __m256i out_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
-    const __m256i mask_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n), lane);
-    const __m256i mask_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n - 8), lane);
+    const int64_t w = s.w, w_out = s.w_out, tail = w_out % 8;
+    const __m256i out_mask = first_lanes(tail), mask_lo = first_lanes(2 * tail), mask_hi = first_lanes(2 * tail - 8);
     for (int64_t oi = 0; oi < s.h_out; ++oi) {
       const float* g = dys + (p * s.h_out + oi) * w_out;
       const uint8_t* code = codes + (p * s.h_out + oi) * w_out;
@@ -229,19 +257,87 @@ void max_pool2d_2x2_backward(const Pool2dShape& s, const float* dys, const uint8
       float* r1 = r0 + w;
       int64_t j = 0;
       for (; j + 8 <= w_out; j += 8) {
-        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(code + j)));
-        write_window_gradients<true>(_mm256_loadu_ps(g + j), c, r0 + 2 * j, r1 + 2 * j, mask_lo, mask_hi);
+        write_window_gradients<true>(_mm256_loadu_ps(g + j), load_codes(code + j, 8), r0 + 2 * j, r1 + 2 * j,
+                                     mask_lo, mask_hi);
       }
       if (tail > 0) {
-        uint64_t packed = 0;  // the tail's codes, gathered without reading past the row
-        for (int64_t k = 0; k < tail; ++k) packed |= uint64_t{code[j + k]} << (8 * k);
-        const __m256i c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(packed)));
-        write_window_gradients<false>(_mm256_maskload_ps(g + j, out_mask), c, r0 + 2 * j, r1 + 2 * j, mask_lo,
-                                      mask_hi);
+        write_window_gradients<false>(_mm256_maskload_ps(g + j, out_mask), load_codes(code + j, tail), r0 + 2 * j,
+                                      r1 + 2 * j, mask_lo, mask_hi);
       }
       if (w % 2 != 0) r0[w - 1] = r1[w - 1] = 0.0f;
     }
     if (s.h % 2 != 0) std::fill(dxs + (p + 1) * s.h * w - w, dxs + (p + 1) * s.h * w, 0.0f);
+  });
+}
+
+// Channels last (Note [Memory formats]): a window's four candidates are rows of C channels at (2oi, 2oj),
+// (2oi, 2oj + 1), (2oi + 1, 2oj), (2oi + 1, 2oj + 1); eight channels at a time, the same tree as the NCHW
+// kernel. One task per output row of a sample (w_out * C outputs).
+void max_pool2d_2x2_channels_last(const Pool2dShape& s, const float* xs, float* ys, uint8_t* codes) {
+  const int64_t c = s.c, batch = s.planes / s.c;
+  detail::parallel_tasks(batch * s.h_out, s.w_out * c * 4, [&](int64_t t) {
+    const int64_t n = t / s.h_out, oi = t % s.h_out, tail = c % 8;
+    const __m256i mask = first_lanes(tail);
+    const float* r0 = xs + (n * s.h + 2 * oi) * s.w * c;
+    const float* r1 = r0 + s.w * c;
+    float* y = ys + t * s.w_out * c;
+    uint8_t* code = codes + t * s.w_out * c;
+    for (int64_t oj = 0; oj < s.w_out; ++oj, y += c, code += c) {
+      const float *a = r0 + 2 * oj * c, *b = a + c, *d0 = r1 + 2 * oj * c, *d1 = d0 + c;
+      int64_t k = 0;
+      for (; k + 8 <= c; k += 8) {
+        const WindowMax m = window_max(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), _mm256_loadu_ps(d0 + k),
+                                       _mm256_loadu_ps(d1 + k));
+        _mm256_storeu_ps(y + k, m.value);
+        store_codes(code + k, m.code, 8);
+      }
+      if (tail > 0) {
+        const WindowMax m = window_max(_mm256_maskload_ps(a + k, mask), _mm256_maskload_ps(b + k, mask),
+                                       _mm256_maskload_ps(d0 + k, mask), _mm256_maskload_ps(d1 + k, mask));
+        _mm256_maskstore_ps(y + k, mask, m.value);
+        store_codes(code + k, m.code, static_cast<int32_t>(tail));
+      }
+    }
+  });
+}
+
+// The channels-last backward: each window's four rows of C gradients written once; the column and row no window
+// covers (odd W, odd H) zeroed.
+void max_pool2d_2x2_channels_last_backward(const Pool2dShape& s, const float* dys, const uint8_t* codes,
+                                           float* dxs) {
+  const int64_t c = s.c, batch = s.planes / s.c;
+  detail::parallel_tasks(batch * s.h_out, s.w_out * c * 4, [&](int64_t t) {
+    const int64_t n = t / s.h_out, oi = t % s.h_out, tail = c % 8, row = s.w * c;
+    const __m256i mask = first_lanes(tail);
+    float* r0 = dxs + (n * s.h + 2 * oi) * row;
+    float* r1 = r0 + row;
+    const float* g = dys + t * s.w_out * c;
+    const uint8_t* code = codes + t * s.w_out * c;
+    for (int64_t oj = 0; oj < s.w_out; ++oj, g += c, code += c) {
+      float *a = r0 + 2 * oj * c, *b = a + c, *d0 = r1 + 2 * oj * c, *d1 = d0 + c;
+      int64_t k = 0;
+      for (; k + 8 <= c; k += 8) {
+        const __m256 dy = _mm256_loadu_ps(g + k);
+        const __m256i place = load_codes(code + k, 8);
+        _mm256_storeu_ps(a + k, gradient_at(dy, place, 0));
+        _mm256_storeu_ps(b + k, gradient_at(dy, place, 1));
+        _mm256_storeu_ps(d0 + k, gradient_at(dy, place, 2));
+        _mm256_storeu_ps(d1 + k, gradient_at(dy, place, 3));
+      }
+      if (tail > 0) {
+        const __m256 dy = _mm256_maskload_ps(g + k, mask);
+        const __m256i place = load_codes(code + k, tail);
+        _mm256_maskstore_ps(a + k, mask, gradient_at(dy, place, 0));
+        _mm256_maskstore_ps(b + k, mask, gradient_at(dy, place, 1));
+        _mm256_maskstore_ps(d0 + k, mask, gradient_at(dy, place, 2));
+        _mm256_maskstore_ps(d1 + k, mask, gradient_at(dy, place, 3));
+      }
+    }
+    if (s.w % 2 != 0) {
+      std::fill(r0 + row - c, r0 + row, 0.0f);
+      std::fill(r1 + row - c, r1 + row, 0.0f);
+    }
+    if (oi == s.h_out - 1 && s.h % 2 != 0) std::fill(r1 + row, r1 + 2 * row, 0.0f);
   });
 }
 #endif
@@ -251,6 +347,7 @@ void max_pool2d_2x2_backward(const Pool2dShape& s, const float* dys, const uint8
 // x: (P, H, W)  y, indices: (P, H_out, W_out)
 void max_pool2d_cpu(const Pool2dShape& s, const void* x, void* y, int64_t* indices) {
   check_pool2d_shape("max_pool2d_cpu", s);
+  DPE_INTERNAL_ASSERT(!s.channels_last, "max_pool2d_cpu takes NCHW only");
   dispatch_float(s.dtype, "max_pool2d_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
 #if defined(__AVX2__)
@@ -273,7 +370,7 @@ bool max_pool2d_2x2_applies(const Pool2dShape& s) {
 #if defined(__AVX2__)
   // Offsets within a plane are int32 in the vector kernels.
   return s.dtype == DType::Float32 && s.pad_h == 0 && s.pad_w == 0 && s.kh == 2 && s.kw == 2 && s.stride_h == 2 &&
-         s.stride_w == 2 && s.w < (int64_t{1} << 30);
+         s.stride_w == 2 && s.w < (int64_t{1} << 30) && (!s.channels_last || (s.c > 0 && s.planes % s.c == 0));
 #else
   (void)s;
   return false;
@@ -285,7 +382,11 @@ void max_pool2d_2x2_cpu(const Pool2dShape& s, const void* x, void* y, uint8_t* c
   check_pool2d_shape("max_pool2d_2x2_cpu", s);
   DPE_INTERNAL_ASSERT(max_pool2d_2x2_applies(s), "the 2x2 window-code kernels do not take this pool");
 #if defined(__AVX2__)
-  max_pool2d_2x2<uint8_t>(s, static_cast<const float*>(x), static_cast<float*>(y), codes);
+  if (s.channels_last) {
+    max_pool2d_2x2_channels_last(s, static_cast<const float*>(x), static_cast<float*>(y), codes);
+  } else {
+    max_pool2d_2x2<uint8_t>(s, static_cast<const float*>(x), static_cast<float*>(y), codes);
+  }
 #endif
 }
 
@@ -294,7 +395,11 @@ void max_pool2d_2x2_backward_cpu(const Pool2dShape& s, const void* dy, const uin
   check_pool2d_shape("max_pool2d_2x2_backward_cpu", s);
   DPE_INTERNAL_ASSERT(max_pool2d_2x2_applies(s), "the 2x2 window-code kernels do not take this pool");
 #if defined(__AVX2__)
-  max_pool2d_2x2_backward(s, static_cast<const float*>(dy), codes, static_cast<float*>(dx));
+  if (s.channels_last) {
+    max_pool2d_2x2_channels_last_backward(s, static_cast<const float*>(dy), codes, static_cast<float*>(dx));
+  } else {
+    max_pool2d_2x2_backward(s, static_cast<const float*>(dy), codes, static_cast<float*>(dx));
+  }
 #endif
 }
 

@@ -43,6 +43,10 @@ kernels::Conv2dShape conv_shape(const Tensor& x, const Tensor& weight, std::arra
   return s;
 }
 
+MemoryFormat activation_format(const kernels::Conv2dShape& s) {
+  return s.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+}
+
 // The gradients conv2d's backward makes from dy.
 struct ConvGrads {
   Tensor dx, dw, db;
@@ -59,7 +63,7 @@ ConvGrads conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy_f32, c
                           const Tensor& weight, bool grad_x, bool grad_w, bool grad_b) {
   const TensorOptions out = options_of(dy).with_dtype(kernels::conv2d_output_dtype(s.dtype));
   ConvGrads g;
-  g.dx = grad_x ? Tensor::empty({s.n, s.c_in, s.h, s.w}, out) : Tensor();
+  g.dx = grad_x ? Tensor::empty({s.n, s.c_in, s.h, s.w}, out, activation_format(s)) : Tensor();
   g.dw = grad_w ? Tensor::empty({s.c_out, s.c_in / s.groups, s.kh, s.kw}, out) : Tensor();
   const bool fused_db =
       grad_b && grad_w && dy.device().is_cpu() && (s.dtype == DType::Float32 || s.f32_activations);
@@ -127,7 +131,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
   kernels::Conv2dShape s = conv_shape(x, weight, stride, padding, dilation, groups);
   const std::optional<DType> lowp =
       x.dtype() == DType::Float32 ? amp::lower_precision_dtype(x.device()) : std::nullopt;
-  Tensor xc = x.detach().contiguous(), wc = weight.detach().contiguous();
+  // Note [Memory formats]: a channels-last input stays channels last on CPU (oneDNN's own layout; float64's
+  // im2col and cuDNN get NCHW), and so do y and dx.
+  s.channels_last = x.device().is_cpu() && x.dtype() != DType::Float64 &&
+                    x.suggest_memory_format() == MemoryFormat::ChannelsLast;
+  const MemoryFormat format = activation_format(s);
+  Tensor xc = x.detach().contiguous(format), wc = weight.detach().contiguous();
   if (lowp) {
     s.dtype = *lowp;
     s.f32_activations = x.device().is_cpu();
@@ -135,7 +144,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
     wc = amp::cast_operand(weight, *lowp);  // a parameter: from the cast cache
   }
   Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
-  Tensor y = Tensor::empty({s.n, s.c_out, s.h_out(), s.w_out()}, options_of(x));
+  Tensor y = Tensor::empty({s.n, s.c_out, s.h_out(), s.w_out()}, options_of(x), format);
   const void* b_ptr = data_or_null(bc);
   dispatch(
       x.device(), [&] { kernels::conv2d_forward_cpu(s, xc.data_ptr(), wc.data_ptr(), b_ptr, y.data_ptr()); },
@@ -149,7 +158,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
   Tensor saved_x = grad_w ? xc : Tensor(), saved_w = grad_x ? wc : Tensor();
   autograd::record(y, {x, weight, bias}, "Conv2dBackward",
                    [s, saved_x, saved_w, grad_x, grad_w, grad_b, lowp](const Tensor& g) -> std::vector<Tensor> {
-                     Tensor dy = g.contiguous();
+                     Tensor dy = g.contiguous(activation_format(s));
                      Tensor dy_op = lowp && !s.f32_activations ? amp::cast_operand(dy, *lowp) : dy;
                      ConvGrads grads = conv2d_backward(s, dy, dy_op, saved_x, saved_w, grad_x, grad_w, grad_b);
                      return {grads.dx, grads.dw, grads.db};

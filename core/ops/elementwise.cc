@@ -47,20 +47,24 @@ Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const char*
   return out;
 }
 
+// Unary kernels run over the elements in memory order: a channels-last x gives a channels-last result (Note
+// [Memory formats]), anything else not contiguous is copied first.
 Tensor unary_forward(UnaryOp op, const Tensor& x, const char* name) {
   check_compute_dtype(x, name);
-  Tensor in = x.contiguous();
-  Tensor out = Tensor::empty(x.shape(), options_of(x));
+  const MemoryFormat format = x.suggest_memory_format();
+  Tensor in = x.contiguous(format);
+  Tensor out = Tensor::empty(x.shape(), options_of(x), format);
   dispatch(
       x.device(), [&] { kernels::unary_cpu(op, x.dtype(), x.numel(), in.data_ptr(), out.data_ptr()); },
       [&](auto stream) { kernels::unary_cuda(stream, op, x.dtype(), x.numel(), in.data_ptr(), out.data_ptr()); });
   return out;
 }
 
-// dx = dy * f'(x)
+// dx = dy * f'(x), in x's memory format.
 Tensor activation_backward(ActivationOp op, const Tensor& x, const Tensor& dy) {
-  Tensor xc = x.contiguous(), dyc = dy.contiguous();
-  Tensor dx = Tensor::empty(x.shape(), options_of(x));
+  const MemoryFormat format = x.suggest_memory_format();
+  Tensor xc = x.contiguous(format), dyc = dy.contiguous(format);
+  Tensor dx = Tensor::empty(x.shape(), options_of(x), format);
   dispatch(
       x.device(),
       [&] { kernels::activation_backward_cpu(op, x.dtype(), x.numel(), xc.data_ptr(), dyc.data_ptr(), dx.data_ptr()); },

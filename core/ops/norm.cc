@@ -45,9 +45,13 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   // two passes forward (statistics, normalisation) and two backward (per-channel sums, input gradient).
   const int64_t N = x.size(0);
   const int64_t S = N * C > 0 ? x.numel() / (N * C) : 1;
-  const kernels::BatchNormShape shape{x.dtype(), N, C, S};
+  // Note [Memory formats]: a channels-last x stays so on CPU (its own kernels), y and dx too.
+  const bool channels_last =
+      x.device().is_cpu() && x.dim() == 4 && x.suggest_memory_format() == MemoryFormat::ChannelsLast;
+  const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  const kernels::BatchNormShape shape{x.dtype(), N, C, S, channels_last};
   const int64_t count = N * S;  // values per channel
-  const Tensor xc = x.detach().contiguous();
+  const Tensor xc = x.detach().contiguous(format);
   const TensorOptions per_channel = options_of(x);
 
   const bool batch_stats = training || !running_mean.defined();
@@ -79,7 +83,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   }
 
   const Tensor w = weight.defined() ? weight.detach() : Tensor(), b = bias.defined() ? bias.detach() : Tensor();
-  Tensor y = Tensor::empty(x.shape(), options_of(x));
+  Tensor y = Tensor::empty(x.shape(), options_of(x), format);
   dispatch(
       x.device(),
       [&] {
@@ -94,8 +98,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   const bool grad_x = x.requires_grad(), grad_w = weight.defined() && weight.requires_grad();
   const bool grad_b = bias.defined() && bias.requires_grad();
   autograd::record(y, {x, weight, bias}, "BatchNormBackward",
-                   [shape, batch_stats, xc, mean, invstd, w, grad_x, grad_w, grad_b](const Tensor& g) {
-                     const Tensor dy = g.contiguous();
+                   [shape, format, batch_stats, xc, mean, invstd, w, grad_x, grad_w, grad_b](const Tensor& g) {
+                     const Tensor dy = g.contiguous(format);
                      // The per-channel sums: for the parameters' gradients, and for dx under batch statistics.
                      Tensor sum_dy, sum_dy_xmu;
                      if (grad_w || grad_b || (grad_x && batch_stats)) {
@@ -116,7 +120,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                      }
                      Tensor dx;
                      if (grad_x) {
-                       dx = Tensor::empty(xc.shape(), options_of(dy));
+                       dx = Tensor::empty(xc.shape(), options_of(dy), format);
                        dispatch(
                            dy.device(),
                            [&] {

@@ -59,10 +59,12 @@ Shape output_shape(const Tensor& x, const Pool2dShape& s) {
 }
 
 // dx (x's shape) from dy (y's shape), by one of the backward kernels.
+// dx and the dy the kernel reads are in `format`.
 template <typename Cpu, typename Cuda>
-Tensor pool_backward(const Shape& x_shape, const Tensor& dy, const Cpu& cpu, const Cuda& cuda) {
-  Tensor dyc = dy.contiguous();
-  Tensor dx = Tensor::empty(x_shape, options_of(dy));
+Tensor pool_backward(const Shape& x_shape, const Tensor& dy, const Cpu& cpu, const Cuda& cuda,
+                     MemoryFormat format = MemoryFormat::Contiguous) {
+  Tensor dyc = dy.contiguous(format);
+  Tensor dx = Tensor::empty(x_shape, options_of(dy), format);
   if (dx.numel() > 0) {
     dispatch(
         dy.device(), [&] { cpu(dyc.data_ptr(), dx.data_ptr()); },
@@ -88,19 +90,23 @@ Tensor adaptive_backward(const Pool2dShape& s, const Shape& x_shape, const Tenso
 }
 
 // max_pool2d of a CPU MaxPool2d(2) on float32: the backward reads uint8 window codes, not int64 indices
-// (Note [Window codes], core/kernels/pool.h).
-Tensor max_pool2d_2x2(const Tensor& x, const Pool2dShape& s) {
-  Tensor xc = x.detach().contiguous();
+// (Note [Window codes], core/kernels/pool.h). A channels-last x gives a channels-last y and dx (Note [Memory
+// formats], core/tensor.h).
+Tensor max_pool2d_2x2(const Tensor& x, Pool2dShape s) {
+  const MemoryFormat format = x.dim() == 4 ? x.suggest_memory_format() : MemoryFormat::Contiguous;
+  s.channels_last = format == MemoryFormat::ChannelsLast;
+  s.c = s.channels_last ? x.size(1) : 1;
+  Tensor xc = x.detach().contiguous(format);
   const Shape out_shape = output_shape(x, s);
-  Tensor y = Tensor::empty(out_shape, options_of(x));
-  Tensor codes = Tensor::empty(out_shape, options_of(x).with_dtype(DType::UInt8));
+  Tensor y = Tensor::empty(out_shape, options_of(x), format);
+  Tensor codes = Tensor::empty(out_shape, options_of(x).with_dtype(DType::UInt8), format);
   if (y.numel() > 0) kernels::max_pool2d_2x2_cpu(s, xc.data_ptr(), y.data_ptr(), codes.data<uint8_t>());
   const Shape x_shape = x.shape();
-  autograd::record(y, {x}, "MaxPool2dBackward", [s, x_shape, codes](const Tensor& g) -> std::vector<Tensor> {
+  autograd::record(y, {x}, "MaxPool2dBackward", [s, x_shape, codes, format](const Tensor& g) -> std::vector<Tensor> {
     return {pool_backward(
         x_shape, g,
         [&](const void* dy, void* dx) { kernels::max_pool2d_2x2_backward_cpu(s, dy, codes.data<uint8_t>(), dx); },
-        [&](auto, const void*, void*) { DPE_INTERNAL_ASSERT(false, "window codes are CPU only"); })};
+        [&](auto, const void*, void*) { DPE_INTERNAL_ASSERT(false, "window codes are CPU only"); }, format)};
   });
   return y;
 }

@@ -66,6 +66,7 @@ struct BenchArgs {
   std::vector<std::string> precisions = {"fp32"};  // every mode in each (rows ddp, ddp-bf16, ...)
   std::string reduce_dtype = "fp32";  // ddp's bucket dtype (rows ddp-r16 with bf16 or fp16)
   bool profile = false;  // after each mode's timed steps, as many again with the backward profiled
+  bool channels_last = false;  // the inputs in channels-last memory (rows ddp-cl, ...)
 };
 
 // The configurations tools/bench/pytorch_reference.py knows (its parse_config): single, single-Nt (N >= 1
@@ -160,6 +161,7 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
   row.reports = slice.reports();
   if (across_processes) row.config = mode + "-" + args.dist;  // ddp-mpi, ddp-mpi-nccl
   if (args.deterministic) row.config += "-det";
+  if (args.channels_last) row.config += "-cl";
   const std::string precision_suffix = (precision == "fp32" ? "" : "-" + precision) +
                                        (needs_ddp_shards(mode) && args.reduce_dtype != "fp32" ? "-r" + args.reduce_dtype : "");
   row.config += precision_suffix;
@@ -487,6 +489,7 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(devices.size()));
   }
   for (const std::string& precision : args.precisions) check_precision(precision, devices);
+  if (args.channels_last) check_channels_last(args.model);
   if (args.compare_pytorch) {
     for (const std::string& c : args.pytorch_configs) {
       DPE_CHECK(is_pytorch_config(c), "--pytorch-configs '", c, "': unknown configuration; expected single, "
@@ -514,6 +517,7 @@ void run_bench(const BenchArgs& args) {
   std::vector<Device> devices = check_before_work(args);
   int64_t needed = args.batch_size * (args.steps + args.warmup);
   ModelData data = load_model_data(args.model, args.data_dir, needed, false);
+  if (args.channels_last) data.train_inputs = data.train_inputs.contiguous(MemoryFormat::ChannelsLast);
   DPE_CHECK(data.train_inputs.size(0) >= args.batch_size, "--batch-size ", args.batch_size, " is larger than the ",
             data.train_inputs.size(0), " training samples of ", args.model, "; expected at most ",
             data.train_inputs.size(0));
@@ -570,6 +574,9 @@ void add_bench_command(CLI::App& app) {
   add_int_option(*cmd, "--virtual-shards", args->virtual_shards,
                  "--deterministic: virtual shards per batch (default max(4, devices))", 1, 1 << 20)
       ->needs(deterministic);  // not by name: train_command.cc says why
+  cmd->add_flag("--channels-last", args->channels_last, "the images in channels-last memory, PyTorch's "
+                "memory_format=torch.channels_last: CPU convolutions, 2x2 max-pools, BatchNorm and activations keep it, "
+                "no relayouts between layers (rows ddp-cl, ...)");
   cmd->add_option("--reduce-dtype", args->reduce_dtype, "ddp rows: the dtype gradient buckets are all-reduced in "
                   "(rows ddp-rbf16, ...)")
       ->check(CLI::IsMember(kReduceDtypes));

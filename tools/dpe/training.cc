@@ -67,6 +67,11 @@ OptimizerFactory optimizer_factory(const OptimizerOptions& o) {
 
 }  // namespace
 
+void check_channels_last(const std::string& model) {
+  DPE_CHECK(model != "tiny-llama", "--channels-last: the tiny-llama model's inputs are token ids (N, T), not images "
+            "(N, C, H, W); expected --model cnn or mlp");
+}
+
 void check_ddp_batch(const std::string& option, int64_t batch, int64_t devices) {
   auto works = [&](int64_t b) { return static_cast<int64_t>(compute_chunk_sizes(b, devices).size()) == devices; };
   if (works(batch)) return;

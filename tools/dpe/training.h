@@ -57,6 +57,9 @@ ModelData load_model_data(const std::string& model, const std::string& data_dir,
 // naming `option`, the shards and the nearest batch sizes that work. Cheap: checked before anything is built.
 void check_ddp_batch(const std::string& option, int64_t batch, int64_t devices);
 
+// --channels-last: the model's inputs must be images (N, C, H, W); throws naming the model otherwise.
+void check_channels_last(const std::string& model);
+
 struct EngineOptions {
   std::string model = "cnn";
   std::string mode = "ddp";
