@@ -202,4 +202,9 @@ expect 105 "--split: frob not in {chunk,balanced,auto}" --split frob
 expect 2 "--modes 'single,,dp': item 2 is empty" --modes single,,dp
 expect 2 "--modes 'single,': item 2 is empty" --modes single,
 expect 105 "--model: resnet not in" --model resnet
+expect 2 "--channels-last: the tiny-llama model's inputs are token ids (N, T), not images" --model tiny-llama --channels-last
+# --channels-last: its rows say so.
+out=$("$bin" bench --model cnn --cpu-devices 2 --batch-size 16 --steps 1 --warmup 1 --modes single,ddp --channels-last 2>&1) ||
+  { echo "FAILED: --channels-last: $out"; fail=1; }
+[[ $(grep -cE '^dpe +(single|ddp)-cl ' <<<"$out") -eq 2 ]] || { echo "FAILED: no -cl rows: $out"; fail=1; }
 exit $fail

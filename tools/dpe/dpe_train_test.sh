@@ -37,6 +37,17 @@ check "det dp 2" "$bin" train --model cnn --mode dp --device-ids cpu:0,cpu:1 --d
   --save-every 1 --checkpoint "$tmp/det2.safetensors"
 cmp -s "$tmp/det1.safetensors" "$tmp/det2.safetensors" || { echo "FAILED: --deterministic checkpoints differ"; fail=1; }
 expect_error "--deterministic cuts every batch into its own virtual shards; --split auto does not apply" --deterministic --split auto
+# --channels-last: the same training as NCHW memory, up to float32 rounding (the kernels sum in other orders).
+for layout in nchw cl; do
+  check "$layout" "$bin" train --model cnn --mode ddp --epochs 1 --limit 256 --batch-size 32 --json "$tmp/$layout.json" \
+    $([[ $layout == cl ]] && echo --channels-last)
+done
+python3 - "$tmp/nchw.json" "$tmp/cl.json" <<'PY' || { echo "FAILED: --channels-last trains differently"; fail=1; }
+import json, sys
+a, b = (json.load(open(p))["epochs"][0]["train_loss"] for p in sys.argv[1:])
+assert abs(float(a) - float(b)) <= 1e-4 * abs(float(a)), (a, b)
+PY
+expect_error "--channels-last: the tiny-llama model's inputs are token ids (N, T), not images" --model tiny-llama --channels-last
 expect 107 "--virtual-shards requires --deterministic" --virtual-shards 4
 # --on-device-failure drop_device: a device whose step fails is dropped, the step redone on the others, and
 # training goes on; the warning and the JSON say so, with the devices that remain.

@@ -38,6 +38,7 @@ struct TrainArgs {
   std::string schedule = "cosine";
   int64_t batch_size = 128, epochs = 10, limit = -1, save_every = 0;
   bool drop_last = false;
+  bool channels_last = false;  // every batch (and the test split) in channels-last memory
   int cpu_devices = 2;
   bool cpu_devices_given = false;  // --cpu-devices given: CPU devices even where there is a GPU
   std::string dist = "none";
@@ -63,6 +64,7 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   args.engine.split = parse_split_rule(args.split);
   args.engine.on_device_failure = parse_device_failure_policy(args.on_device_failure);
   check_engine_options(args.engine);
+  if (args.channels_last) check_channels_last(args.engine.model);
   if (needs_ddp_shards(args.engine.mode) && !args.engine.dist) {  // across processes: in run_train
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(args.engine.devices.size()));
   }
@@ -130,6 +132,7 @@ void run_train(TrainArgs args) {
   io::TrainingState resumed;
   check_before_work(args, &resumed);
   ModelData data = load_model_data(args.engine.model, args.data_dir, args.limit);
+  if (args.channels_last) data.test_inputs = data.test_inputs.contiguous(MemoryFormat::ChannelsLast);
   const int64_t samples_per_epoch = data.train_inputs.size(0);
   DPE_CHECK(!args.drop_last || samples_per_epoch >= args.batch_size, "--drop-last with --batch-size ",
             args.batch_size, " and ", samples_per_epoch, " training samples: every batch would be dropped (0 steps "
@@ -247,7 +250,8 @@ void run_train(TrainArgs args) {
       {
         // --precision: autocast for the step; the guard's end empties the cast cache (core/amp/autocast.h).
         PrecisionScope precision(args.engine.precision, dp->device_ids());
-        loss = dp->train_step(slice.of(batch->inputs), slice.of(batch->targets), loss_fn);
+        const Tensor inputs = args.channels_last ? batch->inputs.contiguous(MemoryFormat::ChannelsLast) : batch->inputs;
+        loss = dp->train_step(slice.of(inputs), slice.of(batch->targets), loss_fn);
       }
       ++step_in_run;
       skipped += dp->last_step().skipped_step ? 1 : 0;
@@ -328,6 +332,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
+  cmd->add_flag("--channels-last", args->channels_last, "the images in channels-last memory, PyTorch's "
+                "memory_format=torch.channels_last (faster CPU convolutions; docs/LAYERS.md)");
   CLI::Option* deterministic =
       cmd->add_flag("--deterministic", args->engine.deterministic, "dp/ddp: bitwise the same training for any "
                     "device count and either mode (virtual shards summed in a fixed order; docs/DATA_PARALLEL.md)");
