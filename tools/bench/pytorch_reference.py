@@ -28,6 +28,11 @@ Configurations (--configs, comma-separated):
              DistributedSampler (rank r: samples r, r + 2, ...; an odd batch is padded from its start);
              synchronous steps, timed on rank 0 between barriers after the warm-up.
 
+--channels-last: every configuration with the model converted by model.to(memory_format=torch.channels_last)
+and each batch of images by .contiguous(memory_format=torch.channels_last) (rows single-2t-cl, ...). `dpe bench
+--channels-last` does not pass it: Debian's PyTorch 1.13 trains the CNN slower that way on these CPUs (3313 ->
+2571 samples/s, single-2t), and the comparison is against PyTorch's best configuration.
+
 Each configuration: torch.manual_seed(1), the model, cross_entropy (tiny-llama: over every position, PAD
 targets ignored), SGD(lr=0.01, momentum=0.9); --warmup
 untimed steps, then --steps timed ones (zero_grad, forward, loss, backward, step). step_ms is the mean time
@@ -331,8 +336,20 @@ def parameter_count(model):
 
 def base_row(args, config):
     import torch
-    return {"framework": "pytorch", "torch": torch.__version__, "config": config, "model": args.model,
-            "batch": args.batch, "steps": args.steps}
+    return {"framework": "pytorch", "torch": torch.__version__, "config": config + ("-cl" if args.channels_last else ""),
+            "model": args.model, "batch": args.batch, "steps": args.steps}
+
+
+def in_memory_format(args, model):
+    """--channels-last: PyTorch's recipe, the model's 4-d parameters in channels-last memory (its convolutions
+    then return channels-last outputs), and each batch of images converted (as_input)."""
+    import torch
+    return model.to(memory_format=torch.channels_last) if args.channels_last else model
+
+
+def as_input(args, x):
+    import torch
+    return x.contiguous(memory_format=torch.channels_last) if args.channels_last and x.dim() == 4 else x
 
 
 def timed_row(args, config, seconds, processes, threads, final_loss):
@@ -373,13 +390,13 @@ def run_single(args, config, threads, data):
     set_threads(threads)
     torch.manual_seed(SEED)
     images, labels = data
-    model = make_model(args.model)
+    model = in_memory_format(args, make_model(args.model))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     n = images.shape[0]
 
     def batch_fn(s):
         start = batch_start(s, args.batch, n)
-        return images[start:start + args.batch], labels[start:start + args.batch]
+        return as_input(args, images[start:start + args.batch]), labels[start:start + args.batch]
 
     seconds, loss = train_loop(args, model, optimizer, batch_fn)
     return timed_row(args, config, seconds, 1, threads, loss.item())
@@ -402,13 +419,13 @@ def run_cuda(args, data):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(SEED)
     images, labels = (t.pin_memory() for t in data)
-    model = make_model(args.model).cuda()
+    model = in_memory_format(args, make_model(args.model).cuda())
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     n = images.shape[0]
 
     def batch_fn(s):
         start = batch_start(s, args.batch, n)
-        return (images[start:start + args.batch].cuda(non_blocking=True),
+        return (as_input(args, images[start:start + args.batch].cuda(non_blocking=True)),
                 labels[start:start + args.batch].cuda(non_blocking=True))
 
     seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=torch.cuda.synchronize)
@@ -423,13 +440,13 @@ def run_dp(args, data):
     # Not exercised on the CPU-only machines this project runs on (Debian's torch has no CUDA).
     torch.manual_seed(SEED)
     images, labels = data
-    model = torch.nn.DataParallel(make_model(args.model).cuda())
+    model = torch.nn.DataParallel(in_memory_format(args, make_model(args.model).cuda()))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     n = images.shape[0]
 
     def batch_fn(s):
         start = batch_start(s, args.batch, n)
-        return images[start:start + args.batch], labels[start:start + args.batch].cuda()
+        return as_input(args, images[start:start + args.batch]), labels[start:start + args.batch].cuda()
 
     seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=torch.cuda.synchronize)
     return timed_row(args, "dp", seconds, 1, torch.get_num_threads(), loss.item()) | {
@@ -445,7 +462,7 @@ def ddp_worker(rank, world, init_file, args, threads, queue):
     try:
         images, labels = load_data(args)
         torch.manual_seed(SEED)
-        model = torch.nn.parallel.DistributedDataParallel(make_model(args.model))
+        model = torch.nn.parallel.DistributedDataParallel(in_memory_format(args, make_model(args.model)))
         optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         n = images.shape[0]
         # Index tensors per distinct batch start, made once: the split is not part of the timed step.
@@ -456,7 +473,7 @@ def ddp_worker(rank, world, init_file, args, threads, queue):
             idx = index_cache.get(start)
             if idx is None:
                 idx = index_cache[start] = torch.tensor(rank_indices(start, args.batch, rank, world))
-            return images.index_select(0, idx), labels.index_select(0, idx)
+            return as_input(args, images.index_select(0, idx)), labels.index_select(0, idx)
 
         seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=dist.barrier)
         dist.all_reduce(loss)  # after the timing: the mean of the ranks' losses
@@ -504,6 +521,8 @@ def main(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the output format.")
     p.add_argument("--model", choices=["mlp", "cnn", "tiny-llama"], default="mlp")
     p.add_argument("--batch", type=int, default=256, help="global batch size (default 256)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="model and images in channels-last memory (torch.channels_last; rows ...-cl)")
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
     p.add_argument("--configs", default="single-1t,single-2t,ddp-gloo",

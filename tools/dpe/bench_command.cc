@@ -228,6 +228,8 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
                                    std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
                                    "--samples", std::to_string(samples), "--configs", configs};
   if (!args.data_dir.empty()) argv.insert(argv.end(), {"--data-dir", args.data_dir});
+  // Not --channels-last even when dpe's rows are: PyTorch 1.13's CPU CNN is slower in it (docs/BENCHMARKS.md,
+  // "Channels last"), and the comparison is against PyTorch's best configuration.
   std::string shown;
   for (const std::string& a : argv) shown += (shown.empty() ? "" : " ") + a;
   std::fprintf(stderr, "running PyTorch: %s\n", shown.c_str());
