@@ -4,6 +4,7 @@
 
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/ops/pool.h"
 #include "layers/activation.h"
 #include "layers/pooling.h"
 
@@ -62,14 +63,17 @@ std::shared_ptr<Module> Sequential::operator[](size_t index) const { return chil
 // window's first maximum is the same element either way when it is positive (and gets dy), and its gradient is
 // 0 either way when it is not; NaN is the maximum of a window and ReLU passes it on, so a NaN lands in the same
 // place too. Pooling first runs the ReLU and its backward on a quarter of the elements (2 x 2 windows): the
-// CNN's two ReLU -> MaxPool2d pairs were 13% of a step, both passes memory-bound. Only the exact module types
-// are swapped (a subclass may do something else), and each module's own forward still runs.
+// CNN's two ReLU -> MaxPool2d pairs were 13% of a step, both passes memory-bound. And max_pool2d_relu does both
+// in the pool's one pass where the window-code kernels run (core/ops/pool.h), which removes the ReLU's passes
+// (forward and backward) altogether. Only the exact module types are matched (a subclass may do something else;
+// dpe modules have no hooks), so the pair's result is what its two forwards give.
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
   const std::vector<std::shared_ptr<Module>> modules = children();
   for (size_t i = 0; i < modules.size(); ++i) {
     if (i + 1 < modules.size() && typeid(*modules[i]) == typeid(ReLU) && typeid(*modules[i + 1]) == typeid(MaxPool2d)) {
-      x = modules[i]->forward(modules[i + 1]->forward(x));
+      const auto& pool = static_cast<const MaxPool2d&>(*modules[i + 1]);
+      x = max_pool2d_relu(x, pool.kernel, pool.stride, pool.padding);
       ++i;
       continue;
     }

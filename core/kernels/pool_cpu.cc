@@ -129,7 +129,16 @@ WindowMax window_max(__m256 a, __m256 b, __m256 c, __m256 d) {
   return {_mm256_blendv_ps(upper, lower, bottom), code};
 }
 
-// Stores lanes [0, n) of eight int32 codes (0..3) as bytes.
+// relu of the window maxima (Pool2dShape::relu): x <= 0 -> +0 with code kNoWinner (relu's gradient there is
+// 0); NaN, which relu keeps and passes dy through, is left alone.
+WindowMax relu_of(const WindowMax& m) {
+  const __m256 dead = _mm256_cmp_ps(m.value, _mm256_setzero_ps(), _CMP_LE_OQ);
+  return {_mm256_blendv_ps(m.value, _mm256_setzero_ps(), dead),
+          _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(m.code),
+                                               _mm256_castsi256_ps(_mm256_set1_epi32(kNoWinner)), dead))};
+}
+
+// Stores lanes [0, n) of eight int32 codes (0..3, kNoWinner) as bytes.
 void store_codes(uint8_t* out, __m256i code, int32_t n) {
   const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
   const __m128i bytes = _mm_packus_epi16(words, words);
@@ -192,7 +201,10 @@ void max_pool2d_2x2(const Pool2dShape& s, const float* xs, float* ys, Index* ind
           __m256 a, b, c, d;
         load_pairs(r0 + 2 * j, in_lo, in_hi, a, b);
         load_pairs(r1 + 2 * j, in_lo, in_hi, c, d);
-        const WindowMax m = window_max(a, b, c, d);
+        WindowMax m = window_max(a, b, c, d);
+        if constexpr (std::is_same_v<Index, uint8_t>) {
+          if (s.relu) m = relu_of(m);
+        }
         _mm256_maskstore_ps(y + j, out_mask, m.value);
         if constexpr (std::is_same_v<Index, uint8_t>) {
           store_codes(index + j, m.code, n);
@@ -286,14 +298,16 @@ void max_pool2d_2x2_channels_last(const Pool2dShape& s, const float* xs, float* 
       const float *a = r0 + 2 * oj * c, *b = a + c, *d0 = r1 + 2 * oj * c, *d1 = d0 + c;
       int64_t k = 0;
       for (; k + 8 <= c; k += 8) {
-        const WindowMax m = window_max(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), _mm256_loadu_ps(d0 + k),
-                                       _mm256_loadu_ps(d1 + k));
+        WindowMax m = window_max(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), _mm256_loadu_ps(d0 + k),
+                                 _mm256_loadu_ps(d1 + k));
+        if (s.relu) m = relu_of(m);
         _mm256_storeu_ps(y + k, m.value);
         store_codes(code + k, m.code, 8);
       }
       if (tail > 0) {
-        const WindowMax m = window_max(_mm256_maskload_ps(a + k, mask), _mm256_maskload_ps(b + k, mask),
-                                       _mm256_maskload_ps(d0 + k, mask), _mm256_maskload_ps(d1 + k, mask));
+        WindowMax m = window_max(_mm256_maskload_ps(a + k, mask), _mm256_maskload_ps(b + k, mask),
+                                 _mm256_maskload_ps(d0 + k, mask), _mm256_maskload_ps(d1 + k, mask));
+        if (s.relu) m = relu_of(m);
         _mm256_maskstore_ps(y + k, mask, m.value);
         store_codes(code + k, m.code, static_cast<int32_t>(tail));
       }
@@ -347,7 +361,7 @@ void max_pool2d_2x2_channels_last_backward(const Pool2dShape& s, const float* dy
 // x: (P, H, W)  y, indices: (P, H_out, W_out)
 void max_pool2d_cpu(const Pool2dShape& s, const void* x, void* y, int64_t* indices) {
   check_pool2d_shape("max_pool2d_cpu", s);
-  DPE_INTERNAL_ASSERT(!s.channels_last, "max_pool2d_cpu takes NCHW only");
+  DPE_INTERNAL_ASSERT(!s.channels_last && !s.relu, "max_pool2d_cpu takes NCHW, without relu, only");
   dispatch_float(s.dtype, "max_pool2d_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
 #if defined(__AVX2__)

@@ -338,6 +338,46 @@ TEST(PoolTest, MaxPool2x2WindowCodesGiveTheIndicesGradientBitForBit) {
   }
 }
 
+// max_pool2d_relu is relu(max_pool2d) in one pass (the window-code kernels) or as the two ops (any other pool):
+// values and gradients bit for bit, NCHW and channels last, with negative windows, both zeros, NaNs and ties.
+TEST(PoolTest, MaxPool2dReluIsReluOfMaxPoolBitForBit) {
+  std::mt19937 gen(13);
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::infinity()};
+  std::uniform_int_distribution<int> pick(-4, 5);  // -4..1: small integers, mostly <= 0; 2..5: a special value
+  auto bits = [](const Tensor& t) {
+    std::vector<float> v = t.to_vector<float>();
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+    return b;
+  };
+  struct Case {
+    int64_t c, h, w, k;
+    MemoryFormat format;
+  };
+  for (const Case& c : {Case{3, 6, 10, 2, MemoryFormat::Contiguous}, Case{5, 7, 9, 2, MemoryFormat::Contiguous},
+                        Case{13, 6, 6, 2, MemoryFormat::ChannelsLast}, Case{3, 7, 9, 2, MemoryFormat::ChannelsLast},
+                        Case{3, 7, 9, 3, MemoryFormat::Contiguous}}) {
+    SCOPED_TRACE(detail::str_cat("C ", c.c, ", ", c.h, "x", c.w, ", kernel ", c.k,
+                                 c.format == MemoryFormat::ChannelsLast ? ", channels last" : ""));
+    std::vector<float> values(static_cast<size_t>(2 * c.c * c.h * c.w));
+    for (float& v : values) {
+      const int k = pick(gen);
+      v = k <= 1 ? static_cast<float>(k) : specials[k - 2];
+    }
+    Tensor fused_x = Tensor::from_vector(values, {2, c.c, c.h, c.w}).set_requires_grad(true);
+    Tensor apart_x = Tensor::from_vector(values, {2, c.c, c.h, c.w}).set_requires_grad(true);
+    Tensor fused = max_pool2d_relu(fused_x.contiguous(c.format), {c.k, c.k}, {c.k, c.k});
+    Tensor apart = relu(max_pool2d(apart_x.contiguous(c.format), {c.k, c.k}, {c.k, c.k}));
+    EXPECT_EQ(bits(fused), bits(apart));
+    Tensor dy = randn(fused.shape());
+    dy.view({-1}).select(0, 1).fill_(std::numeric_limits<float>::quiet_NaN());
+    fused.backward(dy);
+    apart.backward(dy);
+    EXPECT_EQ(bits(fused_x.grad()), bits(apart_x.grad()));
+  }
+}
+
 TEST(PoolTest, AvgPoolCountsPadding) {
   // 2x2 ones, kernel 2, stride 1, padding 1: corners see one element of four, edges two, the centre four.
   Tensor x = ones({1, 1, 2, 2}, DType::Float64);

@@ -152,6 +152,14 @@ Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int
 
 Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel) { return max_pool2d(x, kernel, kernel); }
 
+Tensor max_pool2d_relu(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                       std::array<int64_t, 2> padding) {
+  Pool2dShape s = window_shape(x, kernel, stride, padding, "max_pool2d");
+  if (!x.device().is_cpu() || !kernels::max_pool2d_2x2_applies(s)) return relu(max_pool2d_with_indices(x, s).values);
+  s.relu = true;
+  return max_pool2d_2x2(x, s);
+}
+
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                   std::array<int64_t, 2> padding) {
   const Pool2dShape s = window_shape(x, kernel, stride, padding, "avg_pool2d");

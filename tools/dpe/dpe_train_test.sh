@@ -36,6 +36,12 @@ check "det ddp 1" "$bin" train --model cnn --mode ddp --device-ids cpu:0 --deter
 check "det dp 2" "$bin" train --model cnn --mode dp --device-ids cpu:0,cpu:1 --deterministic --epochs 1 --limit 256 --batch-size 32 \
   --save-every 1 --checkpoint "$tmp/det2.safetensors"
 cmp -s "$tmp/det1.safetensors" "$tmp/det2.safetensors" || { echo "FAILED: --deterministic checkpoints differ"; fail=1; }
+# The same in channels-last memory (its BatchNorm sums blocks of a fixed size, whatever the device count).
+check "det ddp 1 cl" "$bin" train --model cnn --mode ddp --device-ids cpu:0 --deterministic --channels-last --epochs 1 \
+  --limit 256 --batch-size 32 --save-every 1 --checkpoint "$tmp/det1cl.safetensors"
+check "det dp 2 cl" "$bin" train --model cnn --mode dp --device-ids cpu:0,cpu:1 --deterministic --channels-last --epochs 1 \
+  --limit 256 --batch-size 32 --save-every 1 --checkpoint "$tmp/det2cl.safetensors"
+cmp -s "$tmp/det1cl.safetensors" "$tmp/det2cl.safetensors" || { echo "FAILED: --channels-last --deterministic checkpoints differ"; fail=1; }
 expect_error "--deterministic cuts every batch into its own virtual shards; --split auto does not apply" --deterministic --split auto
 # --channels-last: the same training as NCHW memory, up to float32 rounding (the kernels sum in other orders).
 for layout in nchw cl; do
