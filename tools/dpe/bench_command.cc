@@ -97,6 +97,7 @@ std::string gnuplot_label(const std::string& text) {
 
 struct Row {
   std::string framework = "dpe", config, precision = "fp32";
+  std::string mode;  // dpe rows: the --modes entry (config adds the run's suffixes: -cl, -det, -bf16, ...)
   int devices = 1;
   double samples_per_s = 0, step_ms = 0, scaling = 0;
   StepReport phases;  // per-step averages of the timed steps (ms), bytes per step
@@ -143,7 +144,7 @@ void accumulate(StepReport& sum, const StepReport& s, double scale) {
 Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string& precision,
                const std::vector<Device>& devices, const ModelData& data) {
   Row row;
-  row.config = mode;
+  row.config = row.mode = mode;
   row.precision = precision;
   std::string engine_mode = mode == "single-all" ? "single" : mode;
   const std::optional<CollectiveBackend> dist = dist_backend(args.dist, devices);
@@ -534,10 +535,11 @@ void run_bench(const BenchArgs& args) {
     }
   }
   if (!rows.front().reports) return;  // --dist mpi: process 0 shows, writes and compares
-  // Scaling: against the single-device row of the same precision.
+  // Scaling: against the single-device row of the same precision (and the run's other flags, which every row
+  // shares).
   for (Row& r : rows) {
     for (const Row& single : rows) {
-      if (single.precision == r.precision && single.config == "single" + std::string(r.precision == "fp32" ? "" : "-" + r.precision)) {
+      if (single.precision == r.precision && single.mode == "single") {
         r.scaling = r.samples_per_s / (single.samples_per_s * r.devices);
       }
     }

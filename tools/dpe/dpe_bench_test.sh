@@ -204,7 +204,13 @@ expect 2 "--modes 'single,': item 2 is empty" --modes single,
 expect 105 "--model: resnet not in" --model resnet
 expect 2 "--channels-last: the tiny-llama model's inputs are token ids (N, T), not images" --model tiny-llama --channels-last
 # --channels-last: its rows say so.
-out=$("$bin" bench --model cnn --cpu-devices 2 --batch-size 16 --steps 1 --warmup 1 --modes single,ddp --channels-last 2>&1) ||
-  { echo "FAILED: --channels-last: $out"; fail=1; }
+out=$("$bin" bench --model cnn --cpu-devices 2 --batch-size 16 --steps 1 --warmup 1 --modes single,ddp --channels-last \
+      --json "$tmp/cl.json" 2>&1) || { echo "FAILED: --channels-last: $out"; fail=1; }
 [[ $(grep -cE '^dpe +(single|ddp)-cl ' <<<"$out") -eq 2 ]] || { echo "FAILED: no -cl rows: $out"; fail=1; }
+# Their scaling is against the single-cl row (it was 0 while the lookup wanted a row named "single").
+python3 - "$tmp/cl.json" <<'PY' || { echo "FAILED: no scaling for ddp-cl"; fail=1; }
+import json, sys
+rows = {r["config"]: r for r in json.load(open(sys.argv[1]))["rows"]}
+assert rows["ddp-cl"]["scaling"] > 0, rows
+PY
 exit $fail
