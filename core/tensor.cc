@@ -51,7 +51,6 @@ void check_channels_last_shape(const Shape& shape, const char* what) {
 
 }  // namespace
 
-
 // Checked: a product that does not fit in int64 is an error, not a wrapped (possibly negative or small)
 // count that a caller would then allocate or index with. A shape with a 0 has 0 elements whatever the rest.
 int64_t shape_numel(const Shape& shape) {

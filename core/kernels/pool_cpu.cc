@@ -1,6 +1,7 @@
 // CPU pooling (core/kernels/pool.h): loops over the shared per-element math of pool_math.h, one task per
-// (plane, output row) or (plane, input row) under oneTBB. Each element is computed independently, so
-// results do not depend on the thread count.
+// (plane, output row) or (plane, input row) under oneTBB; the 2x2 vector kernels take a task per plane (or per
+// output row of a sample, channels last). Each element is computed independently, so results do not depend on
+// the thread count.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -198,7 +199,7 @@ void max_pool2d_2x2(const Pool2dShape& s, const float* xs, float* ys, Index* ind
         const __m256i out_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
         const __m256i in_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n), lane);
         const __m256i in_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n - 8), lane);
-          __m256 a, b, c, d;
+        __m256 a, b, c, d;
         load_pairs(r0 + 2 * j, in_lo, in_hi, a, b);
         load_pairs(r1 + 2 * j, in_lo, in_hi, c, d);
         WindowMax m = window_max(a, b, c, d);

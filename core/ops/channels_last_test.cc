@@ -195,5 +195,26 @@ TEST(ChannelsLastTest, ActivationsKeepTheFormat) {
   EXPECT_EQ(bits(x.cl.grad()), bits(x.nchw.grad()));
 }
 
+// On CUDA the ops take channels-last inputs through NCHW copies (cuDNN and the CUDA kernels get NCHW) and give
+// the values of NCHW inputs; activations keep the format (they run in memory order on any device).
+TEST(ChannelsLastTest, CudaOpsTakeChannelsLastInputs) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  Pair x = leaves(randn({4, 3, 8, 8}).to(gpu));
+  const Tensor w = mul(randn({6, 3, 3, 3}), 0.3).to(gpu), b = randn({6}).to(gpu);
+  auto chain = [&](const Tensor& in) {
+    Tensor mean = zeros({6}).to(gpu), var = ones({6}).to(gpu);
+    Tensor y = conv2d(in, w, b, {1, 1}, {1, 1});
+    return relu(max_pool2d(batch_norm(y, mean, var, Tensor(), Tensor(), true, 0.1, 1e-5), {2, 2}));
+  };
+  Tensor y_nchw = chain(x.nchw), y_cl = chain(x.cl.contiguous(kCl));
+  EXPECT_LT(max_relative_diff(y_cl.to(Device::cpu(0)), y_nchw.to(Device::cpu(0))), 1e-5);
+  Tensor dy = randn(y_nchw.shape()).to(gpu);
+  y_nchw.backward(dy);
+  y_cl.backward(dy);
+  EXPECT_LT(max_relative_diff(x.cl.grad().to(Device::cpu(0)), x.nchw.grad().to(Device::cpu(0))), 1e-5);
+  EXPECT_EQ(relu(x.cl.detach().contiguous(kCl)).suggest_memory_format(), kCl);
+}
+
 }  // namespace
 }  // namespace dpe
