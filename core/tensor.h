@@ -33,8 +33,9 @@ std::string shape_str(const Shape& shape);  // "[2, 3]"
 // PyTorch's memory formats of 4-d (N, C, H, W) tensors. A layout, never a value: every op gives the same values
 // whichever it is handed. Contiguous: NCHW in memory. ChannelsLast: the channels of a pixel next to each other
 // (NHWC in memory, strides (H*W*C, 1, W*C, C)), the layout oneDNN's CPU convolutions compute in; conv2d, the
-// 2x2 max-pool, batch_norm and the activations keep it on CPU, so a channels-last CNN runs without relayouts
-// between its layers (docs/LAYERS.md, "Channels last"). Like PyTorch, the input decides: convert it with
+// 2x2 max-pool, batch_norm, the activations and binary ops compute in it on CPU, so a channels-last CNN runs
+// without relayouts between its layers; the other 4-d ops compute on NCHW copies and hand channels-last results
+// back (docs/LAYERS.md, "Channels last"). Like PyTorch, the input decides: convert it with
 // contiguous(MemoryFormat::ChannelsLast), and copies (clone, to) keep the format they are given.
 enum class MemoryFormat : uint8_t { Contiguous, ChannelsLast };
 

@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/amp/autocast.h"
@@ -126,12 +128,62 @@ TEST(ChannelsLastTest, Conv2dEqualsNchw) {
   }
 }
 
-// float64 convolutions (im2col) take NCHW: a channels-last input is copied, the result is NCHW and exact.
-TEST(ChannelsLastTest, Float64Conv2dFallsBackToNchw) {
+// float64 convolutions (im2col) run on an NCHW copy and hand the result back channels last, the same values.
+TEST(ChannelsLastTest, Float64Conv2dRunsOnAnNchwCopy) {
   Tensor x = randn({2, 3, 6, 6}, DType::Float64), w = randn({4, 3, 3, 3}, DType::Float64);
   Tensor y = conv2d(x.contiguous(kCl), w, Tensor(), {1, 1}, {1, 1});
-  EXPECT_EQ(y.suggest_memory_format(), MemoryFormat::Contiguous);
+  EXPECT_EQ(y.suggest_memory_format(), kCl);
   EXPECT_EQ(y.to_vector<double>(), conv2d(x, w, Tensor(), {1, 1}, {1, 1}).to_vector<double>());
+}
+
+// Binary ops follow a channels-last operand of the result's shape (either side), broadcasting included, and run
+// in NHWC order: the same values and gradients as on NCHW tensors.
+TEST(ChannelsLastTest, BinaryOpsKeepTheFormat) {
+  const Tensor a = randn({2, 5, 3, 4}), b = randn({2, 5, 3, 4}), bias = randn({1, 5, 1, 1});
+  struct Case {
+    const char* what;
+    bool a_cl, b_cl;
+    Tensor b_values;
+  };
+  for (const Case& c : {Case{"both", true, true, b}, Case{"first", true, false, b}, Case{"second", false, true, b},
+                        Case{"broadcast bias", true, false, bias}}) {
+    SCOPED_TRACE(c.what);
+    Pair x = leaves(a), y = leaves(c.b_values);
+    auto as = [](const Tensor& t, bool cl) { return cl && t.dim() == 4 && t.size(2) > 1 ? t.contiguous(kCl) : t; };
+    Tensor sum_nchw = mul(add(x.nchw, y.nchw), y.nchw);
+    Tensor sum_cl = mul(add(as(x.cl, c.a_cl), as(y.cl, c.b_cl)), as(y.cl, c.b_cl));
+    EXPECT_EQ(sum_cl.suggest_memory_format(), kCl);
+    EXPECT_EQ(bits(sum_cl), bits(sum_nchw));
+    Tensor dy = randn(sum_nchw.shape());
+    sum_nchw.backward(dy);
+    sum_cl.backward(dy);
+    EXPECT_EQ(bits(x.cl.grad()), bits(x.nchw.grad()));
+    EXPECT_LT(max_relative_diff(y.cl.grad(), y.nchw.grad()), 1e-6);  // bias: summed over N, H, W in either order
+  }
+}
+
+// Pools without channels-last kernels run on NCHW copies and hand their results back channels last: the same
+// bits.
+TEST(ChannelsLastTest, OtherPoolsKeepTheFormat) {
+  const Tensor values = randn({2, 6, 9, 9});
+  const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> pools = {
+      {"max 3x3 stride 2 pad 1", [](const Tensor& t) { return max_pool2d(t, {3, 3}, {2, 2}, {1, 1}); }},
+      {"max 2x2 with indices", [](const Tensor& t) { return max_pool2d_with_indices(t, {2, 2}, {2, 2}).values; }},
+      {"relu of max 3x3", [](const Tensor& t) { return max_pool2d_relu(t, {3, 3}, {2, 2}, {1, 1}); }},
+      {"avg 2x2", [](const Tensor& t) { return avg_pool2d(t, {2, 2}); }},
+      {"adaptive 3x3", [](const Tensor& t) { return adaptive_avg_pool2d(t, {3, 3}); }},
+  };
+  for (const auto& [what, pool] : pools) {
+    SCOPED_TRACE(what);
+    Pair x = leaves(values);
+    Tensor y_nchw = pool(x.nchw), y_cl = pool(x.cl.contiguous(kCl));
+    EXPECT_EQ(y_cl.suggest_memory_format(), kCl);
+    EXPECT_EQ(bits(y_cl), bits(y_nchw));
+    Tensor dy = randn(y_nchw.shape());
+    y_nchw.backward(dy);
+    y_cl.backward(dy);
+    EXPECT_EQ(bits(x.cl.grad()), bits(x.nchw.grad()));
+  }
 }
 
 // The channels-last 2x2 kernels compare the same four values in the same order as the NCHW ones: values and
@@ -195,8 +247,8 @@ TEST(ChannelsLastTest, ActivationsKeepTheFormat) {
   EXPECT_EQ(bits(x.cl.grad()), bits(x.nchw.grad()));
 }
 
-// On CUDA the ops take channels-last inputs through NCHW copies (cuDNN and the CUDA kernels get NCHW) and give
-// the values of NCHW inputs; activations keep the format (they run in memory order on any device).
+// On CUDA the ops take channels-last inputs through NCHW copies (cuDNN and the CUDA kernels get NCHW) and hand
+// back channels-last results with the values of NCHW inputs.
 TEST(ChannelsLastTest, CudaOpsTakeChannelsLastInputs) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Device gpu = Device::cuda(0);
@@ -208,6 +260,7 @@ TEST(ChannelsLastTest, CudaOpsTakeChannelsLastInputs) {
     return relu(max_pool2d(batch_norm(y, mean, var, Tensor(), Tensor(), true, 0.1, 1e-5), {2, 2}));
   };
   Tensor y_nchw = chain(x.nchw), y_cl = chain(x.cl.contiguous(kCl));
+  EXPECT_EQ(y_cl.suggest_memory_format(), kCl);
   EXPECT_LT(max_relative_diff(y_cl.to(Device::cpu(0)), y_nchw.to(Device::cpu(0))), 1e-5);
   Tensor dy = randn(y_nchw.shape()).to(gpu);
   y_nchw.backward(dy);

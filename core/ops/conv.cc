@@ -163,7 +163,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
                      ConvGrads grads = conv2d_backward(s, dy, dy_op, saved_x, saved_w, grad_x, grad_w, grad_b);
                      return {grads.dx, grads.dw, grads.db};
                    });
-  return y;
+  return s.channels_last ? y : detail::in_format_of(y, x);  // float64 and CUDA: NCHW kernels
 }
 
 }  // namespace dpe

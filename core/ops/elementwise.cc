@@ -34,10 +34,24 @@ Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const char*
   detail::check_same_device_and_dtype(a, b, name);
   check_compute_dtype(a, name);
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
-  Tensor out = Tensor::empty(shape, options_of(a));
+  // Note [Memory formats]: an operand of the result's shape in channels-last memory makes the result channels
+  // last (PyTorch's TensorIterator follows its inputs' layout); the kernels then run in NHWC order, where the
+  // result is contiguous.
+  auto shapes_channels_last = [&](const Tensor& t) {
+    return t.shape() == shape && t.dim() == 4 && t.suggest_memory_format() == MemoryFormat::ChannelsLast;
+  };
+  const bool channels_last = shapes_channels_last(a) || shapes_channels_last(b);
+  const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  Tensor out = Tensor::empty(shape, options_of(a), format);
   if (out.numel() == 0) return out;
-  Tensor ea = a.detach().expand(shape), eb = b.detach().expand(shape);
-  kernels::Layout lo = layout_of(out), la = layout_of(ea), lb = layout_of(eb);
+  Tensor ea = a.detach().expand(shape), eb = b.detach().expand(shape), eo = out;
+  if (channels_last) {
+    const std::vector<int64_t> nhwc = {0, 2, 3, 1};
+    ea = ea.permute(nhwc);
+    eb = eb.permute(nhwc);
+    eo = out.permute(nhwc);
+  }
+  kernels::Layout lo = layout_of(eo), la = layout_of(ea), lb = layout_of(eb);
   dispatch(
       out.device(),
       [&] { kernels::binary_cpu(op, out.dtype(), lo, ea.data_ptr(), la, eb.data_ptr(), lb, out.data_ptr()); },

@@ -139,7 +139,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                      return std::vector<Tensor>{dx, grad_w ? mul(sum_dy_xmu, invstd) : Tensor(),
                                                 grad_b ? sum_dy : Tensor()};
                    });
-  return y;
+  return channels_last ? y : detail::in_format_of(y, x);  // CUDA: NCHW kernels
 }
 
 // x: (*, normalized_shape)  weight, bias: normalized_shape  ->  x's shape

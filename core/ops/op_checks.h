@@ -24,6 +24,15 @@ inline void check_same_device_and_dtype(const Tensor& a, const Tensor& b, const 
 
 inline TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).with_device(t.device()); }
 
+// Note [Memory formats] (core/tensor.h): an op whose kernels ran on NCHW copies hands a channels-last input's
+// result back in channels-last memory (a copy, differentiable), as PyTorch's ops keep their input's format,
+// so that the layers after it see the format the caller chose.
+inline Tensor in_format_of(const Tensor& y, const Tensor& input) {
+  const bool channels_last =
+      input.dim() == 4 && y.dim() == 4 && input.suggest_memory_format() == MemoryFormat::ChannelsLast;
+  return channels_last ? y.contiguous(MemoryFormat::ChannelsLast) : y;
+}
+
 // A kernel's pointer for an optional tensor: its data, or null when it is undefined.
 inline void* data_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 

@@ -140,14 +140,16 @@ ValuesIndices max_pool2d_with_indices(const Tensor& x, const Pool2dShape& s) {
 
 ValuesIndices max_pool2d_with_indices(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                                       std::array<int64_t, 2> padding) {
-  return max_pool2d_with_indices(x, window_shape(x, kernel, stride, padding, "max_pool2d"));
+  ValuesIndices r = max_pool2d_with_indices(x, window_shape(x, kernel, stride, padding, "max_pool2d"));
+  r.values = detail::in_format_of(r.values, x);
+  return r;
 }
 
 Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                   std::array<int64_t, 2> padding) {
   const Pool2dShape s = window_shape(x, kernel, stride, padding, "max_pool2d");
   if (x.device().is_cpu() && kernels::max_pool2d_2x2_applies(s)) return max_pool2d_2x2(x, s);
-  return max_pool2d_with_indices(x, s).values;
+  return detail::in_format_of(max_pool2d_with_indices(x, s).values, x);
 }
 
 Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel) { return max_pool2d(x, kernel, kernel); }
@@ -155,7 +157,7 @@ Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel) { return max_p
 Tensor max_pool2d_relu(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                        std::array<int64_t, 2> padding) {
   Pool2dShape s = window_shape(x, kernel, stride, padding, "max_pool2d");
-  if (!x.device().is_cpu() || !kernels::max_pool2d_2x2_applies(s)) return relu(max_pool2d_with_indices(x, s).values);
+  if (!x.device().is_cpu() || !kernels::max_pool2d_2x2_applies(s)) return relu(max_pool2d(x, kernel, stride, padding));
   s.relu = true;
   return max_pool2d_2x2(x, s);
 }
@@ -174,7 +176,7 @@ Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int
   autograd::record(y, {x}, "AvgPool2dBackward", [s, x_shape](const Tensor& g) -> std::vector<Tensor> {
     return {avg_pool_backward(s, x_shape, g)};
   });
-  return y;
+  return detail::in_format_of(y, x);
 }
 
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel) { return avg_pool2d(x, kernel, kernel); }
@@ -196,7 +198,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) 
   autograd::record(y, {x}, "AdaptiveAvgPool2dBackward", [s, x_shape](const Tensor& g) -> std::vector<Tensor> {
     return {adaptive_backward(s, x_shape, g)};
   });
-  return y;
+  return detail::in_format_of(y, x);
 }
 
 }  // namespace dpe
