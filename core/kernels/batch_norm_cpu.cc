@@ -51,12 +51,15 @@ void for_each_plane(const BatchNormShape& s, const F& body) {
   parallel_tasks(s.n * s.c, s.s, [&](int64_t p) { body(static_cast<size_t>(p), p % s.c, p * s.s); });
 }
 
-// Channels last: (N * S) rows of C values. Reductions run over blocks of kRowsPerBlock-ish rows (a block is
-// about kBlockValues values, a function of C only), each block's per-channel sums in double, then the blocks
-// merged in order. The inner loops run over the C channels of a row: contiguous, vectorisable.
+// Channels last: (N * S) rows of C values. Reductions run over blocks of rows (about kBlockValues values each,
+// a function of C only, so the blocks do not depend on the thread count), each block's per-channel sums in
+// double, then the blocks merged in order. The inner loops run over the C channels of a row: contiguous,
+// vectorisable.
 constexpr int64_t kBlockValues = 4096;
 
-int64_t rows_per_block(const BatchNormShape& s) { return std::max<int64_t>(1, kBlockValues / std::max<int64_t>(1, s.c)); }
+int64_t rows_per_block(const BatchNormShape& s) {
+  return std::max<int64_t>(1, kBlockValues / std::max<int64_t>(1, s.c));
+}
 
 // Calls body(block, first_row, rows) for each block of rows, one task each.
 template <typename F>
@@ -76,9 +79,8 @@ int64_t block_count(const BatchNormShape& s) {
 
 template <typename T>
 void stats_channels_last(const BatchNormShape& s, const T* x, T* mean, T* var) {
-  const size_t c = static_cast<size_t>(s.c);
-  std::vector<double> block_mean(static_cast<size_t>(block_count(s)) * c), block_m2(block_mean.size());
-  std::vector<double> block_rows(static_cast<size_t>(block_count(s)));
+  const size_t c = static_cast<size_t>(s.c), blocks = static_cast<size_t>(block_count(s));
+  std::vector<double> block_mean(blocks * c), block_m2(block_mean.size()), block_rows(blocks);
   for_each_block(s, [&](size_t b, int64_t first, int64_t rows) {
     double* mu = &block_mean[b * c];
     double* m2 = &block_m2[b * c];
@@ -125,8 +127,8 @@ void affine_channels_last(const BatchNormShape& s, const T* in, const std::vecto
 template <typename T>
 void backward_reduce_channels_last(const BatchNormShape& s, const T* dy, const T* x, const T* mean, T* sum_dy,
                                    T* sum_dy_xmu) {
-  const size_t c = static_cast<size_t>(s.c);
-  std::vector<double> block_g(static_cast<size_t>(block_count(s)) * c), block_gx(block_g.size());
+  const size_t c = static_cast<size_t>(s.c), blocks = static_cast<size_t>(block_count(s));
+  std::vector<double> block_g(blocks * c), block_gx(block_g.size());
   for_each_block(s, [&](size_t b, int64_t first, int64_t rows) {
     double* g = &block_g[b * c];
     double* gx = &block_gx[b * c];
@@ -140,7 +142,7 @@ void backward_reduce_channels_last(const BatchNormShape& s, const T* dy, const T
   });
   for (size_t k = 0; k < c; ++k) {
     double sum = 0, sum_xmu = 0;
-    for (size_t b = 0; b * c < block_g.size(); ++b) {
+    for (size_t b = 0; b < blocks; ++b) {
       sum += block_g[b * c + k];
       sum_xmu += block_gx[b * c + k];
     }

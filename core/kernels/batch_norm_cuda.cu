@@ -107,7 +107,8 @@ __global__ void backward_elemt_kernel(int64_t total, int64_t channels, int64_t s
 
 void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& s, const void* x, void* mean, void* var) {
   detail::check_batch_norm_shape("batch_norm_stats_cuda", s, /*needs_values=*/true);
-  DPE_CHECK(!s.channels_last, "batch_norm_stats_cuda: channels-last activations are CPU-only (the op hands CUDA NCHW)");
+  DPE_CHECK(!s.channels_last, "batch_norm_stats_cuda: channels-last activations are CPU-only "
+            "(the op hands CUDA NCHW)");
   if (s.c == 0) return;
   dispatch_compute_type(s.dtype, "batch_norm_stats_cuda", [&](auto tag) {
     using T = decltype(tag);
@@ -120,7 +121,8 @@ void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& s, const v
 void batch_norm_elemt_cuda(cudaStream_t stream, const BatchNormShape& s, const void* x, const void* mean,
                            const void* invstd, const void* weight, const void* bias, void* y) {
   detail::check_batch_norm_shape("batch_norm_elemt_cuda", s);
-  DPE_CHECK(!s.channels_last, "batch_norm_elemt_cuda: channels-last activations are CPU-only (the op hands CUDA NCHW)");
+  DPE_CHECK(!s.channels_last, "batch_norm_elemt_cuda: channels-last activations are CPU-only "
+            "(the op hands CUDA NCHW)");
   const int64_t total = s.n * s.c * s.s;
   if (total == 0) return;
   dispatch_compute_type(s.dtype, "batch_norm_elemt_cuda", [&](auto tag) {
@@ -135,7 +137,8 @@ void batch_norm_elemt_cuda(cudaStream_t stream, const BatchNormShape& s, const v
 void batch_norm_backward_reduce_cuda(cudaStream_t stream, const BatchNormShape& s, const void* dy, const void* x,
                                      const void* mean, void* sum_dy, void* sum_dy_xmu) {
   detail::check_batch_norm_shape("batch_norm_backward_reduce_cuda", s);
-  DPE_CHECK(!s.channels_last, "batch_norm_backward_reduce_cuda: channels-last activations are CPU-only (the op hands CUDA NCHW)");
+  DPE_CHECK(!s.channels_last, "batch_norm_backward_reduce_cuda: channels-last activations are CPU-only "
+            "(the op hands CUDA NCHW)");
   if (s.c == 0) return;
   dispatch_compute_type(s.dtype, "batch_norm_backward_reduce_cuda", [&](auto tag) {
     using T = decltype(tag);
@@ -150,7 +153,8 @@ void batch_norm_backward_elemt_cuda(cudaStream_t stream, const BatchNormShape& s
                                     const void* x, const void* mean, const void* invstd, const void* weight,
                                     const void* sum_dy, const void* sum_dy_xmu, void* dx) {
   detail::check_batch_norm_shape("batch_norm_backward_elemt_cuda", s, batch_stats);
-  DPE_CHECK(!s.channels_last, "batch_norm_backward_elemt_cuda: channels-last activations are CPU-only (the op hands CUDA NCHW)");
+  DPE_CHECK(!s.channels_last, "batch_norm_backward_elemt_cuda: channels-last activations are CPU-only "
+            "(the op hands CUDA NCHW)");
   const int64_t total = s.n * s.c * s.s;
   if (total == 0) return;
   const double inv_m = batch_stats ? 1.0 / static_cast<double>(s.n * s.s) : 0.0;
