@@ -472,7 +472,6 @@ void check_cpu_conv(const char* what, const Conv2dShape& s) {
             ": float64 convolutions (im2col) take NCHW only, got channels_last");
 }
 
-
 // Note [Short bfloat16 reductions on the float32 kernel]
 // A bfloat16 product accumulates products of bfloat16 values in float32; each such product is exact in
 // float32, so the float32 kernel on the operands rounded to bfloat16 computes the same thing (up to the order

@@ -579,8 +579,8 @@ void add_bench_command(CLI::App& app) {
                  "--deterministic: virtual shards per batch (default max(4, devices))", 1, 1 << 20)
       ->needs(deterministic);  // not by name: train_command.cc says why
   cmd->add_flag("--channels-last", args->channels_last, "the images in channels-last memory, PyTorch's "
-                "memory_format=torch.channels_last: CPU convolutions, 2x2 max-pools, BatchNorm and activations keep it, "
-                "no relayouts between layers (rows ddp-cl, ...)");
+                "memory_format=torch.channels_last: the CPU's convolutions, 2x2 max-pools, BatchNorm, activations and "
+                "binary ops compute in it, no relayouts between layers (rows ddp-cl, ...)");
   cmd->add_option("--reduce-dtype", args->reduce_dtype, "ddp rows: the dtype gradient buckets are all-reduced in "
                   "(rows ddp-rbf16, ...)")
       ->check(CLI::IsMember(kReduceDtypes));
