@@ -61,20 +61,19 @@ int64_t rows_per_block(const BatchNormShape& s) {
   return std::max<int64_t>(1, kBlockValues / std::max<int64_t>(1, s.c));
 }
 
+int64_t block_count(const BatchNormShape& s) {
+  const int64_t per_block = rows_per_block(s);
+  return (s.n * s.s + per_block - 1) / per_block;
+}
+
 // Calls body(block, first_row, rows) for each block of rows, one task each.
 template <typename F>
 void for_each_block(const BatchNormShape& s, const F& body) {
   const int64_t rows = s.n * s.s, per_block = rows_per_block(s);
-  const int64_t blocks = (rows + per_block - 1) / per_block;
-  parallel_tasks(blocks, per_block * s.c, [&](int64_t b) {
+  parallel_tasks(block_count(s), per_block * s.c, [&](int64_t b) {
     const int64_t first = b * per_block;
     body(static_cast<size_t>(b), first, std::min(per_block, rows - first));
   });
-}
-
-int64_t block_count(const BatchNormShape& s) {
-  const int64_t per_block = rows_per_block(s);
-  return (s.n * s.s + per_block - 1) / per_block;
 }
 
 template <typename T>

@@ -46,6 +46,19 @@ Pair leaves(const Tensor& values) {
   return {values.clone().set_requires_grad(true), values.clone().set_requires_grad(true)};
 }
 
+// op on a leaf holding `values` and on the channels-last copy of another: a channels-last result (unless the
+// output has one pixel, where both formats are the same memory), and outputs and input gradients bit for bit.
+void expect_channels_last_gives_the_same_bits(const Tensor& values, const std::function<Tensor(const Tensor&)>& op) {
+  Pair x = leaves(values);
+  Tensor y_nchw = op(x.nchw), y_cl = op(x.cl.contiguous(kCl));
+  if (y_cl.size(2) * y_cl.size(3) > 1) EXPECT_EQ(y_cl.suggest_memory_format(), kCl);
+  EXPECT_EQ(bits(y_cl), bits(y_nchw));
+  Tensor dy = randn(y_nchw.shape());
+  y_nchw.backward(dy);
+  y_cl.backward(dy);
+  EXPECT_EQ(bits(x.cl.grad()), bits(x.nchw.grad()));
+}
+
 TEST(ChannelsLastTest, TheFormatsOfTensors) {
   Tensor x = randn({2, 3, 4, 5});
   EXPECT_TRUE(x.is_contiguous(MemoryFormat::Contiguous));
@@ -175,14 +188,7 @@ TEST(ChannelsLastTest, OtherPoolsKeepTheFormat) {
   };
   for (const auto& [what, pool] : pools) {
     SCOPED_TRACE(what);
-    Pair x = leaves(values);
-    Tensor y_nchw = pool(x.nchw), y_cl = pool(x.cl.contiguous(kCl));
-    EXPECT_EQ(y_cl.suggest_memory_format(), kCl);
-    EXPECT_EQ(bits(y_cl), bits(y_nchw));
-    Tensor dy = randn(y_nchw.shape());
-    y_nchw.backward(dy);
-    y_cl.backward(dy);
-    EXPECT_EQ(bits(x.cl.grad()), bits(x.nchw.grad()));
+    expect_channels_last_gives_the_same_bits(values, pool);
   }
 }
 
@@ -197,14 +203,8 @@ TEST(ChannelsLastTest, MaxPool2x2EqualsNchwBitForBit) {
       std::vector<float> values(static_cast<size_t>(2 * channels * h * w));
       for (float& v : values) v = static_cast<float>(small(gen));
       values[3] = std::numeric_limits<float>::quiet_NaN();
-      Pair x = leaves(Tensor::from_vector(values, {2, channels, h, w}));
-      Tensor y_nchw = max_pool2d(x.nchw, {2, 2}), y_cl = max_pool2d(x.cl.contiguous(kCl), {2, 2});
-      if (h * w > 4) EXPECT_EQ(y_cl.suggest_memory_format(), kCl);  // one pixel out: both formats alike
-      EXPECT_EQ(bits(y_cl), bits(y_nchw));
-      Tensor dy = randn(y_nchw.shape());
-      y_nchw.backward(dy);
-      y_cl.backward(dy);
-      EXPECT_EQ(bits(x.cl.grad()), bits(x.nchw.grad()));
+      expect_channels_last_gives_the_same_bits(Tensor::from_vector(values, {2, channels, h, w}),
+                                               [](const Tensor& t) { return max_pool2d(t, {2, 2}); });
     }
   }
 }
@@ -237,14 +237,7 @@ TEST(ChannelsLastTest, BatchNormEqualsNchw) {
 // Activations run over memory order, so a channels-last input gives a channels-last output; the gradient of
 // an NCHW dy (what a reshape hands back) is put in the input's format first.
 TEST(ChannelsLastTest, ActivationsKeepTheFormat) {
-  Pair x = leaves(randn({2, 5, 3, 4}));
-  Tensor y_nchw = relu(x.nchw), y_cl = relu(x.cl.contiguous(kCl));
-  EXPECT_EQ(y_cl.suggest_memory_format(), kCl);
-  EXPECT_EQ(bits(y_cl), bits(y_nchw));
-  Tensor dy = randn(y_nchw.shape());
-  y_nchw.backward(dy);
-  y_cl.backward(dy);
-  EXPECT_EQ(bits(x.cl.grad()), bits(x.nchw.grad()));
+  expect_channels_last_gives_the_same_bits(randn({2, 5, 3, 4}), [](const Tensor& t) { return relu(t); });
 }
 
 // On CUDA the ops take channels-last inputs through NCHW copies (cuDNN and the CUDA kernels get NCHW) and hand
