@@ -146,8 +146,9 @@ struct StepReport {
     std::optional<ParallelMode> chosen;
   };
   std::optional<AutoMode> auto_mode;
-  // Per device_ids entry: its compute this step, forward + loss + backward without the time it waited in
-  // collectives (DDP) or for the reduction (DP), milliseconds (0 for an unused device); step API only.
+  // Per device_ids entry: when it finished its part of this step, in milliseconds from the step's start (DP:
+  // its forward and its backward, each from its phase's start; DDP: until it entered its last collective), 0
+  // for an unused device; what the auto split measures (Note [What the auto split measures]); step API only.
   std::vector<double> device_compute_ms;
   // SplitRule::Auto: the weights the step's chunk sizes came from (updated after the step) and each
   // device's smoothed time per sample in milliseconds; empty otherwise.

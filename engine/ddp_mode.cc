@@ -126,7 +126,8 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
   const int64_t allreduces_before = allreduces();
   std::vector<double> scatter_ms(n), broadcast_ms(n), forward_ms(n), loss_ms(n), backward_ms(n), losses(n);
   std::vector<int64_t> scatter_bytes(n, 0), broadcast_bytes(n, 0);
-  std::vector<double> global_loss(n);
+  std::vector<double> global_loss(n), arrived_ms(n, 0.0);
+  const auto step_start = Clock::now();
   try {
     run_replicas([&](size_t r) {
       const int rank = static_cast<int>(r);
@@ -180,6 +181,9 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
       if (sync) ddp_reducer_->finalize_backward(r);
       checkpoint_if_lost();
       backward_ms[r] = ms_since(start);
+      // Note [What the auto split measures]: until the replica began waiting in its last collective.
+      const std::optional<Clock::time_point> arrived = sync ? ddp_reducer_->entered_last_collective(r) : std::nullopt;
+      arrived_ms[r] = std::chrono::duration<double, std::milli>(arrived.value_or(Clock::now()) - step_start).count();
       losses[r] = loss.item();
       if (across_processes && sync) global_loss[r] = loss_over_processes(*group_, rank, losses[r], sizes[r]);
     });
@@ -206,11 +210,7 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
     report_.buckets_reduced_during_backward = ddp_reducer_->launched_during_backward() / static_cast<int64_t>(n);
   }
   report_.reduce.transfers = allreduces() - allreduces_before;
-  report_.device_compute_ms.assign(n, 0.0);
-  for (size_t r = 0; r < n; ++r) {
-    const double waited = sync ? ddp_reducer_->allreduce_ms(r) : 0.0;
-    report_.device_compute_ms[r] = forward_ms[r] + loss_ms[r] + std::max(0.0, backward_ms[r] - waited);
-  }
+  report_.device_compute_ms = arrived_ms;
   if (across_processes && sync) return global_loss[0];
   double total = 0;
   for (size_t r = 0; r < n; ++r) total += losses[r] * static_cast<double>(sizes[r]);

@@ -64,6 +64,7 @@ struct DdpReducer::ReplicaState {
   double weight = 0;               // this replica's gradient's weight in the SUM (set_gradient_weight)
   int64_t launched_from_hooks = 0;
   double allreduce_ms = 0;
+  std::optional<detail::Clock::time_point> entered_last_collective;
 };
 
 DdpReducer::DdpReducer(std::vector<std::vector<Tensor>> replica_params, std::vector<std::string> names,
@@ -148,6 +149,7 @@ void DdpReducer::prepare_for_backward() {
     state->next_bucket = 0;
     state->launched_from_hooks = 0;
     state->allreduce_ms = 0;
+    state->entered_last_collective.reset();
   }
   ready_order_.clear();
   armed_ = true;
@@ -250,6 +252,7 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
       continue;
     }
     auto start = detail::Clock::now();
+    state.entered_last_collective = start;
     Tensor& bucket = state.buffers[state.next_bucket];
     std::vector<Tensor> pieces;
     for (size_t p : members) pieces.push_back(std::move(state.pieces[p]));
@@ -324,6 +327,7 @@ void DdpReducer::finalize_backward(size_t replica) {
   if (options_.find_unused_parameters) {
     Tensor map = Tensor::from_vector(state.used, {static_cast<int64_t>(state.used.size())},
                                      TensorOptions(DType::Int32).with_device(group_->devices()[replica]));
+    state.entered_last_collective = detail::Clock::now();
     group_->all_reduce(static_cast<int>(replica), map, ReduceOp::Max);
     used = map.to_vector<int32_t>();
   }
@@ -348,6 +352,10 @@ int64_t DdpReducer::launched_during_backward() const {
 }
 
 double DdpReducer::allreduce_ms(size_t replica) const { return replicas_[replica]->allreduce_ms; }
+
+std::optional<detail::Clock::time_point> DdpReducer::entered_last_collective(size_t replica) const {
+  return replicas_[replica]->entered_last_collective;
+}
 
 int64_t DdpReducer::allreduce_bytes() const {
   int64_t bytes = 0;

@@ -45,6 +45,7 @@
 
 #include "core/tensor.h"
 #include "engine/replica_hooks.h"
+#include "engine/timing.h"
 #include "collectives/process_group.h"
 
 namespace dpe {
@@ -109,6 +110,11 @@ class DdpReducer {
   // per replica.
   int64_t launched_during_backward() const;
   double allreduce_ms(size_t replica) const;
+  // When replica r entered its last collective of the latest synchronised backward (the last bucket's
+  // all-reduce, or the used-map's with find_unused_parameters): where it stopped computing and began waiting
+  // for the others (the auto split's measure, Note [What the auto split measures]). Unset when it entered none
+  // (no_sync, or one member in all).
+  std::optional<detail::Clock::time_point> entered_last_collective(size_t replica) const;
   int64_t allreduce_bytes() const;
 
  private:

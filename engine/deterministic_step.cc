@@ -119,6 +119,7 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
   std::vector<double> losses(shards, 0.0);
   std::vector<double> forward_ms(used, 0), backward_ms(used, 0), reduce_ms(used, 0);
   report_.device_compute_ms.assign(n, 0.0);
+  const auto step_start = Clock::now();
   run_replicas([&](size_t d) {
     if (d >= used) return;
     nn::Module& replica = *replicas_[d];
@@ -149,7 +150,7 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
         buffers[k].push_back(Tensor::empty(b.shape(), TensorOptions(b.dtype()).with_device(device_ids_[0])).copy_(b));
       }
     }
-    report_.device_compute_ms[d] = forward_ms[d] + backward_ms[d];
+    report_.device_compute_ms[d] = ms_since(step_start);  // Note [What the auto split measures]
     const auto phase = Clock::now();
     NoGradGuard no_grad;
     for (const auto& [lo, hi] : owned[d]) {

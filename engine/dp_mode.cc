@@ -71,10 +71,9 @@ class DataParallelGatherNode final : public autograd::Node {
       std::vector<double>& compute_ms = dp_->report_.device_compute_ms;
       compute_ms.resize(dp_->device_ids_.size(), 0.0);
       dp_->pool_->run(used, [&](size_t i) {
-        const auto replica_start = Clock::now();
         if (!roots[i].empty()) autograd::backward(roots[i], root_grads[i]);
         checkpoint_if_lost();  // before writing into this frame (core/lost_thread.h)
-        compute_ms[i] += ms_since(replica_start);
+        compute_ms[i] += ms_since(start);  // Note [What the auto split measures]: from the phase's start
       });
     } catch (...) {
       if (dp_->reducer_) dp_->reducer_->finish();  // disarm; this step's master gradient is incomplete anyway
@@ -297,13 +296,12 @@ std::vector<std::vector<Tensor>> DataParallel::parallel_apply(const nn::ModuleIn
   std::vector<std::vector<Tensor>> outputs(used);
   report_.device_compute_ms.assign(device_ids_.size(), 0.0);
   pool_->run(used, [&](size_t i) {
-    const auto replica_start = Clock::now();
     std::vector<Tensor> mine;
     for (const auto& per_tensor : scattered.chunks) mine.push_back(per_tensor[i]);
     std::vector<Tensor> out = replicas_[i]->forward_args(with_tensors(input, slots, mine));
     checkpoint_if_lost();  // before writing into this frame (core/lost_thread.h)
     outputs[i] = std::move(out);
-    report_.device_compute_ms[i] = ms_since(replica_start);
+    report_.device_compute_ms[i] = ms_since(start);  // Note [What the auto split measures]: from the phase's start
   });
   for (size_t i = 1; i < used; ++i) {
     DPE_CHECK(outputs[i].size() == outputs[0].size(), "DataParallel: replica ", i, " returned ", outputs[i].size(),
