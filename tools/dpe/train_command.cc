@@ -220,7 +220,7 @@ void run_train(TrainArgs args) {
   // after every optimizer step; a resumed run jumps to where the checkpoint stopped (set_last_epoch: O(1),
   // bit-identical to stepping there, whatever the checkpoint's epoch).
   // --mode auto: a switch replaces the optimizers of replicas 1.. (made afresh, loaded with the master's
-  // state), so the schedulers are made again, at the step reached.
+  // state), so the schedulers are made again, at the step reached; so does a dropped device.
   std::vector<std::unique_ptr<optim::LRScheduler>> schedulers;
   auto make_schedulers = [&](int64_t steps_done) {
     schedulers.clear();
@@ -255,7 +255,11 @@ void run_train(TrainArgs args) {
       }
       ++step_in_run;
       skipped += dp->last_step().skipped_step ? 1 : 0;
-      if (dp->mode() != mode_before) make_schedulers(epoch * loader.num_batches() + steps);
+      // A dropped device (--on-device-failure drop_device) took its replica's optimizer with it: the schedulers
+      // of the survivors are made again too (stepping the old ones read the freed optimizer).
+      if (dp->mode() != mode_before || !dp->last_step().recovered_failures.empty()) {
+        make_schedulers(epoch * loader.num_batches() + steps);
+      }
       for (auto& scheduler : schedulers) scheduler->step();
       for (const std::string& recovered : dp->last_step().recovered_failures) {
         std::fprintf(stderr, "warning: %s\n", recovered.c_str());
