@@ -8,9 +8,12 @@
 //     (the shard's mean) times n_k / N, backward into gradients that start undefined, so that each shard's
 //     gradient is its own, computed by the same kernels on the same shapes with one intra-op thread (the
 //     pool's workers run with one in this mode) wherever it runs.
-//  3. The shards' gradients are summed in a fixed binary tree by shard index, and their buffers (BatchNorm's
-//     running statistics after the shard's forward from S) averaged the same way: statistics are per
-//     virtual shard, and the step's update is the mean of the shards' (integer buffers take shard 0's).
+//  3. The shards' gradients are summed in a fixed binary tree by shard index (engine/shard_tree.h): on CPU
+//     devices each device sums a slice of every parameter straight from the shards' gradients (Note [The
+//     shards' sum in host memory]); elsewhere each device sums the tree's nodes whose shards it ran and the
+//     rest of the tree joins those on device_ids[0]. Their buffers (BatchNorm's running statistics after the
+//     shard's forward from S) are averaged in the same tree: statistics are per virtual shard, and the step's
+//     update is the mean of the shards' (integer buffers take shard 0's).
 //  4. DP: the master's .grad gets the sum (accumulating onto a defined one) and its buffers the mean; DDP:
 //     every replica's. The optimizers then do the same arithmetic in either mode.
 // CUDA devices: the same, as far as the kernels are deterministic (docs/DATA_PARALLEL.md lists them): cuDNN's
@@ -24,6 +27,7 @@
 #include "core/lost_thread.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
+#include "engine/shard_tree.h"
 #include "engine/timing.h"
 #include "engine/worker_pool.h"
 
@@ -33,10 +37,6 @@ using detail::Clock;
 using detail::ms_since;
 
 namespace {
-
-// The fixed tree over shards [lo, hi): the left child takes the larger half. Every addition's order depends on
-// the shard indices alone.
-size_t tree_split(size_t lo, size_t hi) { return lo + (hi - lo + 1) / 2; }
 
 // v[lo][i] + ... + v[hi - 1][i] in the fixed tree, summed into v[lo][i] (per shard, the shards' own gradients
 // or buffer copies, which nothing else holds).
@@ -95,6 +95,7 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
   std::vector<Tensor> start_buffers;
   for (const Tensor& b : replica_buffers_[0]) start_buffers.push_back(b.detach().clone());
 
+  const bool host_memory = std::all_of(device_ids_.begin(), device_ids_.end(), [](const Device& d) { return d.is_cpu(); });
   // The fixed tree over the shards: each maximal node whose shards all ran on one device is summed by that
   // device (the same additions, in the same order), and the rest of the tree joins those sums.
   std::vector<size_t> owner(shards);
@@ -142,7 +143,7 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
       losses[k] = loss.item();
       for (size_t p = 0; p < replica_params_[d].size(); ++p) {
         const Tensor& param = replica_params_[d][p];
-        grads[k].push_back(!trainable_[p] ? Tensor() : param.grad().defined() ? param.grad() : zeros_like(param));
+        grads[k].push_back(!trainable_[p] ? Tensor() : param.grad().defined() ? param.grad().contiguous() : zeros_like(param));
         param.set_grad({});
       }
       // Copied onto device_ids[0], where the buffers' tree is summed.
@@ -151,6 +152,7 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
       }
     }
     report_.device_compute_ms[d] = ms_since(step_start);  // Note [What the auto split measures]
+    if (host_memory) return;  // the root is summed from the shards' gradients below
     const auto phase = Clock::now();
     NoGradGuard no_grad;
     for (const auto& [lo, hi] : owned[d]) {
@@ -163,28 +165,64 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
 
   start = Clock::now();
   NoGradGuard no_grad;
-  // The tree's root, from the owned nodes' sums.
-  std::function<Tensor(size_t, size_t, size_t)> join = [&](size_t p, size_t lo, size_t hi) -> Tensor {
-    if (owner[lo] == owner[hi - 1]) return node_sums[lo][p].to(device_ids_[0]);
-    const size_t mid = tree_split(lo, hi);
-    return add(join(p, lo, mid), join(p, mid, hi));
-  };
-  std::vector<Tensor> sums(replica_params_[0].size());
-  for (size_t p = 0; p < sums.size(); ++p) {
-    if (trainable_[p]) sums[p] = join(p, 0, shards);
-  }
-  // DP: the master's .grad; DDP: every replica's (each its own copy, made on its worker).
+  // Per owner of a .grad (DP: the master; DDP: every replica), the tree's root of each trainable parameter.
   const size_t owners = options_.mode == ParallelMode::DDP ? n : 1;
-  run_replicas([&](size_t r) {
-    if (r >= owners) return;
-    NoGradGuard no_grad;
-    for (size_t p = 0; p < sums.size(); ++p) {
+  const size_t params = replica_params_[0].size();
+  std::vector<std::vector<Tensor>> roots(owners, std::vector<Tensor>(params));
+  if (host_memory) {
+    // Note [The shards' sum in host memory]
+    // CPU devices read one another's memory, so the root needs no node sums and no copies: every device sums
+    // its slice (1/n) of each parameter straight from the K shards' gradients and writes it into every owner's
+    // .grad, a reduce-scatter and all-gather in one pass (tree_sum_buffers_cpu: the tree's additions, the bits
+    // of adding pairwise). Per device that reads K/n of the gradients and writes owners/n of them, where
+    // summing owned nodes and then joining them on every owner read and wrote each gradient about six times
+    // (the MLP's deterministic DDP step spent 0.6 ms there against DDP's 0.3 ms; docs/BENCHMARKS.md).
+    for (size_t r = 0; r < owners; ++r) {
+      for (size_t p = 0; p < params; ++p) {
+        const Tensor& like = replica_params_[r][p];
+        if (trainable_[p]) roots[r][p] = Tensor::empty(like.shape(), TensorOptions(like.dtype()).with_device(device_ids_[r]));
+      }
+    }
+    run_replicas([&](size_t d) {
+      for (size_t p = 0; p < params; ++p) {
+        if (!trainable_[p]) continue;
+        const int64_t count = roots[0][p].numel();
+        const int64_t begin = count * static_cast<int64_t>(d) / static_cast<int64_t>(n);
+        const int64_t end = count * static_cast<int64_t>(d + 1) / static_cast<int64_t>(n);
+        if (begin == end) continue;
+        const size_t offset = static_cast<size_t>(begin) * element_size(roots[0][p].dtype());
+        std::vector<const void*> in;
+        for (size_t k = 0; k < shards; ++k) in.push_back(static_cast<const char*>(grads[k][p].data_ptr()) + offset);
+        std::vector<void*> out;
+        for (size_t r = 0; r < owners; ++r) out.push_back(static_cast<char*>(roots[r][p].data_ptr()) + offset);
+        tree_sum_buffers_cpu(roots[0][p].dtype(), in, out, end - begin);
+      }
+    });
+  } else {
+    // The root from the owned nodes' sums, on device_ids[0]; each other owner's copy made on its worker.
+    std::function<Tensor(size_t, size_t, size_t)> join = [&](size_t p, size_t lo, size_t hi) -> Tensor {
+      if (owner[lo] == owner[hi - 1]) return node_sums[lo][p].to(device_ids_[0]);
+      const size_t mid = tree_split(lo, hi);
+      return add(join(p, lo, mid), join(p, mid, hi));
+    };
+    for (size_t p = 0; p < params; ++p) {
+      if (trainable_[p]) roots[0][p] = join(p, 0, shards);
+    }
+    run_replicas([&](size_t r) {
+      if (r == 0 || r >= owners) return;
+      NoGradGuard no_grad;
+      for (size_t p = 0; p < params; ++p) {
+        if (trainable_[p]) roots[r][p] = roots[0][p].to(device_ids_[r]);
+      }
+    });
+  }
+  for (size_t r = 0; r < owners; ++r) {
+    for (size_t p = 0; p < params; ++p) {
       if (!trainable_[p]) continue;
       const Tensor& param = replica_params_[r][p];
-      const Tensor mine = r == 0 ? sums[p] : sums[p].to(device_ids_[r]).clone();
-      param.set_grad(param.grad().defined() ? param.grad() + mine : mine);
+      param.set_grad(param.grad().defined() ? param.grad() + roots[r][p] : roots[r][p]);
     }
-  });
+  }
   for (size_t b = 0; b < start_buffers.size(); ++b) {
     Tensor value;
     if (is_floating_point(start_buffers[b].dtype())) {
