@@ -51,7 +51,9 @@ Pair leaves(const Tensor& values) {
 void expect_channels_last_gives_the_same_bits(const Tensor& values, const std::function<Tensor(const Tensor&)>& op) {
   Pair x = leaves(values);
   Tensor y_nchw = op(x.nchw), y_cl = op(x.cl.contiguous(kCl));
-  if (y_cl.size(2) * y_cl.size(3) > 1) EXPECT_EQ(y_cl.suggest_memory_format(), kCl);
+  if (y_cl.size(2) * y_cl.size(3) > 1) {
+    EXPECT_EQ(y_cl.suggest_memory_format(), kCl);
+  }
   EXPECT_EQ(bits(y_cl), bits(y_nchw));
   Tensor dy = randn(y_nchw.shape());
   y_nchw.backward(dy);
