@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The parsers', the engine's, the collectives' and the core's tests under AddressSanitizer +
-# UndefinedBehaviorSanitizer (--config=asan: dbg -O1 build, own output tree; any report fails the test), then
+# The parsers', the engine's, the collectives' and the core's tests, and `dpe train`'s (the tool's whole runs:
+# recovery from a failed device freed an optimizer its scheduler still used, found here), under
+# AddressSanitizer + UndefinedBehaviorSanitizer (--config=asan: dbg -O1 build, own output tree; any report fails
+# the test), then
 # every fuzz harness (fuzz/) on its seed corpus plus DPE_FUZZ_SECONDS seconds of mutations (default 2; CI
 # passes 30). Ends with the same "N passed, N failed, N skipped" line as tools/test.sh. Extra arguments go to
 # both `bazel test` commands. docs/FUZZING.md: what runs, how long it takes, how to reproduce a finding.
@@ -17,6 +19,9 @@ targets=(
   //engine:mode_switch_test
   //engine:auto_split_test
   //engine:device_failure_test
+  //engine:deterministic_test
+  //engine:shard_tree_test
+  //tools/dpe:dpe_train_test
   //scatter_gather/...
   //collectives/...
   //core/...
