@@ -195,11 +195,11 @@ std::vector<int64_t> DataParallel::chunk_sizes(int64_t batch) const {
 // all-reduce waits) is right for devices with nothing in common, but devices that share a core made it lie
 // both ways: a task that starts while its partners hold the core does not count that delay, and while one
 // device waits in a collective its partners run faster, so every device of a shared core looked faster than
-// the core is. With `DPE_CPU_DEVICE_CORES="0;0;0;1"` (CNN, batch 256) the weights settled at cpu:3 0.41-0.45
-// instead of about 0.5, and DDP's auto split ran 1.11-1.24x the even split; measured this way 1.21-1.44x
-// (docs/BENCHMARKS.md). The cost: waits in earlier collectives (a fast device held at bucket k by a slow one)
-// count, pulling the measured times of unequal devices towards each other, so the split converges in more
-// re-solves; it converges to the same point, where the devices arrive together.
+// the core is. With `DPE_CPU_DEVICE_CORES="0;0;0;1"` (CNN, batch 256) the weights settled at cpu:3 0.42-0.44
+// instead of about 0.5 and the auto split ran 1.19-1.33x the even split; measured this way cpu:3 gets
+// 0.44-0.49 and the split 1.30-1.48x (docs/BENCHMARKS.md). The cost: waits in earlier collectives (a fast
+// device held at bucket k by a slow one) count, pulling the measured times of unequal devices towards each
+// other, so the split converges in more re-solves; it converges to the same point, where they arrive together.
 void DataParallel::observe_split() {
   if (!auto_split_) return;
   std::vector<int64_t> samples = report_.chunk_sizes;

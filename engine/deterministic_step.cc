@@ -95,9 +95,10 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
   std::vector<Tensor> start_buffers;
   for (const Tensor& b : replica_buffers_[0]) start_buffers.push_back(b.detach().clone());
 
+  // CPU devices sum the tree from the shards' gradients in host memory (Note [The shards' sum in host memory]).
+  // Elsewhere, the fixed tree over the shards: each maximal node whose shards all ran on one device is summed
+  // by that device (the same additions, in the same order), and the rest of the tree joins those sums.
   const bool host_memory = std::all_of(device_ids_.begin(), device_ids_.end(), [](const Device& d) { return d.is_cpu(); });
-  // The fixed tree over the shards: each maximal node whose shards all ran on one device is summed by that
-  // device (the same additions, in the same order), and the rest of the tree joins those sums.
   std::vector<size_t> owner(shards);
   for (size_t d = 0; d < used; ++d) {
     for (size_t k = first_shard[d]; k < first_shard[d + 1]; ++k) owner[k] = d;
