@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The concurrent code's tests under ThreadSanitizer (--config=tsan: dbg build, own output tree): the backward
-# profiler, the worker pool, both DataParallel modes and their reducers, the collectives, SyncBatchNorm, the
-# data loader's prefetch thread. Ends with the same "N passed, N failed, N skipped" line as tools/test.sh. Extra
-# arguments go to `bazel test` (e.g. --runs_per_test=5 to hunt for a flaky race).
+# profiler, the worker pool, both DataParallel modes and their reducers, the deterministic mode's sums across
+# devices, the collectives, SyncBatchNorm, the data loader's prefetch thread. Ends with the same "N passed, N
+# failed, N skipped" line as tools/test.sh. Extra arguments go to `bazel test` (e.g. --runs_per_test=5 to hunt
+# for a flaky race).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -14,6 +15,7 @@ targets=(
   //engine:mode_switch_test
   //engine:auto_split_test
   //engine:device_failure_test
+  //engine:deterministic_race_test
   //scatter_gather/...
   //collectives/...
   //layers:sync_batchnorm_test
