@@ -1,8 +1,9 @@
 """Counts test cases in Bazel's gtest XML reports and prints "N passed, N failed, N skipped".
 
 Usage: test_summary.py TESTLOGS_DIR BAZEL_EXIT_STATUS TARGETS_FILE. TARGETS_FILE lists the test targets
-(tools/test.sh: `bazel query 'tests(//...)'` less manual targets); only their reports are read. Exits non-zero when anything failed, including
-a test binary that crashed before writing its report (Bazel's exit status says so), or a target without one.
+(tools/test.sh: `bazel query 'tests(//...)'` less the manual ones); only their reports are read. Exits non-zero
+when anything failed, including a test binary that crashed before writing its report (Bazel's exit status says
+so), or a target without one.
 """
 import pathlib
 import sys
