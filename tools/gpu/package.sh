@@ -150,7 +150,8 @@ EOF
   printf '%s' "$line"
 }
 
-mapfile -t cc_tests < <(bazel query 'kind(cc_test, //...)' 2>/dev/null | sort)
+# Manual tests (run by name by another script, e.g. tools/tsan_test.sh) are not built by `bazel build //...`.
+mapfile -t cc_tests < <(bazel query 'kind(cc_test, //...) except attr("tags", "manual", //...)' 2>/dev/null | sort)
 mapfile -t cc_bins < <(bazel query 'kind(cc_binary, //...)' 2>/dev/null | sort)
 mapfile -t sh_tests < <(bazel query 'kind(sh_test, //...)' 2>/dev/null | sort)
 
