@@ -35,6 +35,7 @@
 
 #include "core/error.h"
 #include "core/kernels/conv.h"
+#include "core/kernels/copy.h"
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/onednn.h"
@@ -508,8 +509,8 @@ void conv2d_forward_cpu(const Conv2dShape& s, const void* x, const void* w, cons
     Buffer xr = allocate("conv2d_forward_cpu", "rounded input", static_cast<size_t>(x_count) * sizeof(float), s);
     Buffer wf = allocate("conv2d_forward_cpu", "widened weight", static_cast<size_t>(w_count) * sizeof(float), s);
     round_to_bfloat16(x_count, static_cast<const float*>(x), static_cast<float*>(xr.get()));
-    const auto* wb = static_cast<const BFloat16*>(w);
-    for (int64_t i = 0; i < w_count; ++i) static_cast<float*>(wf.get())[i] = bfloat16_to_float(wb[i]);
+    const Layout w_layout = contiguous_layout(1, &w_count);
+    copy_cpu(w, DType::BFloat16, w_layout, wf.get(), DType::Float32, w_layout);
     conv2d_forward_cpu(f32, xr.get(), wf.get(), b, y);
     return;
   }
