@@ -51,6 +51,18 @@ void for_each_plane(const BatchNormShape& s, const F& body) {
   parallel_tasks(s.n * s.c, s.s, [&](int64_t p) { body(static_cast<size_t>(p), p % s.c, p * s.s); });
 }
 
+// Chan et al.'s parallel update: the count, mean and sum of squared deviations of the values merged so far,
+// merged with a part of n values of mean part_mean and squared deviations part_m2.
+struct RunningMoments {
+  double count = 0, mean = 0, m2 = 0;
+  void merge(double n, double part_mean, double part_m2) {
+    const double total = count + n, delta = part_mean - mean;
+    mean += delta * n / total;
+    m2 += part_m2 + delta * delta * count * n / total;
+    count = total;
+  }
+};
+
 // Channels last: (N * S) rows of C values. Reductions run over blocks of rows (about kBlockValues values each,
 // a function of C only, so the blocks do not depend on the thread count), each block's per-channel sums in
 // double, then the blocks merged in order. The inner loops run over the C channels of a row: contiguous,
@@ -98,15 +110,10 @@ void stats_channels_last(const BatchNormShape& s, const T* x, T* mean, T* var) {
     block_rows[b] = static_cast<double>(rows);
   });
   for (size_t k = 0; k < c; ++k) {
-    double count = 0, m = 0, m2 = 0;
-    for (size_t b = 0; b < block_rows.size(); ++b) {  // Chan's update, blocks in order
-      const double total = count + block_rows[b], delta = block_mean[b * c + k] - m;
-      m += delta * block_rows[b] / total;
-      m2 += block_m2[b * c + k] + delta * delta * count * block_rows[b] / total;
-      count = total;
-    }
-    mean[k] = static_cast<T>(m);
-    var[k] = static_cast<T>(m2 / count);
+    RunningMoments moments;
+    for (size_t b = 0; b < block_rows.size(); ++b) moments.merge(block_rows[b], block_mean[b * c + k], block_m2[b * c + k]);
+    mean[k] = static_cast<T>(moments.mean);
+    var[k] = static_cast<T>(moments.m2 / moments.count);
   }
 }
 
@@ -175,16 +182,13 @@ void batch_norm_stats_cpu(const BatchNormShape& s, const void* x, void* mean, vo
       plane_m2[p] = m2;
     });
     for (int64_t c = 0; c < s.c; ++c) {
-      double count = 0, m = 0, m2 = 0;
+      RunningMoments moments;
       for (int64_t n = 0; n < s.n; ++n) {
         const size_t p = static_cast<size_t>(n * s.c + c);
-        const double total = count + static_cast<double>(s.s), delta = plane_mean[p] - m;
-        m += delta * static_cast<double>(s.s) / total;
-        m2 += plane_m2[p] + delta * delta * count * static_cast<double>(s.s) / total;
-        count = total;
+        moments.merge(static_cast<double>(s.s), plane_mean[p], plane_m2[p]);
       }
-      static_cast<T*>(mean)[c] = static_cast<T>(m);
-      static_cast<T*>(var)[c] = static_cast<T>(m2 / count);
+      static_cast<T*>(mean)[c] = static_cast<T>(moments.mean);
+      static_cast<T*>(var)[c] = static_cast<T>(moments.m2 / moments.count);
     }
   });
 }

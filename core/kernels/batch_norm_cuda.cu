@@ -103,12 +103,16 @@ __global__ void backward_elemt_kernel(int64_t total, int64_t channels, int64_t s
   }
 }
 
+// Channels-last activations are CPU-only: batch_norm hands the CUDA kernels NCHW copies.
+void check_nchw(const char* what, const BatchNormShape& s) {
+  DPE_CHECK(!s.channels_last, what, ": channels-last activations are CPU-only (the op hands CUDA NCHW)");
+}
+
 }  // namespace
 
 void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& s, const void* x, void* mean, void* var) {
   detail::check_batch_norm_shape("batch_norm_stats_cuda", s, /*needs_values=*/true);
-  DPE_CHECK(!s.channels_last, "batch_norm_stats_cuda: channels-last activations are CPU-only "
-            "(the op hands CUDA NCHW)");
+  check_nchw("batch_norm_stats_cuda", s);
   if (s.c == 0) return;
   dispatch_compute_type(s.dtype, "batch_norm_stats_cuda", [&](auto tag) {
     using T = decltype(tag);
@@ -121,8 +125,7 @@ void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& s, const v
 void batch_norm_elemt_cuda(cudaStream_t stream, const BatchNormShape& s, const void* x, const void* mean,
                            const void* invstd, const void* weight, const void* bias, void* y) {
   detail::check_batch_norm_shape("batch_norm_elemt_cuda", s);
-  DPE_CHECK(!s.channels_last, "batch_norm_elemt_cuda: channels-last activations are CPU-only "
-            "(the op hands CUDA NCHW)");
+  check_nchw("batch_norm_elemt_cuda", s);
   const int64_t total = s.n * s.c * s.s;
   if (total == 0) return;
   dispatch_compute_type(s.dtype, "batch_norm_elemt_cuda", [&](auto tag) {
@@ -137,8 +140,7 @@ void batch_norm_elemt_cuda(cudaStream_t stream, const BatchNormShape& s, const v
 void batch_norm_backward_reduce_cuda(cudaStream_t stream, const BatchNormShape& s, const void* dy, const void* x,
                                      const void* mean, void* sum_dy, void* sum_dy_xmu) {
   detail::check_batch_norm_shape("batch_norm_backward_reduce_cuda", s);
-  DPE_CHECK(!s.channels_last, "batch_norm_backward_reduce_cuda: channels-last activations are CPU-only "
-            "(the op hands CUDA NCHW)");
+  check_nchw("batch_norm_backward_reduce_cuda", s);
   if (s.c == 0) return;
   dispatch_compute_type(s.dtype, "batch_norm_backward_reduce_cuda", [&](auto tag) {
     using T = decltype(tag);
@@ -153,8 +155,7 @@ void batch_norm_backward_elemt_cuda(cudaStream_t stream, const BatchNormShape& s
                                     const void* x, const void* mean, const void* invstd, const void* weight,
                                     const void* sum_dy, const void* sum_dy_xmu, void* dx) {
   detail::check_batch_norm_shape("batch_norm_backward_elemt_cuda", s, batch_stats);
-  DPE_CHECK(!s.channels_last, "batch_norm_backward_elemt_cuda: channels-last activations are CPU-only "
-            "(the op hands CUDA NCHW)");
+  check_nchw("batch_norm_backward_elemt_cuda", s);
   const int64_t total = s.n * s.c * s.s;
   if (total == 0) return;
   const double inv_m = batch_stats ? 1.0 / static_cast<double>(s.n * s.s) : 0.0;
