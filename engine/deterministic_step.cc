@@ -17,12 +17,14 @@
 //  4. DP: the master's .grad gets the sum (accumulating onto a defined one) and its buffers the mean; DDP:
 //     every replica's. The optimizers then do the same arithmetic in either mode.
 // CUDA devices: the same, as far as the kernels are deterministic (docs/DATA_PARALLEL.md lists them): cuDNN's
-// convolutions run deterministic algorithms (conv_cuda.cu), cuBLAS repeats its bits on one stream per device,
+// convolutions run deterministic algorithms (conv_cuda.cu; a step refuses CUDA devices while
+// backends::cudnn::benchmark is on: it may choose others, per device), cuBLAS repeats its bits on one stream per device,
 // dpe's reductions use fixed trees; index_add (Embedding's backward) uses atomics and is not.
 #include <algorithm>
 #include <functional>
 
 #include "core/autograd/grad_mode.h"
+#include "core/backends.h"
 #include "core/error.h"
 #include "core/lost_thread.h"
 #include "core/ops.h"
@@ -69,6 +71,12 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
   int64_t dim = 0;
   const int64_t batch = step_batch(input, target, &dim);
   DPE_CHECK(batch > 0, "DataParallel::forward_backward: the batch is empty; expected at least one sample");
+  if (backends::cudnn::benchmark()) {
+    for (const Device& d : device_ids_) {
+      DPE_CHECK(!d.is_cuda(), "DataParallel: the deterministic mode on ", d, " needs cuDNN's deterministic "
+                "algorithms; backends::cudnn::set_benchmark(true) (--cudnn-benchmark) chooses by speed: turn it off");
+    }
+  }
   report_ = StepReport{.mode = options_.mode};
   const int64_t k_wanted = options_.virtual_shards > 0 ? options_.virtual_shards : std::max<int64_t>(4, static_cast<int64_t>(n));
   const std::vector<int64_t> shard_rows = compute_chunk_sizes(batch, k_wanted, SplitRule::Balanced);

@@ -2,6 +2,7 @@
 // the CNN (BatchNorm: statistics per virtual shard), SGD with momentum and AdamW, even and uneven batches.
 #include <gtest/gtest.h>
 
+#include "core/backends.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
 #include "models/models.h"
@@ -96,6 +97,18 @@ TEST(DeterministicCuda, MlpAndCnnAreBitwiseTheSameOnOneAndEveryCudaDevice) {
   for (int i = 0; i < n; ++i) devices.push_back(Device::cuda(i));
   expect_bitwise_the_same_everywhere({"mlp", true, 30, 10}, devices, {1, n});
   expect_bitwise_the_same_everywhere({"cnn", false, 13, 10}, devices, {1, n});
+}
+
+// cuDNN's measured algorithm choice (backends::cudnn::benchmark) may pick nondeterministic algorithms, and
+// different ones per device: a deterministic step on a CUDA device refuses it, before any work, saying so.
+TEST(DeterministicCuda, RefusesCudnnBenchmark) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  backends::cudnn::set_benchmark(true);
+  const std::string error = error_of([&] { train({"cnn", false, 8, 1}, {Device::cuda(0)}, ParallelMode::DDP); });
+  backends::cudnn::set_benchmark(false);
+  EXPECT_NE(error.find("the deterministic mode on cuda:0 needs cuDNN's deterministic algorithms"), std::string::npos)
+      << error;
+  EXPECT_NO_THROW(train({"cnn", false, 8, 1}, {Device::cuda(0)}, ParallelMode::DDP));  // and runs once it is off
 }
 
 // Without the mode, device counts give different bits (the sums run in another order): the test above is not

@@ -10,8 +10,9 @@
 // CPU (conv_cpu.cc): float32 on oneDNN's convolution primitives (JIT for the CPU it finds; one primitive
 // per shape, cached); float64 (gradient checks) as im2col + gemm_cpu (core/kernels/matmul.h): no
 // hand-written GEMM in either path.
-// CUDA (conv_cuda.cu): cuDNN (cudnnConvolutionForward / BackwardData / BackwardFilter), deterministic
-// algorithms only, no TF32 (FMA math), so float32 results compare with the CPU's to a few ulps * K. 16-bit
+// CUDA (conv_cuda.cu): cuDNN (cudnnConvolutionForward / BackwardData / BackwardFilter), no TF32 (FMA math),
+// so float32 results compare with the CPU's to a few ulps * K; deterministic algorithms by default, the
+// fastest measured ones under backends::cudnn::benchmark (core/backends.h). 16-bit
 // operands run on tensor cores, and cuDNN writes 16-bit results (its legacy API has no mixed output type):
 // each output is rounded to the operand type once, then widened to float32, as PyTorch's CUDA autocast
 // rounds it; the CPU's float32 outputs are not rounded.

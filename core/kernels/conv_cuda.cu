@@ -3,16 +3,20 @@
 // bfloat16 / float16 operands for autocast (Note [16-bit convolutions]).
 //
 // Note [cuDNN algorithm choice]
-// For each (pass, shape) the algorithm is chosen once, from cudnnGet*Algorithm_v7's ranked list, and cached
-// (a mutex-guarded map; a training loop hits the same shapes every step). The first entry that
-//   - cuDNN reports as usable (status success),
-//   - is deterministic (cuDNN's atomics-based backward-filter algorithms are not), and
-//   - does not use tensor cores (FMA math: no TF32 rounding of float32 inputs),
-// wins; if none is deterministic, the first usable FMA one is taken. So float32 results compare with the
-// CPU's to summation-order error, and a step repeats bit for bit on one GPU. Heuristics (not Find) keep
-// the choice free of timing noise and of the extra memory Find allocates. 16-bit operands may use tensor
-// cores (their inputs are already 16-bit, nothing is rounded to TF32): the rule is the same without the
-// second condition.
+// For each (pass, device, shape) the algorithm is chosen once and cached (a mutex-guarded map; a training
+// loop hits the same shapes every step), in one of two ways (core/backends.h, backends::cudnn::benchmark):
+//   - heuristics (the default): from cudnnGet*Algorithm_v7's ranked list, the first entry that cuDNN
+//     reports as usable (status success), is deterministic (cuDNN's atomics-based backward-filter
+//     algorithms are not) and does not use tensor cores (FMA math: no TF32 rounding of float32 inputs)
+//     wins; if none is deterministic, the first usable FMA one. So float32 results compare with the CPU's
+//     to summation-order error, a step repeats bit for bit on one GPU, and the choice is free of timing noise
+//     and of the memory Find allocates.
+//   - benchmark (torch.backends.cudnn.benchmark = True): cudnnFind*AlgorithmEx runs every algorithm on the
+//     call's own inputs, into a scratch output (the caller's is left alone), with a workspace as large as
+//     the largest the heuristics list asks for (at most kFindWorkspaceCap), and the fastest usable FMA one
+//     wins, deterministic or not. The first call of a shape synchronises the device's stream.
+// 16-bit operands may use tensor cores in both (their inputs are already 16-bit, nothing is rounded to
+// TF32): the rules are the same without the FMA condition.
 //
 // Note [16-bit convolutions]
 // conv.h's contract for bfloat16 / float16 operands is float32 outputs. cuDNN's legacy API wants x, w and y
@@ -24,6 +28,7 @@
 // Workspace comes from the device's caching allocator and is released right after the call is enqueued:
 // every kernel of a device runs on its one stream, so a later user of the block runs after this call
 // (core/allocator.h). The device's cuDNN handle (cuda::cudnn_handle) is set to `stream` on every call.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -31,6 +36,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/backends.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_device.h"
 #include "core/device.h"
@@ -111,96 +117,6 @@ struct Descriptors {
   }
 };
 
-enum class Pass : int { Forward, BackwardData, BackwardFilter };
-
-// The algorithm of Note [cuDNN algorithm choice], as an int (the three enum types differ), and its math.
-struct Choice {
-  int algo = 0;
-  cudnnMathType_t math = CUDNN_FMA_MATH;
-};
-
-using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
-
-Key key_of(Pass pass, int device, const Conv2dShape& s) {
-  return {static_cast<int>(pass), device,   static_cast<int>(s.dtype), s.n,     s.c_in,  s.h,
-          s.w,                    s.c_out,  s.kh,                      s.kw,    s.stride_h, s.stride_w,
-          s.pad_h,                s.pad_w,  s.dil_h,                   s.dil_w, s.groups};
-}
-
-bool is_tensor_op(cudnnMathType_t m) {
-  return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-}
-
-// Picks from cuDNN's ranked perf results (any of the three Perf structs); tensor cores only for 16-bit data.
-template <typename Perf>
-Choice pick(const char* what, const std::vector<Perf>& perf, int returned, bool allow_tensor_ops) {
-  const Perf* fallback = nullptr;
-  for (int i = 0; i < returned; ++i) {
-    const Perf& p = perf[i];
-    if (p.status != CUDNN_STATUS_SUCCESS || (!allow_tensor_ops && is_tensor_op(p.mathType))) continue;
-    if (p.determinism == CUDNN_DETERMINISTIC) return {static_cast<int>(p.algo), p.mathType};
-    if (fallback == nullptr) fallback = &p;
-  }
-  DPE_CHECK(fallback != nullptr, what, ": cuDNN offers no usable ",
-            allow_tensor_ops ? "" : "non-tensor-core ", "algorithm for this shape (", returned, " candidates)");
-  return {static_cast<int>(fallback->algo), fallback->mathType};
-}
-
-Choice choose(const char* what, Pass pass, cudnnHandle_t handle, const Conv2dShape& s, const Descriptors& d) {
-  const bool tensor_ops = is_16bit(s.dtype);
-  int count = 0, returned = 0;
-  switch (pass) {
-    case Pass::Forward: {
-      DPE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &count));
-      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(count);
-      DPE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.d, d.w.d, d.conv.d, d.y.d, count, &returned,
-                                                             perf.data()));
-      return pick(what, perf, returned, tensor_ops);
-    }
-    case Pass::BackwardData: {
-      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &count));
-      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(count);
-      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.d, d.y.d, d.conv.d, d.x.d, count,
-                                                                  &returned, perf.data()));
-      return pick(what, perf, returned, tensor_ops);
-    }
-    case Pass::BackwardFilter: {
-      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &count));
-      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(count);
-      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x.d, d.y.d, d.conv.d, d.w.d, count,
-                                                                    &returned, perf.data()));
-      return pick(what, perf, returned, tensor_ops);
-    }
-  }
-  DPE_INTERNAL_ASSERT(false, "unknown conv pass ", static_cast<int>(pass));
-}
-
-// Note [cuDNN algorithm choice]: cached per (pass, device, shape); sets the chosen math on d.conv.
-Choice algorithm_for(const char* what, Pass pass, int device, cudnnHandle_t handle, const Conv2dShape& s,
-                     const Descriptors& d) {
-  static std::mutex mutex;
-  static auto* cache = new std::map<Key, Choice>;  // never destroyed (see core/cuda/cuda_device.cc)
-  const Key key = key_of(pass, device, s);
-  Choice choice;
-  bool found = false;
-  {
-    std::lock_guard lock(mutex);
-    auto it = cache->find(key);
-    if (it != cache->end()) {
-      choice = it->second;
-      found = true;
-    }
-  }
-  if (!found) {
-    choice = choose(what, pass, handle, s, d);
-    std::lock_guard lock(mutex);
-    cache->emplace(key, choice);
-  }
-  DPE_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
-  return choice;
-}
-
 // Device memory from the device's caching allocator for one call's workspace (see the file comment).
 class Workspace {
  public:
@@ -221,6 +137,151 @@ class Workspace {
   size_t nbytes_;
   void* ptr_;
 };
+
+enum class Pass : int { Forward, BackwardData, BackwardFilter };
+
+// The algorithm of Note [cuDNN algorithm choice], as an int (the three enum types differ), and its math.
+struct Choice {
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_FMA_MATH;
+};
+
+// (pass, benchmark, device, dtype, shape)
+using Key = std::tuple<int, bool, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+Key key_of(Pass pass, bool benchmark, int device, const Conv2dShape& s) {
+  return {static_cast<int>(pass), benchmark, device,     static_cast<int>(s.dtype), s.n,      s.c_in,
+          s.h,                    s.w,       s.c_out,    s.kh,                      s.kw,     s.stride_h,
+          s.stride_w,             s.pad_h,   s.pad_w,    s.dil_h,                   s.dil_w,  s.groups};
+}
+
+bool is_tensor_op(cudnnMathType_t m) {
+  return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+// Picks from cuDNN's ranked perf results (any of the three Perf structs); tensor cores only for 16-bit data.
+template <typename Perf>
+Choice pick(const char* what, const std::vector<Perf>& perf, int returned, bool allow_tensor_ops,
+            bool prefer_deterministic) {
+  const Perf* fallback = nullptr;
+  for (int i = 0; i < returned; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || (!allow_tensor_ops && is_tensor_op(p.mathType))) continue;
+    if (!prefer_deterministic || p.determinism == CUDNN_DETERMINISTIC) return {static_cast<int>(p.algo), p.mathType};
+    if (fallback == nullptr) fallback = &p;
+  }
+  DPE_CHECK(fallback != nullptr, what, ": cuDNN offers no usable ",
+            allow_tensor_ops ? "" : "non-tensor-core ", "algorithm for this shape (", returned, " candidates)");
+  return {static_cast<int>(fallback->algo), fallback->mathType};
+}
+
+// The largest workspace Find may use: more only lets it try algorithms that trade memory for little speed.
+constexpr size_t kFindWorkspaceCap = size_t{1} << 30;
+
+template <typename Perf>
+size_t largest_workspace(const std::vector<Perf>& perf, int returned) {
+  size_t bytes = 0;
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS) bytes = std::max(bytes, perf[i].memory);
+  }
+  return std::min(bytes, kFindWorkspaceCap);
+}
+
+// What Find runs a pass on: forward (x, w -> y), backward data (w, dy -> dx), backward filter (x, dy -> dw);
+// out_numel is the output's element count, written to a scratch block in the operand type.
+struct FindInputs {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  int64_t out_numel = 0;
+};
+
+// One pass's heuristics list, and with `find` set its measured one (then `perf` holds Find's results).
+template <typename Perf, typename Heuristics, typename Measure>
+Choice rank(const char* what, int device, const Conv2dShape& s, const FindInputs* find, int count,
+            Heuristics heuristics, Measure measure) {
+  const bool tensor_ops = is_16bit(s.dtype);
+  std::vector<Perf> perf(count);
+  int returned = 0;
+  DPE_CUDNN_CHECK(heuristics(count, &returned, perf.data()));
+  if (find == nullptr) return pick(what, perf, returned, tensor_ops, /*prefer_deterministic=*/true);
+  Workspace out(device, static_cast<size_t>(find->out_numel) * element_size(s.dtype));
+  Workspace ws(device, largest_workspace(perf, returned));
+  DPE_CUDNN_CHECK(measure(out.get(), count, &returned, perf.data(), ws.get(), ws.size()));
+  return pick(what, perf, returned, tensor_ops, /*prefer_deterministic=*/false);
+}
+
+// find: the call's inputs when the choice is measured (benchmark), null for the heuristics'.
+Choice choose(const char* what, Pass pass, int device, cudnnHandle_t handle, const Conv2dShape& s,
+              const Descriptors& d, const FindInputs* find) {
+  if (find != nullptr) {
+    // Find tries only the math the descriptor allows.
+    DPE_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, is_16bit(s.dtype) ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  }
+  int count = 0;
+  switch (pass) {
+    case Pass::Forward:
+      DPE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &count));
+      return rank<cudnnConvolutionFwdAlgoPerf_t>(
+          what, device, s, find, count,
+          [&](int n, int* got, cudnnConvolutionFwdAlgoPerf_t* p) {
+            return cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.d, d.w.d, d.conv.d, d.y.d, n, got, p);
+          },
+          [&](void* out, int n, int* got, cudnnConvolutionFwdAlgoPerf_t* p, void* ws, size_t ws_bytes) {
+            return cudnnFindConvolutionForwardAlgorithmEx(handle, d.x.d, find->a, d.w.d, find->b, d.conv.d, d.y.d,
+                                                          out, n, got, p, ws, ws_bytes);
+          });
+    case Pass::BackwardData:
+      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &count));
+      return rank<cudnnConvolutionBwdDataAlgoPerf_t>(
+          what, device, s, find, count,
+          [&](int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* p) {
+            return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.d, d.y.d, d.conv.d, d.x.d, n, got, p);
+          },
+          [&](void* out, int n, int* got, cudnnConvolutionBwdDataAlgoPerf_t* p, void* ws, size_t ws_bytes) {
+            return cudnnFindConvolutionBackwardDataAlgorithmEx(handle, d.w.d, find->a, d.y.d, find->b, d.conv.d,
+                                                               d.x.d, out, n, got, p, ws, ws_bytes);
+          });
+    case Pass::BackwardFilter:
+      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &count));
+      return rank<cudnnConvolutionBwdFilterAlgoPerf_t>(
+          what, device, s, find, count,
+          [&](int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* p) {
+            return cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x.d, d.y.d, d.conv.d, d.w.d, n, got, p);
+          },
+          [&](void* out, int n, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* p, void* ws, size_t ws_bytes) {
+            return cudnnFindConvolutionBackwardFilterAlgorithmEx(handle, d.x.d, find->a, d.y.d, find->b, d.conv.d,
+                                                                 d.w.d, out, n, got, p, ws, ws_bytes);
+          });
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown conv pass ", static_cast<int>(pass));
+}
+
+// Note [cuDNN algorithm choice]: cached per (pass, benchmark, device, shape); sets the chosen math on d.conv.
+Choice algorithm_for(const char* what, Pass pass, int device, cudnnHandle_t handle, const Conv2dShape& s,
+                     const Descriptors& d, const FindInputs& inputs) {
+  static std::mutex mutex;
+  static auto* cache = new std::map<Key, Choice>;  // never destroyed (see core/cuda/cuda_device.cc)
+  const bool benchmark = backends::cudnn::benchmark();
+  const Key key = key_of(pass, benchmark, device, s);
+  Choice choice;
+  bool found = false;
+  {
+    std::lock_guard lock(mutex);
+    auto it = cache->find(key);
+    if (it != cache->end()) {
+      choice = it->second;
+      found = true;
+    }
+  }
+  if (!found) {
+    choice = choose(what, pass, device, handle, s, d, benchmark ? &inputs : nullptr);
+    std::lock_guard lock(mutex);
+    cache->emplace(key, choice);
+  }
+  DPE_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
+  return choice;
+}
 
 // alpha = 1, beta = 0 (and 1 for the bias add) in the dtype cuDNN expects for the scaling factors:
 // double for double data, float otherwise.
@@ -264,7 +325,8 @@ void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, 
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
-  const Choice c = algorithm_for(what, Pass::Forward, device, handle, s, d);
+  const Choice c =
+      algorithm_for(what, Pass::Forward, device, handle, s, d, {x, w, s.n * s.c_out * s.h_out() * s.w_out()});
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(c.algo);
   size_t bytes = 0;
   DPE_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.d, d.w.d, d.conv.d, d.y.d, algo, &bytes));
@@ -289,7 +351,8 @@ void conv2d_backward_data_cuda(cudaStream_t stream, int device, const Conv2dShap
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
-  const Choice c = algorithm_for(what, Pass::BackwardData, device, handle, s, d);
+  const Choice c =
+      algorithm_for(what, Pass::BackwardData, device, handle, s, d, {w, dy, s.n * s.c_in * s.h * s.w});
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo);
   size_t bytes = 0;
   DPE_CUDNN_CHECK(
@@ -317,7 +380,7 @@ void conv2d_backward_weight_cuda(cudaStream_t stream, int device, const Conv2dSh
   }
   cudnnHandle_t handle = handle_on(device, stream);
   Descriptors d(what, s);
-  const Choice c = algorithm_for(what, Pass::BackwardFilter, device, handle, s, d);
+  const Choice c = algorithm_for(what, Pass::BackwardFilter, device, handle, s, d, {x, dy, count});
   const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo);
   size_t bytes = 0;
   DPE_CUDNN_CHECK(

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/amp/autocast.h"
+#include "core/backends.h"
 #include "core/error.h"
 #include "core/kernels/conv.h"
 #include "core/kernels/pool.h"
@@ -464,8 +465,8 @@ std::vector<Tensor> leaves(std::vector<Tensor> ts, DType dtype) {
   return ts;
 }
 
-TEST(ConvCudaTest, Conv2dMatchesCpu) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+// f32_tol: see the comment at the call below.
+void expect_conv2d_matches_cpu(double f32_tol) {
   for (DType dtype : {DType::Float32, DType::Float64}) {
     for (const ConvConfig& c : kConfigs) {
       SCOPED_TRACE(describe(c) + (dtype == DType::Float32 ? " float32" : " float64"));
@@ -473,15 +474,53 @@ TEST(ConvCudaTest, Conv2dMatchesCpu) {
                                        randn_leaf({c.c_out, c.c_in / c.groups, c.kh, c.kw}, 52)},
                                       dtype);
       if (c.bias) in.push_back(leaves({randn_leaf({c.c_out}, 53)}, dtype)[0]);
-      // float32: cuDNN (FMA math, no TF32) and oneDNN sum <= 36 products in different orders: ~1e-6
-      // absolute on N(0,1) data; the batch sum of dw adds a few more terms. float64: ~1e-15.
       expect_device_matches_cpu(
           [&](const std::vector<Tensor>& t) {
             return conv2d(t[0], t[1], t.size() > 2 ? t[2] : Tensor(), c.stride, c.padding, c.dilation, c.groups);
           },
-          in, dtype == DType::Float32 ? 1e-4 : 1e-12);
+          in, dtype == DType::Float32 ? f32_tol : 1e-12);
     }
   }
+}
+
+TEST(ConvCudaTest, Conv2dMatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  // float32: cuDNN's deterministic algorithms (FMA math, no TF32) and oneDNN sum <= 36 products in different
+  // orders: ~1e-6 absolute on N(0,1) data; the batch sum of dw adds a few more terms. float64: ~1e-15.
+  expect_conv2d_matches_cpu(1e-4);
+}
+
+// Turns backends::cudnn::benchmark on for a scope.
+struct CudnnBenchmarkOn {
+  CudnnBenchmarkOn() { backends::cudnn::set_benchmark(true); }
+  ~CudnnBenchmarkOn() { backends::cudnn::set_benchmark(false); }
+};
+
+// The measured algorithms (cudnnFind*AlgorithmEx) compute the same convolutions, Find's trial runs leave the
+// caller's outputs alone, and turning benchmark off again brings back the heuristics' algorithms, bit for bit.
+TEST(ConvCudaTest, MeasuredAlgorithmsMatchCpuAndOffRestoresTheHeuristicChoice) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  const Tensor x = randn_leaf({16, 8, 20, 20}, 61).detach().to(DType::Float32).to(gpu);
+  const Tensor w = randn_leaf({32, 8, 3, 3}, 62).detach().to(DType::Float32).to(gpu);
+  auto forward_and_grads = [&] {
+    Tensor xl = x.clone().set_requires_grad(true), wl = w.clone().set_requires_grad(true);
+    Tensor y = conv2d(xl, wl, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1);
+    y.backward(ones_like(y));
+    return std::vector<Tensor>{y.to(Device::cpu(0)), xl.grad().to(Device::cpu(0)), wl.grad().to(Device::cpu(0))};
+  };
+  const std::vector<Tensor> heuristic = forward_and_grads();
+  {
+    CudnnBenchmarkOn on;
+    // The fastest algorithm may be a Winograd or FFT one, whose float32 rounding error is ~10x a direct
+    // sum's; a wrong result or a clobbered output is off by O(1).
+    expect_conv2d_matches_cpu(1e-3);
+    const std::vector<Tensor> measured = forward_and_grads();
+    // |dw| ~ 80 here (6,400 terms): 1e-2 is ~1e-4 relative.
+    for (size_t i = 0; i < measured.size(); ++i) EXPECT_LT(max_abs_diff(measured[i], heuristic[i]), 1e-2) << i;
+  }
+  const std::vector<Tensor> again = forward_and_grads();
+  for (size_t i = 0; i < again.size(); ++i) EXPECT_EQ(max_abs_diff(again[i], heuristic[i]), 0.0) << i;
 }
 
 // CPU autocast hands the kernels float32 x and dy (Conv2dShape::f32_activations), rounded to bfloat16 while

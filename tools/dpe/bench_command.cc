@@ -34,6 +34,7 @@
 #include "bench/fma_peak.h"
 #include "core/allocator.h"
 #include "core/autograd/profiler.h"
+#include "core/backends.h"
 #include "core/kernels/sgemm_choice.h"
 #include "engine/worker_pool.h"
 #include "models/models.h"
@@ -67,6 +68,7 @@ struct BenchArgs {
   std::string reduce_dtype = "fp32";  // ddp's bucket dtype (rows ddp-r16 with bf16 or fp16)
   bool profile = false;  // after each mode's timed steps, as many again with the backward profiled
   bool channels_last = false;  // the inputs in channels-last memory (rows ddp-cl, ...)
+  bool cudnn_benchmark = false;  // cuDNN's convolution algorithms measured (core/backends.h)
 };
 
 // The configurations tools/bench/pytorch_reference.py knows (its parse_config): single, single-Nt (N >= 1
@@ -340,7 +342,12 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   const bool on_cpu = std::ranges::all_of(rows, [](const Row& r) {
     return std::ranges::all_of(r.peak, [](const auto& entry) { return entry.first.is_cpu(); });
   });
-  if (!on_cpu) return;
+  if (!on_cpu) {
+    std::printf("# cuDNN convolutions: %s\n", backends::cudnn::benchmark()
+                    ? "the fastest measured algorithm per shape (--cudnn-benchmark)"
+                    : "cuDNN's heuristics, deterministic algorithms first (--cudnn-benchmark measures them)");
+    return;
+  }
   const double flops = models::train_flops_per_sample(args.model);
   const PeakFlops peak = machine_peak();
   std::printf("# FMA-peak limit: %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
@@ -493,6 +500,7 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
   }
   for (const std::string& precision : args.precisions) check_precision(precision, devices);
   if (args.channels_last) check_channels_last(args.model);
+  set_cudnn_benchmark(args.cudnn_benchmark, args.deterministic, devices);
   if (args.compare_pytorch) {
     for (const std::string& c : args.pytorch_configs) {
       DPE_CHECK(is_pytorch_config(c), "--pytorch-configs '", c, "': unknown configuration; expected single, "
@@ -581,6 +589,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--channels-last", args->channels_last, "the images in channels-last memory, PyTorch's "
                 "memory_format=torch.channels_last: the CPU's convolutions, 2x2 max-pools, BatchNorm, activations and "
                 "binary ops compute in it, no relayouts between layers (rows ddp-cl, ...)");
+  cmd->add_flag("--cudnn-benchmark", args->cudnn_benchmark, kCudnnBenchmarkHelp);
   cmd->add_option("--reduce-dtype", args->reduce_dtype, "ddp rows: the dtype gradient buckets are all-reduced in "
                   "(rows ddp-rbf16, ...)")
       ->check(CLI::IsMember(kReduceDtypes));

@@ -39,6 +39,7 @@ struct TrainArgs {
   int64_t batch_size = 128, epochs = 10, limit = -1, save_every = 0;
   bool drop_last = false;
   bool channels_last = false;  // every batch (and the test split) in channels-last memory
+  bool cudnn_benchmark = false;  // cuDNN's convolution algorithms measured (core/backends.h)
   int cpu_devices = 2;
   bool cpu_devices_given = false;  // --cpu-devices given: CPU devices even where there is a GPU
   std::string dist = "none";
@@ -65,6 +66,7 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   args.engine.on_device_failure = parse_device_failure_policy(args.on_device_failure);
   check_engine_options(args.engine);
   if (args.channels_last) check_channels_last(args.engine.model);
+  set_cudnn_benchmark(args.cudnn_benchmark, args.engine.deterministic, args.engine.devices);
   if (needs_ddp_shards(args.engine.mode) && !args.engine.dist) {  // across processes: in run_train
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(args.engine.devices.size()));
   }
@@ -338,6 +340,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
   cmd->add_flag("--channels-last", args->channels_last, "the images in channels-last memory, PyTorch's "
                 "memory_format=torch.channels_last (faster CPU convolutions; docs/LAYERS.md)");
+  cmd->add_flag("--cudnn-benchmark", args->cudnn_benchmark, kCudnnBenchmarkHelp);
   CLI::Option* deterministic =
       cmd->add_flag("--deterministic", args->engine.deterministic, "dp/ddp: bitwise the same training for any "
                     "device count and either mode (virtual shards summed in a fixed order; docs/DATA_PARALLEL.md)");

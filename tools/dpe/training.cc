@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/autograd/grad_mode.h"
+#include "core/backends.h"
 #include "core/ops.h"
 #include "data/fashion_mnist.h"
 #include "data/text_corpus.h"
@@ -70,6 +71,13 @@ OptimizerFactory optimizer_factory(const OptimizerOptions& o) {
 void check_channels_last(const std::string& model) {
   DPE_CHECK(model != "tiny-llama", "--channels-last: the tiny-llama model's inputs are token ids (N, T), not images "
             "(N, C, H, W); expected --model cnn or mlp");
+}
+
+void set_cudnn_benchmark(bool on, bool deterministic, const std::vector<Device>& devices) {
+  const bool cuda = std::ranges::any_of(devices, [](const Device& d) { return d.is_cuda(); });
+  DPE_CHECK(!(on && deterministic && cuda), "--cudnn-benchmark with --deterministic on CUDA devices: the deterministic "
+            "mode needs cuDNN's deterministic algorithms, --cudnn-benchmark chooses them by speed; expected one of them");
+  backends::cudnn::set_benchmark(on);
 }
 
 void check_ddp_batch(const std::string& option, int64_t batch, int64_t devices) {

@@ -60,6 +60,13 @@ void check_ddp_batch(const std::string& option, int64_t batch, int64_t devices);
 // --channels-last: the model's inputs must be images (N, C, H, W); throws naming the model otherwise.
 void check_channels_last(const std::string& model);
 
+// --cudnn-benchmark (core/backends.h, torch.backends.cudnn.benchmark): refused beside --deterministic on CUDA
+// devices, whose deterministic mode needs cuDNN's deterministic algorithms; then sets backends::cudnn::benchmark.
+void set_cudnn_benchmark(bool on, bool deterministic, const std::vector<Device>& devices);
+inline constexpr const char* kCudnnBenchmarkHelp =
+    "CUDA devices: time every cuDNN convolution algorithm once per shape and keep the fastest, as "
+    "torch.backends.cudnn.benchmark = True (default: cuDNN's heuristics, deterministic algorithms first)";
+
 struct EngineOptions {
   std::string model = "cnn";
   std::string mode = "ddp";

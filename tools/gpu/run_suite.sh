@@ -26,6 +26,9 @@
 #                          that selects CUDA tests in steps 3 and 5 (default *Cuda*:*CUDA*:*Gpu*:*GPU*:*Parity*)
 #   --only=NAMES           steps 2 and 3 run only these tests.tsv entries, comma-separated (any kind: a rerun
 #                          of what failed, e.g. --only=engine.ddp_test,tools.dpe.dpe_bench_test)
+#   --benches=REGEX        step 4 runs only the benchmarks whose names match this bash regex (e.g. 'cnn|profile')
+#   --rounds=N             step 4 runs the dpe-beside-PyTorch rows N times, alternating models (default 1;
+#                          the later rounds' names end in .r2, .r3, ...): GPU step times vary from run to run
 #   --budget=SECONDS       stop starting new runs after this long (default 540: a device call lasts 600 s)
 #   --timeout=SECONDS      one binary's limit (default 300; under the sanitizer 420)
 #
@@ -41,6 +44,8 @@ sanitizer=0 tests=1 bench=1
 san_tools="memcheck,racecheck"
 filter=""
 only=""
+benches=""
+rounds=1
 cuda_filter='*Cuda*:*CUDA*:*Gpu*:*GPU*:*Parity*'
 budget=540 timeout_s=300 san_timeout_s=420
 for arg in "$@"; do
@@ -52,6 +57,8 @@ for arg in "$@"; do
     --bench-only) bench=1 tests=0 sanitizer=0 ;;
     --filter=*) filter="${arg#*=}" ;;
     --only=*) only=",${arg#*=}," ;;
+    --benches=*) benches="${arg#*=}" ;;
+    --rounds=*) rounds="${arg#*=}" ;;
     --cuda-filter=*) cuda_filter="${arg#*=}" ;;
     --budget=*) budget="${arg#*=}" ;;
     --timeout=*) timeout_s="${arg#*=}" san_timeout_s="${arg#*=}" ;;
@@ -60,6 +67,7 @@ for arg in "$@"; do
     *) out_dir="$arg" ;;
   esac
 done
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "run_suite: --rounds=$rounds: expected a positive whole number" >&2; exit 2; }
 case "$out_dir" in "" | /*) ;; *) out_dir="$(pwd)/$out_dir" ;; esac
 
 # The bundle's tree: here (package.sh --no-compress), or payload.tar.xz unpacked afresh into $DPE_BUNDLE_DIR.
@@ -364,6 +372,7 @@ run_bench() {
   local name="$1" envs="$2"
   shift 2
   local remaining limit t0 rc
+  [[ -n "$benches" && ! "$name" =~ $benches ]] && return
   remaining=$(left)
   if ((remaining <= 5)); then bench_rows+=("$name: NOT RUN (time budget spent)"); not_run+=("$name"); return; fi
   limit=$((remaining < 240 ? remaining : 240))
@@ -397,14 +406,29 @@ if ((bench)); then
     if [[ -n "$torch_py" && -f "$script" ]]; then
       printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$orig_ld" "$torch_py" >"$results/torch_python"
       chmod 755 "$results/torch_python"
-      for model in tiny-llama mlp cnn; do
-        run_bench "dpe_vs_pytorch_$model" "" "$dpe_tool" bench --model "$model" --modes single,dp,ddp \
-          --compare-pytorch --pytorch-python "$results/torch_python" --pytorch-script "$script" \
-          --pytorch-configs cuda,dp --json "$results/bench/dpe_vs_pytorch_$model.json"
+      # The CNN's second row measures cuDNN's algorithms (--cudnn-benchmark), as the PyTorch side does
+      # (torch.backends.cudnn.benchmark = True).
+      for ((round = 1; round <= rounds; round++)); do
+        suffix=$( ((round > 1)) && echo ".r$round")
+        for model in tiny-llama mlp cnn cnn_cudnn_benchmark; do
+          extra=()
+          [[ $model == cnn_cudnn_benchmark ]] && extra=(--cudnn-benchmark)
+          run_bench "dpe_vs_pytorch_$model$suffix" "" "$dpe_tool" bench --model "${model%%_*}" --modes single,dp,ddp \
+            "${extra[@]}" --compare-pytorch --pytorch-python "$results/torch_python" --pytorch-script "$script" \
+            --pytorch-configs cuda,dp --json "$results/bench/dpe_vs_pytorch_$model$suffix.json"
+        done
       done
-      # Where tiny-llama's backward spends its time on the GPU (issue 20, item 5: the one model behind PyTorch).
-      run_bench "profile_tiny-llama" "" "$dpe_tool" bench --model tiny-llama --modes single --device-ids cuda:0 \
-        --profile --json "$results/bench/profile_tiny-llama.json"
+      # Where the backward spends its time on the GPU, node by node (issue 20, item 5), and the CNN's phases
+      # with every launch synchronous (CUDA_LAUNCH_BLOCKING=1: each phase's host time is then its GPU time plus
+      # the launches, so a phase much longer there than in the normal row is GPU-bound).
+      for model in tiny-llama cnn; do
+        run_bench "profile_$model" "" "$dpe_tool" bench --model "$model" --modes single --device-ids cuda:0 \
+          --profile --json "$results/bench/profile_$model.json"
+      done
+      run_bench "profile_cnn_cudnn_benchmark" "" "$dpe_tool" bench --model cnn --modes single --device-ids cuda:0 \
+        --cudnn-benchmark --profile --json "$results/bench/profile_cnn_cudnn_benchmark.json"
+      run_bench "cnn_launch_blocking" "CUDA_LAUNCH_BLOCKING=1" "$dpe_tool" bench --model cnn --modes single \
+        --device-ids cuda:0 --json "$results/bench/cnn_launch_blocking.json"
     else
       bench_rows+=("dpe_vs_pytorch: NOT RUN (no python3 whose torch sees the GPU, or no $script)")
       bench_fail=$((bench_fail + 1))
