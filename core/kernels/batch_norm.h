@@ -8,8 +8,9 @@
 // weight and bias may be null (1 and 0).
 //
 // Numerics: per-channel sums accumulate in double in a fixed order (CPU: planes in n order, each plane's mean
-// and squared deviations combined by Chan's update; CUDA: one block per channel, a fixed-shape tree), so
-// results do not depend on the thread count. The variance is the mean of squared deviations from the mean
+// and squared deviations combined by Chan's update; CUDA: fixed pieces of each channel, each a fixed-shape
+// tree, merged in piece order, Note [Batch-norm reductions on CUDA]), so results do not depend on the thread
+// count or the GPU. The variance is the mean of squared deviations from the mean
 // (two passes' accuracy, no E[x^2] - E[x]^2 cancellation).
 // Aliasing: y may be x, dx may be dy (each element is read before it is written); nothing else may overlap.
 #pragma once

@@ -640,15 +640,17 @@ TYPED_TEST(Parity, SoftmaxBackward) {
 // Random fills.
 
 // Batch normalisation's passes (batch_norm.h), each fed the same inputs on both sides (the CPU's statistics
-// for the elementwise passes). Sums accumulate in double on both in different orders, then round once: one or
-// two ulps of the result's scale. The elementwise passes compute the same float expression, up to FMA
+// for the elementwise passes). The CUDA reductions cut a channel into pieces (Note [Batch-norm reductions on
+// CUDA]): one piece up to M = 4096 values, 257 for the (1, 1, 2^20 + 3) shape, 8 for the CNN's (256, 64, 196).
+// Sums accumulate in double on both in different orders, then round once: one or two ulps of the result's
+// scale. The elementwise passes compute the same float expression, up to FMA
 // contraction: a few ulps of the magnitudes that meet in it.
 TYPED_TEST(Parity, BatchNormPasses) {
   SKIP_WITHOUT_GPU();
   using T = TypeParam;
   for (const BatchNormShape& base : {BatchNormShape{{}, 7, 3, 1}, BatchNormShape{{}, 4, 5, 33},
                                      BatchNormShape{{}, 2, 64, 196}, BatchNormShape{{}, 1, 1, (int64_t(1) << 20) + 3},
-                                     BatchNormShape{{}, 3, 0, 4}}) {
+                                     BatchNormShape{{}, 3, 0, 4}, BatchNormShape{{}, 256, 64, 196}}) {
     BatchNormShape s = base;
     s.dtype = dtype_of<T>();
     const std::string what = "N " + std::to_string(s.n) + " C " + std::to_string(s.c) + " S " + std::to_string(s.s);

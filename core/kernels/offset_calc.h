@@ -39,6 +39,24 @@ struct FastDivmod {
   }
 };
 
+// n / d for 0 <= n < limit and a divisor d >= 1 fixed when the kernel is launched: FastDivmod's multiply-high
+// when 31 bits hold both (every dpe activation but the largest), int64 division otherwise. The choice is made
+// once on the host, so a warp's threads never diverge on it. For the kernels that split flat indices into
+// (plane, row, column) or (n, channel, spatial) coordinates: pooling, batch normalisation.
+struct Divider {
+  FastDivmod fast;
+  int64_t divisor = 1;
+  bool narrow = true;
+
+  Divider() = default;
+  Divider(int64_t d, int64_t limit)
+      : divisor(d), narrow(limit <= (int64_t{1} << 31) && d < (int64_t{1} << 31)) {
+    if (narrow) fast = FastDivmod(static_cast<uint32_t>(d));
+  }
+
+  DPE_HOST_DEVICE int64_t div(int64_t n) const { return narrow ? fast.div(static_cast<uint32_t>(n)) : n / divisor; }
+};
+
 // Offsets of N operands that share sizes, for linear indices below 2^31. Dimensions innermost first.
 template <int N>
 struct OffsetCalc32 {

@@ -58,6 +58,26 @@ void expect_matches_offset_of(const Layout& a, const Layout& b, int want_ndim) {
   }
 }
 
+// Both of Divider's paths against plain division: 32-bit when 31 bits hold the limit and the divisor, int64
+// beyond (a limit or a divisor of 2^31 and more).
+TEST(Divider, EqualsDivisionOnBothSidesOfThirtyOneBits) {
+  const int64_t two31 = int64_t{1} << 31;
+  struct Case {
+    int64_t d, limit;
+    bool narrow;
+  };
+  for (const Case& c : {Case{1, 10, true}, Case{3, 1000, true}, Case{196, two31, true}, Case{two31 - 1, two31, true},
+                        Case{7, two31 + 1, false}, Case{two31, int64_t{1} << 40, false},
+                        Case{12345, int64_t{1} << 40, false}}) {
+    const Divider div(c.d, c.limit);
+    EXPECT_EQ(div.narrow, c.narrow) << c.d << " below " << c.limit;
+    for (int64_t n : {int64_t{0}, int64_t{1}, c.d - 1, c.d, c.d + 1, 2 * c.d + 5, c.limit / 2, c.limit - 1}) {
+      if (n < 0 || n >= c.limit) continue;
+      EXPECT_EQ(div.div(n), n / c.d) << n << " / " << c.d << " below " << c.limit;
+    }
+  }
+}
+
 TEST(OffsetCalc32, MatchesOffsetOfOnTheAttentionsLayouts) {
   const int64_t B = 3, H = 4, T = 5, hd = 6;
   const Layout contiguous = make_layout({B, H, T, hd}, {H * T * hd, T * hd, hd, 1});

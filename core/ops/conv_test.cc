@@ -637,6 +637,11 @@ void expect_pools_match_cpu(Device device) {
     const double tol = dtype == DType::Float32 ? 1e-5 : 1e-13;
     expect_device_matches_cpu([](const std::vector<Tensor>& t) { return max_pool2d(t[0], {3, 3}, {2, 2}, {1, 1}); },
                               in, tol, device);
+    // Windows that do not overlap (CUDA scatters to the winners): stride = window, the 9th row and 7th column
+    // in no window (their gradient is 0); stride > window with padding.
+    expect_device_matches_cpu([](const std::vector<Tensor>& t) { return max_pool2d(t[0], {2, 2}); }, in, tol, device);
+    expect_device_matches_cpu([](const std::vector<Tensor>& t) { return max_pool2d(t[0], {2, 2}, {3, 3}, {1, 1}); },
+                              in, tol, device);
     expect_device_matches_cpu([](const std::vector<Tensor>& t) { return avg_pool2d(t[0], {3, 2}, {1, 2}, {1, 1}); },
                               in, tol, device);
     expect_device_matches_cpu([](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], {4, 5}); }, in, tol,

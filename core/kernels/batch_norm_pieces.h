@@ -1,0 +1,74 @@
+// How the CUDA batch-norm reductions cut each channel into pieces (Note [Batch-norm reductions on CUDA],
+// batch_norm_cuda.cu): the cut, which values a block's thread visits, and the merge of the pieces' moments.
+// Host-and-device, so the CPU tests check the same code the GPU runs. Private to core/kernels.
+//
+// Layout: a contiguous (N, C, S) tensor; channel c's M = N * S values, position i of the channel (0 <= i < M)
+// being element (i / S, c, i % S).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/host_device.h"
+
+namespace dpe::kernels::detail {
+
+inline constexpr int64_t kBatchNormTargetBlocks = 512;   // enough blocks to fill a GPU
+inline constexpr int64_t kBatchNormMinPerPiece = 4096;   // values per piece at least (16 per thread of 256)
+
+// Each channel's M values cut into `pieces` ranges of `len` positions (the last may be shorter, none empty).
+struct BatchNormSplit {
+  int64_t pieces = 1, len = 0;
+};
+
+inline BatchNormSplit batch_norm_split(int64_t channels, int64_t m) {
+  if (m == 0 || channels == 0) return {};
+  const int64_t wanted = std::max<int64_t>(1, std::min((m + kBatchNormMinPerPiece - 1) / kBatchNormMinPerPiece,
+                                                       (kBatchNormTargetBlocks + channels - 1) / channels));
+  const int64_t len = (m + wanted - 1) / wanted;
+  return {(m + len - 1) / len, len};
+}
+
+// Block `block`'s channel and its range [lo, hi) of the channel's positions (blocks: C * pieces).
+struct BatchNormPiece {
+  int64_t c, lo, hi;
+};
+
+DPE_HOST_DEVICE BatchNormPiece batch_norm_piece(int64_t block, BatchNormSplit split, int64_t m) {
+  const int64_t c = block / split.pieces, lo = block % split.pieces * split.len;
+  return {c, lo, lo + split.len < m ? lo + split.len : m};
+}
+
+// Calls f(element offset) for thread `thread` of `threads`: the piece's positions thread, thread + threads, ...
+// in that order. The position's (n, s) advance by threads' quotient and remainder by S, so there is one
+// division per thread, not per value.
+template <typename F>
+DPE_HOST_DEVICE void for_each_in_piece(const BatchNormPiece& p, int64_t channels, int64_t s, int64_t thread,
+                                       int64_t threads, F f) {
+  int64_t i = p.lo + thread;
+  if (i >= p.hi) return;
+  int64_t n = i / s, j = i - n * s;
+  const int64_t dn = threads / s, dj = threads - dn * s;
+  for (; i < p.hi; i += threads) {
+    f((n * channels + p.c) * s + j);
+    n += dn;
+    j += dj;
+    if (j >= s) {
+      j -= s;
+      ++n;
+    }
+  }
+}
+
+// A piece's count, mean and sum of squared deviations from that mean.
+struct BatchNormMoments {
+  double count = 0, mean = 0, m2 = 0;
+};
+
+// Chan's parallel update: the moments of a's values and b's together (a.count > 0).
+DPE_HOST_DEVICE BatchNormMoments merge_moments(BatchNormMoments a, BatchNormMoments b) {
+  const double total = a.count + b.count, delta = b.mean - a.mean;
+  return {total, a.mean + delta * (b.count / total), a.m2 + b.m2 + delta * delta * (a.count * b.count / total)};
+}
+
+}  // namespace dpe::kernels::detail
