@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <future>
+
 #include "core/autograd/function.h"
 #include "core/autograd/grad_mode.h"
 #include "core/ops.h"
@@ -13,6 +17,10 @@
 #include "tests/testing/compare.h"
 #include "tests/testing/errors.h"
 #include "tests/testing/devices.h"
+
+#if DPE_WITH_CUDA
+#include "core/cuda/cuda_device.h"
+#endif
 
 namespace dpe {
 namespace {
@@ -385,6 +393,34 @@ TEST(DataParallelCudaTest, GradientsEqualTheSingleDeviceFullBatch) {
     EXPECT_LT(max_relative_diff(got[i].second.grad(), want[i].second.grad()), 1e-5) << got[i].first;
   }
 }
+
+#if DPE_WITH_CUDA
+// One device takes a pinned batch as the scatter does: its copy is only enqueued (non_blocking), so forward
+// returns while the device's stream is still held by a host callback; a synchronous copy would wait for it.
+TEST(DataParallelCudaTest, OneDeviceForwardOnlyEnqueuesTheCopyOfAPinnedBatch) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  manual_seed(3);
+  auto model = std::make_shared<Mlp>();
+  model->to(Device::cuda(0));
+  DataParallel dp(model, {.device_ids = std::vector<Device>{Device::cuda(0)}});
+  const Tensor x = randn({7, 6}).pin_memory();
+  const Tensor expected = dp.forward(x).to(Device::cpu(0));  // also warms the allocators and handles
+  std::atomic<bool> release{false};
+  auto wait_for_release = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+    }
+  };
+  {
+    cuda::DeviceGuard guard(0);
+    ASSERT_EQ(cudaLaunchHostFunc(cuda::stream(0), wait_for_release, &release), cudaSuccess);
+  }
+  std::future<Tensor> out = std::async(std::launch::async, [&] { return dp.forward(x); });
+  const bool returned_while_held = out.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  release.store(true);
+  EXPECT_TRUE(returned_while_held) << "forward waited for the held stream: the pinned batch was copied synchronously";
+  EXPECT_TRUE(equal(out.get().to(Device::cpu(0)), expected));
+}
+#endif
 
 }  // namespace
 }  // namespace dpe

@@ -244,7 +244,8 @@ std::vector<Tensor> DataParallel::forward_on_master(const nn::ModuleInput& input
   report_.used_devices = {device_ids_[0]};
   auto start = Clock::now();
   std::vector<Tensor> moved;
-  for (const Tensor& x : slots.tensors) moved.push_back(x.to(device_ids_[0]));
+  // non_blocking, as the scatter's copies: from a pinned batch the copy to a CUDA device is only enqueued.
+  for (const Tensor& x : slots.tensors) moved.push_back(x.to(device_ids_[0], /*non_blocking=*/true));
   std::vector<Tensor> outputs;
   if (device_ids_.size() == 1) {
     outputs = replicas_[0]->forward_args(with_tensors(input, slots, moved));

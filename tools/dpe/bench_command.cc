@@ -197,8 +197,11 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
     row.ms_per_sample = dp->last_step().ms_per_sample;
     row.step_ms = seconds * 1e3 / static_cast<double>(args.steps);
     row.samples_per_s = static_cast<double>(args.batch_size * args.steps) / seconds;
-    // The timed steps' peaks. The input data set lives on cpu:0 for the whole run; it is not the step's memory.
-    const int64_t data_bytes = static_cast<int64_t>(data.train_inputs.nbytes() + data.train_targets.nbytes());
+    // The timed steps' peaks. The input data set lives on cpu:0 for the whole run; it is not the step's memory
+    // (pinned, it is counted by the pinned allocator, not by cpu:0).
+    const int64_t data_bytes = data.train_inputs.is_pinned()
+                                   ? 0
+                                   : static_cast<int64_t>(data.train_inputs.nbytes() + data.train_targets.nbytes());
     for (const Device& d : dp->device_ids()) {
       const int64_t peak = memory_stats(d).peak_allocated_bytes;
       row.peak.emplace_back(d, d == data.train_inputs.device() ? peak - data_bytes : peak);
@@ -529,6 +532,12 @@ void run_bench(const BenchArgs& args) {
   int64_t needed = args.batch_size * (args.steps + args.warmup);
   ModelData data = load_model_data(args.model, args.data_dir, needed, false);
   if (args.channels_last) data.train_inputs = data.train_inputs.contiguous(MemoryFormat::ChannelsLast);
+  if (std::ranges::any_of(devices, [](const Device& d) { return d.is_cuda(); })) {
+    // Batches for GPUs come from pinned memory, so that their copies are asynchronous DMA: as dpe train's
+    // DataLoader(pin_memory) gives them, and as the PyTorch side pins its data (pytorch_reference.py).
+    data.train_inputs = data.train_inputs.pin_memory();
+    data.train_targets = data.train_targets.pin_memory();
+  }
   DPE_CHECK(data.train_inputs.size(0) >= args.batch_size, "--batch-size ", args.batch_size, " is larger than the ",
             data.train_inputs.size(0), " training samples of ", args.model, "; expected at most ",
             data.train_inputs.size(0));
