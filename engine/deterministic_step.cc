@@ -18,8 +18,8 @@
 //     every replica's. The optimizers then do the same arithmetic in either mode.
 // CUDA devices: the same, as far as the kernels are deterministic (docs/DATA_PARALLEL.md lists them): cuDNN's
 // convolutions run deterministic algorithms (conv_cuda.cu; a step refuses CUDA devices while
-// backends::cudnn::benchmark is on: it may choose others, per device), cuBLAS repeats its bits on one stream per device,
-// dpe's reductions use fixed trees; index_add (Embedding's backward) uses atomics and is not.
+// backends::cudnn::benchmark is on: it may choose others, per device), cuBLAS repeats its bits on one stream
+// per device, dpe's reductions use fixed trees; index_add (Embedding's backward) uses atomics and is not.
 #include <algorithm>
 #include <functional>
 

@@ -11,6 +11,7 @@
 
 #include "core/kernels/arg_checks.h"
 #include "core/kernels/batch_norm.h"
+#include "core/kernels/batch_norm_pieces.h"
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/dtype_dispatch.h"
 
@@ -19,6 +20,7 @@ namespace {
 
 using detail::dispatch_float;
 using detail::parallel_tasks;
+using detail::RunningMoments;
 
 // value of an optional per-channel vector, or `otherwise` when it is null.
 template <typename T>
@@ -50,18 +52,6 @@ template <typename F>
 void for_each_plane(const BatchNormShape& s, const F& body) {
   parallel_tasks(s.n * s.c, s.s, [&](int64_t p) { body(static_cast<size_t>(p), p % s.c, p * s.s); });
 }
-
-// Chan et al.'s parallel update: the count, mean and sum of squared deviations of the values merged so far,
-// merged with a part of n values of mean part_mean and squared deviations part_m2.
-struct RunningMoments {
-  double count = 0, mean = 0, m2 = 0;
-  void merge(double n, double part_mean, double part_m2) {
-    const double total = count + n, delta = part_mean - mean;
-    mean += delta * n / total;
-    m2 += part_m2 + delta * delta * count * n / total;
-    count = total;
-  }
-};
 
 // Channels last: (N * S) rows of C values. Reductions run over blocks of rows (about kBlockValues values each,
 // a function of C only, so the blocks do not depend on the thread count), each block's per-channel sums in
@@ -111,7 +101,9 @@ void stats_channels_last(const BatchNormShape& s, const T* x, T* mean, T* var) {
   });
   for (size_t k = 0; k < c; ++k) {
     RunningMoments moments;
-    for (size_t b = 0; b < block_rows.size(); ++b) moments.merge(block_rows[b], block_mean[b * c + k], block_m2[b * c + k]);
+    for (size_t b = 0; b < block_rows.size(); ++b) {
+      moments.merge(block_rows[b], block_mean[b * c + k], block_m2[b * c + k]);
+    }
     mean[k] = static_cast<T>(moments.mean);
     var[k] = static_cast<T>(moments.m2 / moments.count);
   }

@@ -28,7 +28,6 @@ namespace {
 
 using detail::batch_norm_piece;
 using detail::batch_norm_split;
-using detail::BatchNormMoments;
 using detail::BatchNormPiece;
 using detail::BatchNormSplit;
 using detail::block_reduce;
@@ -40,13 +39,13 @@ using detail::grid_for;
 using detail::grid_stride;
 using detail::kBlock;
 using detail::kMaxRowBlock;
-using detail::merge_moments;
+using detail::RunningMoments;
 using detail::SumCombine;
 
 // grid: C * pieces blocks of kMaxRowBlock threads.
 template <typename T>
 __global__ void stats_pieces_kernel(int64_t n, int64_t channels, int64_t s, BatchNormSplit split, const T* x,
-                                    BatchNormMoments* pieces) {
+                                    RunningMoments* pieces) {
   __shared__ double shared[kMaxRowBlock];
   const BatchNormPiece p = batch_norm_piece(blockIdx.x, split, n * s);
   double sum = 0;
@@ -64,11 +63,14 @@ __global__ void stats_pieces_kernel(int64_t n, int64_t channels, int64_t s, Batc
 
 // Chan's update over each channel's pieces, in piece order.
 template <typename T>
-__global__ void stats_finalize_kernel(int64_t channels, int64_t n_pieces, const BatchNormMoments* pieces, T* mean,
+__global__ void stats_finalize_kernel(int64_t channels, int64_t n_pieces, const RunningMoments* pieces, T* mean,
                                       T* var) {
   for (int64_t c = first_index(); c < channels; c += grid_stride()) {
-    BatchNormMoments all = pieces[c * n_pieces];
-    for (int64_t k = 1; k < n_pieces; ++k) all = merge_moments(all, pieces[c * n_pieces + k]);
+    RunningMoments all;
+    for (int64_t k = 0; k < n_pieces; ++k) {
+      const RunningMoments& p = pieces[c * n_pieces + k];
+      all.merge(p.count, p.mean, p.m2);
+    }
     mean[c] = static_cast<T>(all.mean);
     var[c] = static_cast<T>(all.m2 / all.count);
   }
@@ -186,14 +188,14 @@ void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& s, const v
   const int64_t blocks = s.c * split.pieces;
   dispatch_compute_type(s.dtype, "batch_norm_stats_cuda", [&](auto tag) {
     using T = decltype(tag);
-    reduce_in_pieces<BatchNormMoments>(
+    reduce_in_pieces<RunningMoments>(
         stream, blocks,
-        [&](BatchNormMoments* pieces) {
+        [&](RunningMoments* pieces) {
           stats_pieces_kernel<T><<<static_cast<unsigned>(blocks), kMaxRowBlock, 0, stream>>>(
               s.n, s.c, s.s, split, static_cast<const T*>(x), pieces);
           DPE_CUDA_CHECK_LAUNCH();
         },
-        [&](const BatchNormMoments* pieces) {
+        [&](const RunningMoments* pieces) {
           stats_finalize_kernel<T><<<grid_for(s.c), kBlock, 0, stream>>>(s.c, split.pieces, pieces,
                                                                         static_cast<T*>(mean), static_cast<T*>(var));
           DPE_CUDA_CHECK_LAUNCH();

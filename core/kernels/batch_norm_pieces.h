@@ -1,6 +1,7 @@
 // How the CUDA batch-norm reductions cut each channel into pieces (Note [Batch-norm reductions on CUDA],
-// batch_norm_cuda.cu): the cut, which values a block's thread visits, and the merge of the pieces' moments.
-// Host-and-device, so the CPU tests check the same code the GPU runs. Private to core/kernels.
+// batch_norm_cuda.cu): the cut and which values a block's thread visits; and the merge of parts' moments
+// (Chan's update), which the CPU's statistics use too (batch_norm_cpu.cc). Host-and-device, so the CPU tests
+// check the same code the GPU runs. Private to core/kernels.
 //
 // Layout: a contiguous (N, C, S) tensor; channel c's M = N * S values, position i of the channel (0 <= i < M)
 // being element (i / S, c, i % S).
@@ -60,15 +61,18 @@ DPE_HOST_DEVICE void for_each_in_piece(const BatchNormPiece& p, int64_t channels
   }
 }
 
-// A piece's count, mean and sum of squared deviations from that mean.
-struct BatchNormMoments {
+// The count, mean and sum of squared deviations from the mean of some values: one part's (a CUDA piece's), or
+// of the parts merged so far by Chan et al.'s parallel update, merge(), in a fixed order.
+struct RunningMoments {
   double count = 0, mean = 0, m2 = 0;
-};
 
-// Chan's parallel update: the moments of a's values and b's together (a.count > 0).
-DPE_HOST_DEVICE BatchNormMoments merge_moments(BatchNormMoments a, BatchNormMoments b) {
-  const double total = a.count + b.count, delta = b.mean - a.mean;
-  return {total, a.mean + delta * (b.count / total), a.m2 + b.m2 + delta * delta * (a.count * b.count / total)};
-}
+  // Adds a part of n > 0 values of mean part_mean and squared deviations part_m2.
+  DPE_HOST_DEVICE void merge(double n, double part_mean, double part_m2) {
+    const double total = count + n, delta = part_mean - mean;
+    mean += delta * n / total;
+    m2 += part_m2 + delta * delta * count * n / total;
+    count = total;
+  }
+};
 
 }  // namespace dpe::kernels::detail

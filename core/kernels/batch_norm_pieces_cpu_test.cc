@@ -67,14 +67,14 @@ TEST(BatchNormPieces, MergedMomentsEqualTheWholeChannels) {
   double m2 = 0;
   for (double v : x) m2 += (v - mean) * (v - mean);
   for (size_t len : {size_t{1}, size_t{7}, size_t{4096}, x.size()}) {
-    BatchNormMoments all;
+    RunningMoments all;
     for (size_t lo = 0; lo < x.size(); lo += len) {
       const size_t hi = std::min(lo + len, x.size());
-      BatchNormMoments piece{static_cast<double>(hi - lo), 0, 0};
-      for (size_t i = lo; i < hi; ++i) piece.mean += x[i];
-      piece.mean /= piece.count;
-      for (size_t i = lo; i < hi; ++i) piece.m2 += (x[i] - piece.mean) * (x[i] - piece.mean);
-      all = lo == 0 ? piece : merge_moments(all, piece);
+      double piece_mean = 0, piece_m2 = 0;
+      for (size_t i = lo; i < hi; ++i) piece_mean += x[i];
+      piece_mean /= static_cast<double>(hi - lo);
+      for (size_t i = lo; i < hi; ++i) piece_m2 += (x[i] - piece_mean) * (x[i] - piece_mean);
+      all.merge(static_cast<double>(hi - lo), piece_mean, piece_m2);
     }
     EXPECT_EQ(all.count, static_cast<double>(x.size()));
     EXPECT_NEAR(all.mean, mean, 1e-12 * mean) << "pieces of " << len;
