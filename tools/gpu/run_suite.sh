@@ -29,6 +29,8 @@
 #   --benches=REGEX        step 4 runs only the benchmarks whose names match this bash regex (e.g. 'cnn|profile')
 #   --rounds=N             step 4 runs the dpe-beside-PyTorch rows N times, alternating models (default 1;
 #                          the later rounds' names end in .r2, .r3, ...): GPU step times vary from run to run
+#   --bench-steps=N        timed steps of each dpe-beside-PyTorch row, both sides (default 30; warm-up N/10,
+#                          at least 5): a 1.5 ms step timed over 30 steps swings by 20% from run to run
 #   --budget=SECONDS       stop starting new runs after this long (default 540: a device call lasts 600 s)
 #   --timeout=SECONDS      one binary's limit (default 300; under the sanitizer 420)
 #
@@ -46,6 +48,7 @@ filter=""
 only=""
 benches=""
 rounds=1
+bench_steps=30
 cuda_filter='*Cuda*:*CUDA*:*Gpu*:*GPU*:*Parity*'
 budget=540 timeout_s=300 san_timeout_s=420
 for arg in "$@"; do
@@ -59,6 +62,7 @@ for arg in "$@"; do
     --only=*) only=",${arg#*=}," ;;
     --benches=*) benches="${arg#*=}" ;;
     --rounds=*) rounds="${arg#*=}" ;;
+    --bench-steps=*) bench_steps="${arg#*=}" ;;
     --cuda-filter=*) cuda_filter="${arg#*=}" ;;
     --budget=*) budget="${arg#*=}" ;;
     --timeout=*) timeout_s="${arg#*=}" san_timeout_s="${arg#*=}" ;;
@@ -68,6 +72,9 @@ for arg in "$@"; do
   esac
 done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "run_suite: --rounds=$rounds: expected a positive whole number" >&2; exit 2; }
+[[ $bench_steps =~ ^[1-9][0-9]*$ ]] ||
+  { echo "run_suite: --bench-steps=$bench_steps: expected a positive whole number" >&2; exit 2; }
+bench_warmup=$((bench_steps / 10 > 5 ? bench_steps / 10 : 5))
 case "$out_dir" in "" | /*) ;; *) out_dir="$(pwd)/$out_dir" ;; esac
 
 # The bundle's tree: here (package.sh --no-compress), or payload.tar.xz unpacked afresh into $DPE_BUNDLE_DIR.
@@ -414,7 +421,8 @@ if ((bench)); then
           extra=()
           [[ $model == cnn_cudnn_benchmark ]] && extra=(--cudnn-benchmark)
           run_bench "dpe_vs_pytorch_$model$suffix" "" "$dpe_tool" bench --model "${model%%_*}" --modes single,dp,ddp \
-            "${extra[@]}" --compare-pytorch --pytorch-python "$results/torch_python" --pytorch-script "$script" \
+            --steps "$bench_steps" --warmup "$bench_warmup" "${extra[@]}" --compare-pytorch \
+            --pytorch-python "$results/torch_python" --pytorch-script "$script" \
             --pytorch-configs cuda,dp --json "$results/bench/dpe_vs_pytorch_$model$suffix.json"
         done
       done
@@ -429,6 +437,30 @@ if ((bench)); then
         --cudnn-benchmark --profile --json "$results/bench/profile_cnn_cudnn_benchmark.json"
       run_bench "cnn_launch_blocking" "CUDA_LAUNCH_BLOCKING=1" "$dpe_tool" bench --model cnn --modes single \
         --device-ids cuda:0 --json "$results/bench/cnn_launch_blocking.json"
+      # Every kernel of the CNN's steps, dpe's and PyTorch's, with its GPU time (Nsight Compute, one metric, the
+      # clocks left alone): 3 warm-up and 2 timed steps each, both measuring cuDNN's algorithms. ncu serialises
+      # the kernels, so these say which kernels the GPU time goes to, not how long a step takes.
+      ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      if [[ -n "$ncu" ]]; then
+        ncu_args=("$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base)
+        run_bench "kernels_cnn_dpe" "" "${ncu_args[@]}" --log-file "$results/bench/kernels_cnn_dpe.csv" \
+          "$dpe_tool" bench --model cnn --modes single --device-ids cuda:0 --cudnn-benchmark --warmup 3 --steps 2
+        run_bench "kernels_cnn_pytorch" "" "${ncu_args[@]}" --log-file "$results/bench/kernels_cnn_pytorch.csv" \
+          "$results/torch_python" "$script" --model cnn --batch 256 --warmup 3 --steps 2 --configs cuda
+        # One step of each, kernel by kernel (tools/gpu/kernel_table.py), into bench_tails.txt.
+        csvs=()
+        for side in dpe pytorch; do
+          [[ -s "$results/bench/kernels_cnn_$side.csv" ]] && csvs+=("$results/bench/kernels_cnn_$side.csv")
+        done
+        if ((${#csvs[@]} > 0)); then
+          LD_LIBRARY_PATH="$orig_ld" python3 "$here/../tools/gpu/kernel_table.py" "${csvs[@]}" \
+            >"$results/bench/kernels_cnn.txt" 2>&1
+          { echo "--- kernels_cnn: one step's kernels (GPU microseconds under ncu; all in bench/kernels_cnn.txt)"
+            grep -E '^==|one step' "$results/bench/kernels_cnn.txt"; } >>"$results/bench_tails.txt"
+        fi
+      else
+        bench_rows+=("kernels_cnn: NOT RUN (no ncu on this machine)")
+      fi
     else
       bench_rows+=("dpe_vs_pytorch: NOT RUN (no python3 whose torch sees the GPU, or no $script)")
       bench_fail=$((bench_fail + 1))
