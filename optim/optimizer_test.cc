@@ -107,6 +107,43 @@ TEST(OptimizerTest, SgdUnitStepAndMomentumFirstStepIsGrad) {
   EXPECT_EQ(w.to_vector<double>(), (std::vector<double>{-1.4, -2.8}));
 }
 
+// SGD updates its fusable parameters together, one batch per (device, dtype, first step): a mix of float32 and
+// float64 parameters, a strided one (the tensor-op path) and one whose first gradient arrives at the second
+// step (a first step while the others are not) follows, bitwise, the same SGD given each parameter alone.
+TEST(OptimizerTest, SgdOverMixedParametersEqualsEachParameterAlone) {
+  auto make_params = [] {
+    Tensor holder = zeros({5, 2}, TensorOptions(DType::Float64));
+    Tensor strided = holder.select(-1, 0).detach();
+    strided.copy_(Tensor::from_vector(std::vector<double>{1, -2, 3, -4, 5}, {5}));
+    return std::vector<Tensor>{
+        Tensor::from_vector(std::vector<float>{0.5f, -1.5f, 2.5f}, {3}).set_requires_grad(true),
+        Tensor::from_vector(std::vector<double>{0.25, -0.75}, {2}).set_requires_grad(true),
+        strided.set_requires_grad(true),
+        Tensor::from_vector(std::vector<float>{-3.0f, 4.0f}, {2}).set_requires_grad(true),
+        Tensor::from_vector(std::vector<double>{7, 8, 9}, {3}).set_requires_grad(true)};
+  };
+  const SGDOptions options{.lr = 0.1, .momentum = 0.9, .dampening = 0.2, .weight_decay = 0.01};
+  std::vector<Tensor> together = make_params(), alone = make_params();
+  SGD opt(together, options);
+  std::vector<std::unique_ptr<SGD>> singles;
+  for (const Tensor& p : alone) singles.push_back(std::make_unique<SGD>(std::vector<Tensor>{p}, options));
+  for (int s = 0; s < 3; ++s) {
+    for (size_t i = 0; i < together.size(); ++i) {
+      if (s == 0 && i == 3) continue;  // parameter 3's first gradient comes at step 1
+      Tensor g = full(together[i].shape(), 0.5 + static_cast<double>(s) - 0.25 * static_cast<double>(i),
+                      TensorOptions(together[i].dtype()));
+      together[i].set_grad(g.clone());
+      alone[i].set_grad(g.clone());
+    }
+    opt.step();
+    for (auto& single : singles) single->step();
+    for (size_t i = 0; i < together.size(); ++i) {
+      EXPECT_EQ(together[i].to(DType::Float64).to_vector<double>(), alone[i].to(DType::Float64).to_vector<double>())
+          << "parameter " << i << " after step " << s;
+    }
+  }
+}
+
 TEST(OptimizerTest, ZeroGradAndSkipsParamsWithoutGrad) {
   Tensor a = ones({2}, TensorOptions(DType::Float64)).set_requires_grad(true);
   Tensor b = ones({2}, TensorOptions(DType::Float64)).set_requires_grad(true);

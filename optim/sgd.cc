@@ -1,5 +1,7 @@
 #include "optim/sgd.h"
 
+#include <algorithm>
+
 #include "core/autograd/grad_mode.h"
 #include "core/dispatch.h"
 #include "core/error.h"
@@ -23,16 +25,31 @@ bool fusable_with(const Tensor& t, const Tensor& p) {
          (p.dtype() == DType::Float32 || p.dtype() == DType::Float64);
 }
 
-// buf: the momentum buffer (undefined without momentum); step.first_step: buf is new and written, not read.
-void fused_sgd_step(const Tensor& p, const Tensor& buf, const kernels::SgdStep& step) {
-  const Tensor& g = p.grad();
-  void* buf_data = buf.defined() ? buf.data_ptr() : nullptr;
+// Parameters the fused kernel updates together: one device, one dtype, one first_step (a new momentum buffer is
+// written, not read). On a GPU each batch is one launch, where a launch per parameter made a small model's
+// optimizer step launch-bound (docs/BENCHMARKS.md, "the CNN's step is host-bound").
+struct FusedBatch {
+  Device device;
+  DType dtype;
+  bool first_step;
+  std::vector<kernels::SgdTensor> tensors;
+};
+
+// p, buf: fusable_with p; buf undefined without momentum. They must outlive the batch's step.
+void add_to_batch(std::vector<FusedBatch>& batches, const Tensor& p, const Tensor& buf, bool first_step) {
+  auto it = std::find_if(batches.begin(), batches.end(), [&](const FusedBatch& b) {
+    return b.device == p.device() && b.dtype == p.dtype() && b.first_step == first_step;
+  });
+  if (it == batches.end()) it = batches.insert(batches.end(), FusedBatch{p.device(), p.dtype(), first_step, {}});
+  it->tensors.push_back({.n = p.numel(), .param = p.data_ptr(), .grad = p.grad().data_ptr(),
+                         .momentum_buffer = buf.defined() ? buf.data_ptr() : nullptr});
+}
+
+void fused_sgd_step(const FusedBatch& batch, kernels::SgdStep step) {
+  step.first_step = batch.first_step;
   dispatch(
-      p.device(),
-      [&] { kernels::sgd_step_cpu(p.dtype(), p.numel(), p.data_ptr(), g.data_ptr(), buf_data, step); },
-      [&](auto stream) {
-        kernels::sgd_step_cuda(stream, p.dtype(), p.numel(), p.data_ptr(), g.data_ptr(), buf_data, step);
-      });
+      batch.device, [&] { kernels::sgd_step_cpu(batch.dtype, batch.tensors, step); },
+      [&](auto stream) { kernels::sgd_step_cuda(stream, batch.dtype, batch.tensors, step); });
 }
 
 }  // namespace
@@ -58,31 +75,33 @@ void SGD::step() {
     const double weight_decay = group.options.at("weight_decay");
     const bool nesterov = group.options.at("nesterov") != 0.0;
     check_options(lr, momentum, dampening, weight_decay, nesterov);
+    const kernels::SgdStep step{.lr = lr, .momentum = momentum, .dampening = dampening,
+                                .weight_decay = weight_decay, .nesterov = nesterov};
+    std::vector<FusedBatch> batches;
     for (Tensor& p : group.params) {
       const int64_t i = index++;
       if (!p.grad().defined()) continue;
-      kernels::SgdStep step{.lr = lr, .momentum = momentum, .dampening = dampening, .weight_decay = weight_decay,
-                            .nesterov = nesterov};
       Tensor buf;  // the momentum buffer; undefined without momentum and before the first step
+      bool first_step = false;
       if (momentum != 0) {
         auto& state = tensor_state_[i];
         auto it = state.find("momentum_buffer");
-        step.first_step = it == state.end();
-        if (!step.first_step) buf = it->second;
+        first_step = it == state.end();
+        if (!first_step) buf = it->second;
       }
       if (fusable_with(p, p) && fusable_with(p.grad(), p) && (!buf.defined() || fusable_with(buf, p))) {
-        if (step.first_step) {
+        if (first_step) {
           buf = Tensor::empty(p.shape(), TensorOptions(p.dtype()).with_device(p.device()));
           tensor_state_[i]["momentum_buffer"] = buf;
         }
-        fused_sgd_step(p, buf, step);
+        add_to_batch(batches, p, buf, first_step);
         continue;
       }
       // The same update as tensor ops, for any layout.
       Tensor d = p.grad();
       if (weight_decay != 0) d = add(d, mul(p, weight_decay));
       if (momentum != 0) {
-        if (step.first_step) {
+        if (first_step) {
           buf = d.detach().clone();
           tensor_state_[i]["momentum_buffer"] = buf;
         } else {
@@ -92,6 +111,7 @@ void SGD::step() {
       }
       p.add_(d, -lr);
     }
+    for (const FusedBatch& batch : batches) fused_sgd_step(batch, step);
   }
 }
 

@@ -438,6 +438,48 @@ TYPED_TEST(Parity, SgdStep) {
   }
 }
 
+// The multi-tensor step (one launch for up to kSgdTensorsPerLaunch parameters): more parameters than one
+// launch takes, of sizes on both sides of a block's chunk and empty ones, against the CPU's one-tensor step.
+TYPED_TEST(Parity, SgdStepOverManyTensors) {
+  SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  const int64_t sizes[] = {0, 1, 7, 2047, 2048, 2049, 10000};
+  const int count = kSgdTensorsPerLaunch + 5;
+  std::vector<std::vector<T>> p(count), buf(count);
+  std::vector<std::unique_ptr<DeviceBuffer>> d_p, d_buf;
+  for (int k = 0; k < count; ++k) {
+    const int64_t n = sizes[k % std::size(sizes)];
+    p[k] = random_vector<T, Rng>(n, -1, 1, k + 11);
+    buf[k].resize(n);
+    d_p.push_back(upload(p[k]));
+    d_buf.push_back(std::make_unique<DeviceBuffer>(bytes_of(p[k])));
+  }
+  const SgdStep variant{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01};
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::unique_ptr<DeviceBuffer>> d_g;  // alive until the stream has run the step (download waits)
+    std::vector<SgdTensor> tensors;
+    SgdStep s = variant;
+    s.first_step = step == 0;
+    for (int k = 0; k < count; ++k) {
+      const std::vector<T> g = random_vector<T, Rng>(p[k].size(), -1, 1, 100 * step + k);
+      sgd_step_cpu(dtype_of<T>(), static_cast<int64_t>(g.size()), p[k].data(), g.data(), buf[k].data(), s);
+      d_g.push_back(upload(g));
+      tensors.push_back({.n = static_cast<int64_t>(g.size()), .param = d_p[k]->get(), .grad = d_g[k]->get(),
+                         .momentum_buffer = d_buf[k]->get()});
+    }
+    sgd_step_cuda(stream(), dtype_of<T>(), tensors, s);
+    for (int k = 0; k < count; ++k) {
+      const std::string what = "sgd over many tensors: tensor " + std::to_string(k) + " (n=" +
+                               std::to_string(p[k].size()) + ") step " + std::to_string(step);
+      const auto ulps = [](const std::vector<T>& ref) {
+        return [&ref](size_t i) { return 2 * kEps<T> * std::abs(double(ref[i])); };
+      };
+      expect_close(p[k], download<T>(*d_p[k], p[k].size()), ulps(p[k]), what);
+      expect_close(buf[k], download<T>(*d_buf[k], buf[k].size()), ulps(buf[k]), what + " buffer");
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Reductions.
 

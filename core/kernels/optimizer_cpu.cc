@@ -33,4 +33,8 @@ void sgd_step_cpu(DType dtype, int64_t n, void* param, const void* grad, void* m
   });
 }
 
+void sgd_step_cpu(DType dtype, std::span<const SgdTensor> tensors, const SgdStep& step) {
+  for (const SgdTensor& t : tensors) sgd_step_cpu(dtype, t.n, t.param, t.grad, t.momentum_buffer, step);
+}
+
 }  // namespace dpe::kernels
