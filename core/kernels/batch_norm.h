@@ -31,9 +31,26 @@ struct BatchNormShape {
   bool channels_last = false;
 };
 
+// What the statistics pass writes besides mean and var, per channel c, where given (null: not written):
+//   invstd[c]       = 1 / sqrt(var[c] + eps)
+//   running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[c]              (training's update,
+//   running_var[c]  = (1 - momentum) * running_var[c] + momentum * var[c] * M / (M - 1)   PyTorch's; M > 1)
+// in dtype from mean[c] and var[c] as stored, each update rounded as the tensor ops it replaces round it
+// (the scaled buffer, then one fma), so the bits are those of the ops; on a GPU it saves six launches per
+// BatchNorm forward. running_mean and running_var come together. Aliasing: none with x, mean or var.
+struct BatchNormStatsExtras {
+  void* invstd = nullptr;
+  double eps = 0;
+  void* running_mean = nullptr;
+  void* running_var = nullptr;
+  double momentum = 0;
+};
+
 // mean[c] = sum over (n, s) of x / M;  var[c] = sum of (x - mean[c])^2 / M (biased). Needs M > 0.
-void batch_norm_stats_cpu(const BatchNormShape& shape, const void* x, void* mean, void* var);
-void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& shape, const void* x, void* mean, void* var);
+void batch_norm_stats_cpu(const BatchNormShape& shape, const void* x, void* mean, void* var,
+                          const BatchNormStatsExtras& extras = {});
+void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& shape, const void* x, void* mean, void* var,
+                           const BatchNormStatsExtras& extras = {});
 
 // y = (x - mean[c]) * invstd[c] * weight[c] + bias[c].
 void batch_norm_elemt_cpu(const BatchNormShape& shape, const void* x, const void* mean, const void* invstd,

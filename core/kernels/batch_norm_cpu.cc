@@ -21,6 +21,7 @@ namespace {
 using detail::dispatch_float;
 using detail::parallel_tasks;
 using detail::RunningMoments;
+using detail::write_stats_extras;
 
 // value of an optional per-channel vector, or `otherwise` when it is null.
 template <typename T>
@@ -149,38 +150,48 @@ void backward_reduce_channels_last(const BatchNormShape& s, const T* dy, const T
   }
 }
 
+// mean and var of every channel (batch_norm.h): channels last, or planes then Chan's update per channel.
+template <typename T>
+void stats(const BatchNormShape& s, const T* x, T* mean, T* var) {
+  if (s.channels_last) {
+    stats_channels_last(s, x, mean, var);
+    return;
+  }
+  // Each plane's mean and squared deviations (two passes over S values, the second from cache), in memory
+  // order; then per channel Chan's update merges its planes in n order.
+  std::vector<double> plane_mean(static_cast<size_t>(s.n * s.c)), plane_m2(plane_mean.size());
+  for_each_plane(s, [&](size_t p, int64_t, int64_t offset) {
+    const T* plane = x + offset;
+    const double mu = lane_sum(s.s, [&](int64_t i) { return static_cast<double>(plane[i]); }) /
+                      static_cast<double>(s.s);
+    const double m2 = lane_sum(s.s, [&](int64_t i) {
+      const double d = plane[i] - mu;
+      return d * d;
+    });
+    plane_mean[p] = mu;
+    plane_m2[p] = m2;
+  });
+  for (int64_t c = 0; c < s.c; ++c) {
+    RunningMoments moments;
+    for (int64_t n = 0; n < s.n; ++n) {
+      const size_t p = static_cast<size_t>(n * s.c + c);
+      moments.merge(static_cast<double>(s.s), plane_mean[p], plane_m2[p]);
+    }
+    mean[c] = static_cast<T>(moments.mean);
+    var[c] = static_cast<T>(moments.m2 / moments.count);
+  }
+}
+
 }  // namespace
 
-void batch_norm_stats_cpu(const BatchNormShape& s, const void* x, void* mean, void* var) {
+void batch_norm_stats_cpu(const BatchNormShape& s, const void* x, void* mean, void* var,
+                          const BatchNormStatsExtras& extras) {
   detail::check_batch_norm_shape("batch_norm_stats_cpu", s, /*needs_values=*/true);
   dispatch_float(s.dtype, "batch_norm_stats_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (s.channels_last) {
-      stats_channels_last(s, static_cast<const T*>(x), static_cast<T*>(mean), static_cast<T*>(var));
-      return;
-    }
-    // Each plane's mean and squared deviations (two passes over S values, the second from cache), in memory
-    // order; then per channel Chan's update merges its planes in n order.
-    std::vector<double> plane_mean(static_cast<size_t>(s.n * s.c)), plane_m2(plane_mean.size());
-    for_each_plane(s, [&](size_t p, int64_t, int64_t offset) {
-      const T* plane = static_cast<const T*>(x) + offset;
-      const double mu = lane_sum(s.s, [&](int64_t i) { return static_cast<double>(plane[i]); }) /
-                        static_cast<double>(s.s);
-      const double m2 = lane_sum(s.s, [&](int64_t i) {
-        const double d = plane[i] - mu;
-        return d * d;
-      });
-      plane_mean[p] = mu;
-      plane_m2[p] = m2;
-    });
+    stats(s, static_cast<const T*>(x), static_cast<T*>(mean), static_cast<T*>(var));
     for (int64_t c = 0; c < s.c; ++c) {
-      RunningMoments moments;
-      for (int64_t n = 0; n < s.n; ++n) {
-        const size_t p = static_cast<size_t>(n * s.c + c);
-        moments.merge(static_cast<double>(s.s), plane_mean[p], plane_m2[p]);
-      }
-      static_cast<T*>(mean)[c] = static_cast<T>(moments.mean);
-      static_cast<T*>(var)[c] = static_cast<T>(moments.m2 / moments.count);
+      write_stats_extras(extras, c, s.n * s.s, static_cast<T*>(mean)[c], static_cast<T*>(var)[c]);
     }
   });
 }

@@ -36,6 +36,7 @@ using detail::Divider;
 using detail::first_index;
 using detail::for_each_in_piece;
 using detail::grid_for;
+using detail::write_stats_extras;
 using detail::grid_stride;
 using detail::kBlock;
 using detail::kMaxRowBlock;
@@ -61,10 +62,10 @@ __global__ void stats_pieces_kernel(int64_t n, int64_t channels, int64_t s, Batc
   if (threadIdx.x == 0) pieces[blockIdx.x] = {count, mu, m2};
 }
 
-// Chan's update over each channel's pieces, in piece order.
+// Chan's update over each channel's pieces, in piece order; then the extras (invstd, the running statistics).
 template <typename T>
-__global__ void stats_finalize_kernel(int64_t channels, int64_t n_pieces, const RunningMoments* pieces, T* mean,
-                                      T* var) {
+__global__ void stats_finalize_kernel(int64_t channels, int64_t n_pieces, int64_t count,
+                                      const RunningMoments* pieces, T* mean, T* var, BatchNormStatsExtras extras) {
   for (int64_t c = first_index(); c < channels; c += grid_stride()) {
     RunningMoments all;
     for (int64_t k = 0; k < n_pieces; ++k) {
@@ -73,6 +74,7 @@ __global__ void stats_finalize_kernel(int64_t channels, int64_t n_pieces, const 
     }
     mean[c] = static_cast<T>(all.mean);
     var[c] = static_cast<T>(all.m2 / all.count);
+    write_stats_extras(extras, c, count, mean[c], var[c]);
   }
 }
 
@@ -180,7 +182,8 @@ void check_nchw(const char* what, const BatchNormShape& s) {
 
 }  // namespace
 
-void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& s, const void* x, void* mean, void* var) {
+void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& s, const void* x, void* mean, void* var,
+                           const BatchNormStatsExtras& extras) {
   detail::check_batch_norm_shape("batch_norm_stats_cuda", s, /*needs_values=*/true);
   check_nchw("batch_norm_stats_cuda", s);
   if (s.c == 0) return;
@@ -196,8 +199,8 @@ void batch_norm_stats_cuda(cudaStream_t stream, const BatchNormShape& s, const v
           DPE_CUDA_CHECK_LAUNCH();
         },
         [&](const RunningMoments* pieces) {
-          stats_finalize_kernel<T><<<grid_for(s.c), kBlock, 0, stream>>>(s.c, split.pieces, pieces,
-                                                                        static_cast<T*>(mean), static_cast<T*>(var));
+          stats_finalize_kernel<T><<<grid_for(s.c), kBlock, 0, stream>>>(
+              s.c, split.pieces, s.n * s.s, pieces, static_cast<T*>(mean), static_cast<T*>(var), extras);
           DPE_CUDA_CHECK_LAUNCH();
         });
   });

@@ -1,6 +1,7 @@
 // How the CUDA batch-norm reductions cut each channel into pieces (Note [Batch-norm reductions on CUDA],
 // batch_norm_cuda.cu): the cut and which values a block's thread visits; and the merge of parts' moments
-// (Chan's update), which the CPU's statistics use too (batch_norm_cpu.cc). Host-and-device, so the CPU tests
+// (Chan's update) and what the statistics pass writes besides mean and var (BatchNormStatsExtras), which the
+// CPU's statistics use too (batch_norm_cpu.cc). Host-and-device, so the CPU tests
 // check the same code the GPU runs. Private to core/kernels.
 //
 // Layout: a contiguous (N, C, S) tensor; channel c's M = N * S values, position i of the channel (0 <= i < M)
@@ -8,9 +9,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "core/host_device.h"
+#include "core/kernels/batch_norm.h"
 
 namespace dpe::kernels::detail {
 
@@ -74,5 +77,23 @@ struct RunningMoments {
     count = total;
   }
 };
+
+// Channel c's BatchNormStatsExtras (core/kernels/batch_norm.h) from its stored mean and var; count: M.
+// Host-and-device: sqrt and fma are the C++ library's on the host and CUDA's intrinsics on the device, both
+// correctly rounded.
+template <typename T>
+DPE_HOST_DEVICE void write_stats_extras(const BatchNormStatsExtras& e, int64_t c, int64_t count, T mean, T var) {
+  using std::fma;
+  using std::sqrt;
+  if (e.invstd != nullptr) static_cast<T*>(e.invstd)[c] = T(1) / sqrt(var + static_cast<T>(e.eps));
+  if (e.running_mean != nullptr) {
+    const T keep = static_cast<T>(1.0 - e.momentum);
+    const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+    T& rm = static_cast<T*>(e.running_mean)[c];
+    T& rv = static_cast<T*>(e.running_var)[c];
+    rm = fma(static_cast<T>(e.momentum), mean, keep * rm);
+    rv = fma(static_cast<T>(e.momentum * unbias), var, keep * rv);
+  }
+}
 
 }  // namespace dpe::kernels::detail

@@ -22,6 +22,7 @@
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/kernels/batch_norm.h"
+#include "core/kernels/batch_norm_pieces.h"
 #include "core/kernels/copy.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/matmul.h"
@@ -680,6 +681,38 @@ TYPED_TEST(Parity, SoftmaxBackward) {
 
 // ---------------------------------------------------------------------------------------------------------
 // Random fills.
+
+// The statistics pass's extras (BatchNormStatsExtras: invstd, the running statistics' update) on the GPU: the
+// same expression as the host's write_stats_extras on the GPU's own mean and var, all correctly rounded
+// operations, so bitwise equal (the mean and var themselves are BatchNormPasses' business).
+TYPED_TEST(Parity, BatchNormStatsExtras) {
+  SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  for (const BatchNormShape& base : {BatchNormShape{{}, 4, 5, 33}, BatchNormShape{{}, 256, 64, 196}}) {
+    BatchNormShape s = base;
+    s.dtype = dtype_of<T>();
+    const std::string what = "N " + std::to_string(s.n) + " C " + std::to_string(s.c) + " S " + std::to_string(s.s);
+    const size_t total = static_cast<size_t>(s.n * s.c * s.s), channels = static_cast<size_t>(s.c);
+    const std::vector<T> x = random_vector<T, Rng>(total, -3, 5, 53);
+    std::vector<T> running_mean = random_vector<T, Rng>(channels, -1, 1, 59);
+    std::vector<T> running_var = random_vector<T, Rng>(channels, 0.5, 2, 61);
+    auto d_x = upload(x), d_rm = upload(running_mean), d_rv = upload(running_var);
+    DeviceBuffer d_mean(bytes_of(running_mean)), d_var(bytes_of(running_mean)), d_invstd(bytes_of(running_mean));
+    const BatchNormStatsExtras extras{.invstd = d_invstd.get(), .eps = 1e-5, .running_mean = d_rm->get(),
+                                      .running_var = d_rv->get(), .momentum = 0.1};
+    batch_norm_stats_cuda(stream(), s, d_x->get(), d_mean.get(), d_var.get(), extras);
+    const std::vector<T> mean = download<T>(d_mean, channels), var = download<T>(d_var, channels);
+    std::vector<T> invstd(channels);
+    const BatchNormStatsExtras on_host{.invstd = invstd.data(), .eps = 1e-5, .running_mean = running_mean.data(),
+                                       .running_var = running_var.data(), .momentum = 0.1};
+    for (size_t c = 0; c < channels; ++c) {
+      detail::write_stats_extras(on_host, static_cast<int64_t>(c), s.n * s.s, mean[c], var[c]);
+    }
+    expect_equal(invstd, download<T>(d_invstd, channels), "stats invstd " + what);
+    expect_equal(running_mean, download<T>(*d_rm, channels), "stats running_mean " + what);
+    expect_equal(running_var, download<T>(*d_rv, channels), "stats running_var " + what);
+  }
+}
 
 // Batch normalisation's passes (batch_norm.h), each fed the same inputs on both sides (the CPU's statistics
 // for the elementwise passes). The CUDA reductions cut a channel into pieces (Note [Batch-norm reductions on

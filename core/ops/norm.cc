@@ -61,14 +61,26 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
               "size ", shape_str(x.shape()));
     mean = Tensor::empty({C}, per_channel);
     Tensor var = Tensor::empty({C}, per_channel);
+    invstd = Tensor::empty({C}, per_channel);
+    // The statistics pass also writes invstd and, training, updates the running statistics in place
+    // (kernels::BatchNormStatsExtras): one launch on a GPU where the ops took seven.
+    kernels::BatchNormStatsExtras extras{.invstd = invstd.data_ptr(), .eps = eps};
+    const bool update_running = training && running_mean.defined();
+    const bool fused_update = update_running && running_mean.is_contiguous() && running_var.is_contiguous();
+    if (fused_update) {
+      extras.running_mean = running_mean.data_ptr();
+      extras.running_var = running_var.data_ptr();
+      extras.momentum = momentum;
+    }
     dispatch(
-        x.device(), [&] { kernels::batch_norm_stats_cpu(shape, xc.data_ptr(), mean.data_ptr(), var.data_ptr()); },
+        x.device(),
+        [&] { kernels::batch_norm_stats_cpu(shape, xc.data_ptr(), mean.data_ptr(), var.data_ptr(), extras); },
         [&](auto stream) {
-          kernels::batch_norm_stats_cuda(stream, shape, xc.data_ptr(), mean.data_ptr(), var.data_ptr());
+          kernels::batch_norm_stats_cuda(stream, shape, xc.data_ptr(), mean.data_ptr(), var.data_ptr(), extras);
         });
-    NoGradGuard no_grad;
-    invstd = rsqrt(add(var, eps));
-    if (training && running_mean.defined()) {
+    if (update_running && !fused_update) {
+      // Strided buffers: the same update (the same roundings) as tensor ops.
+      NoGradGuard no_grad;
       const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
       Tensor rm = running_mean, rv = running_var;  // handles: the update lands in the caller's buffers
       rm.mul_(1.0 - momentum);

@@ -64,6 +64,30 @@ TEST(NormOpsTest, BatchNormUpdatesRunningStatsInPlace) {
   EXPECT_EQ(rm.to_vector<double>(), m);
 }
 
+// The running statistics are updated by the statistics pass (contiguous buffers) or by tensor ops (strided
+// ones): the same roundings, so the same bits; float32 so that a different rounding would show.
+TEST(NormOpsTest, BatchNormRunningStatsInStridedBuffersMatchContiguousOnes) {
+  Tensor x = Tensor::from_vector(std::vector<float>{0.1f, 3.7f, -2.2f, 0.9f, 5.3f, 7.1f, 2.6f, -1.4f, 0.3f, 2.2f, 4.4f,
+                                                    -0.6f},
+                                 {3, 2, 2});
+  const std::vector<float> initial_mean{0.3f, -0.7f}, initial_var{1.3f, 0.6f};
+  Tensor rm = Tensor::from_vector(initial_mean, {2}), rv = Tensor::from_vector(initial_var, {2});
+  Tensor holder = zeros({2, 2, 2}, TensorOptions(DType::Float32));
+  Tensor srm = holder.select(-1, 0).select(-1, 0), srv = holder.select(-1, 1).select(-1, 1);
+  srm.copy_(rm);
+  srv.copy_(rv);
+  ASSERT_FALSE(srm.is_contiguous());
+  for (int step = 0; step < 3; ++step) {
+    Tensor y = batch_norm(x, rm, rv, Tensor(), Tensor(), true, 0.1, 1e-5);
+    Tensor strided_y = batch_norm(x, srm, srv, Tensor(), Tensor(), true, 0.1, 1e-5);
+    EXPECT_EQ(y.to_vector<float>(), strided_y.to_vector<float>());
+    EXPECT_EQ(rm.to_vector<float>(), srm.contiguous().to_vector<float>()) << "step " << step;
+    EXPECT_EQ(rv.to_vector<float>(), srv.contiguous().to_vector<float>()) << "step " << step;
+  }
+  EXPECT_NE(rm.to_vector<float>(), initial_mean);
+  EXPECT_NE(rv.to_vector<float>(), initial_var);
+}
+
 TEST(NormOpsTest, BatchNormErrors) {
   Tensor x = zeros({4, 3});
   EXPECT_NE(error_of([&] { batch_norm(zeros({4}), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5); })
