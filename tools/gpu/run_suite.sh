@@ -461,6 +461,9 @@ if ((bench)); then
       else
         bench_rows+=("kernels_cnn: NOT RUN (no ncu on this machine)")
       fi
+      # The host's time per op on the GPU (the kernels queue behind it): what a host-bound step pays per launch.
+      # The same binary runs on cpu:0 among the CPU benchmarks below.
+      run_bench "op_overhead_cuda" "" "$bundle/bin/bench/bench.op_overhead_bench" --device=cuda:0
     else
       bench_rows+=("dpe_vs_pytorch: NOT RUN (no python3 whose torch sees the GPU, or no $script)")
       bench_fail=$((bench_fail + 1))
