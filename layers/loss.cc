@@ -50,6 +50,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NllLossOpti
   DPE_CHECK(b.input.dim() >= 2, "nll_loss: input ", shape_str(log_probs.shape()),
             " must be (C), (N, C) or (N, C, d1, ...)");
   check_target_shape(b.input, b.target, "nll_loss", "input");
+  if (options.reduction == Reduction::Mean) return nll_loss_mean(b.input, b.target, options.ignore_index, "nll_loss");
   NllPerPosition nll = nll_per_position(b.input, b.target, options.ignore_index, "nll_loss");
   return reduce(nll.loss, nll.valid, options.reduction, b.unbatched);
 }
@@ -62,6 +63,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
             " must be (C), (N, C) or (N, C, d1, ...)");
   check_target_shape(b.input, b.target, "cross_entropy", "logits");
   Tensor log_probs = log_softmax(b.input, 1);
+  if (eps == 0.0 && options.reduction == Reduction::Mean) {
+    return nll_loss_mean(log_probs, b.target, options.ignore_index, "cross_entropy");
+  }
   NllPerPosition nll = nll_per_position(log_probs, b.target, options.ignore_index, "cross_entropy");
   Tensor nll_loss = reduce(nll.loss, nll.valid, options.reduction, b.unbatched);
   if (eps == 0.0) return nll_loss;

@@ -151,6 +151,20 @@ TEST(LossTest, CudaMatchesCpu) {
     EXPECT_LT(max_relative_error(xg.grad().to(Device::cpu(0)), x.grad()), 1e-12);
     x.set_grad(Tensor());
   }
+  // reduction='mean' is one kernel each way on CUDA (nll_loss_mean): nll_loss too, and every target ignored
+  // (NaN, zero gradients on both).
+  Tensor lp = testing::randn_leaf({6, 4}, 9);
+  for (const std::vector<int64_t>& targets : {std::vector<int64_t>{3, 0, 2, -100, 1, 1}, std::vector<int64_t>(6, -100)}) {
+    Tensor tt = Tensor::from_vector(targets, {6});
+    Tensor lpg = lp.detach().to(gpu).set_requires_grad(true);
+    Tensor y_cpu = nll_loss(lp, tt), y_gpu = nll_loss(lpg, tt.to(gpu));
+    y_cpu.backward();
+    y_gpu.backward();
+    const double want = y_cpu.item(), got = y_gpu.item();
+    EXPECT_TRUE(std::isnan(want) ? std::isnan(got) : std::abs(got - want) <= 1e-12 * std::abs(want)) << got << " " << want;
+    EXPECT_EQ(lpg.grad().to(Device::cpu(0)).to_vector<double>(), lp.grad().to_vector<double>());
+    lp.set_grad(Tensor());
+  }
   Tensor bad = Tensor::from_vector(std::vector<int64_t>{0, 9, 1}, {3}).to(gpu);
   EXPECT_NE(error_of([&] { cross_entropy(zeros({3, 4}, TensorOptions(gpu)), bad); })
                 .find("target 9 is out of bounds for 4 classes"),

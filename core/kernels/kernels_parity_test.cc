@@ -26,6 +26,7 @@
 #include "core/kernels/copy.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/matmul.h"
+#include "core/kernels/nll.h"
 #include "core/kernels/optimizer.h"
 #include "core/kernels/random.h"
 #include "core/kernels/reduce.h"
@@ -681,6 +682,59 @@ TYPED_TEST(Parity, SoftmaxBackward) {
 
 // ---------------------------------------------------------------------------------------------------------
 // Random fills.
+
+// nll_loss's reduction='mean' in one launch each way (nll_mean_*_cuda) against the CPU's composition: the
+// per-position losses (nll_forward_cpu), their sum and count rounded to T, one division; the backward is the
+// same division and negation on both, so bitwise equal. Shapes: the CNN's (256, 10), positions beyond the
+// block's 256 threads with an inner axis, ignored targets, and every target ignored (NaN).
+TYPED_TEST(Parity, NllMean) {
+  SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  struct Case {
+    int64_t outer, classes, inner;
+    bool all_ignored;
+  };
+  for (const Case& c : {Case{256, 10, 1, false}, Case{9, 7, 61, false}, Case{5, 3, 2, true}}) {
+    const std::string what = "nll mean (" + std::to_string(c.outer) + ", " + std::to_string(c.classes) + ", " +
+                             std::to_string(c.inner) + ")";
+    const size_t positions = static_cast<size_t>(c.outer * c.inner);
+    const std::vector<T> lp = random_vector<T, Rng>(positions * static_cast<size_t>(c.classes), -5, 0, 67);
+    std::vector<int64_t> target(positions);
+    for (size_t k = 0; k < positions; ++k) {
+      target[k] = c.all_ignored || k % 5 == 3 ? -100 : static_cast<int64_t>(k * 7 % static_cast<size_t>(c.classes));
+    }
+    std::vector<T> loss(positions), valid(positions);
+    nll_forward_cpu(dtype_of<T>(), c.outer, c.classes, c.inner, lp.data(), target.data(), -100, loss.data(),
+                    valid.data());
+    double loss_sum = 0, count = 0, scale = 0;
+    for (size_t k = 0; k < positions; ++k) {
+      loss_sum += loss[k];
+      count += valid[k];
+      scale += std::abs(double(loss[k]));
+    }
+    const std::vector<T> want{static_cast<T>(loss_sum) / static_cast<T>(count)}, want_count{static_cast<T>(count)};
+
+    auto d_lp = upload(lp), d_target = upload(target);
+    DeviceBuffer d_out(sizeof(T)), d_count(sizeof(T));
+    nll_mean_forward_cuda(stream(), dtype_of<T>(), c.outer, c.classes, c.inner, d_lp->get(),
+                          static_cast<const int64_t*>(d_target->get()), -100, d_out.get(), d_count.get());
+    expect_equal(want_count, download<T>(d_count, 1), "count of " + what);
+    // The sums' orders differ: log2(positions) + 1 roundings of the sum's scale, then the division's.
+    const double depth = std::log2(std::max<double>(2, double(positions))) + 1;
+    expect_close(want, download<T>(d_out, 1),
+                 [&](size_t) { return depth * kEps<T> * scale / std::max(count, 1.0) + kEps<T> * std::abs(want[0]); },
+                 what);
+
+    const std::vector<T> g{T(0.75)};
+    std::vector<T> grad_loss(positions, g[0] / static_cast<T>(count)), dx(lp.size());
+    nll_backward_cpu(dtype_of<T>(), c.outer, c.classes, c.inner, target.data(), -100, grad_loss.data(), dx.data());
+    auto d_g = upload(g);
+    DeviceBuffer d_dx(bytes_of(lp));
+    nll_mean_backward_cuda(stream(), dtype_of<T>(), c.outer, c.classes, c.inner,
+                           static_cast<const int64_t*>(d_target->get()), -100, d_g->get(), d_count.get(), d_dx.get());
+    expect_equal(dx, download<T>(d_dx, dx.size()), "backward of " + what);
+  }
+}
 
 // The statistics pass's extras (BatchNormStatsExtras: invstd, the running statistics' update) on the GPU: the
 // same expression as the host's write_stats_extras on the GPU's own mean and var, all correctly rounded

@@ -30,4 +30,18 @@ void nll_backward_cpu(DType dtype, int64_t outer, int64_t classes, int64_t inner
 void nll_backward_cuda(cudaStream_t stream, DType dtype, int64_t outer, int64_t classes, int64_t inner,
                        const int64_t* target, int64_t ignore_index, const void* grad_loss, void* grad_log_probs);
 
+// reduction='mean' on CUDA in one launch each way (the composition of nll_forward with two sums and a division
+// takes five forward and four backward; the CPU keeps composing, it has no launches to save):
+//   count[0] = the number of non-ignored positions, out[0] = (sum of their losses) / count[0],
+// each sum in double over a fixed tree in one block, rounded to dtype before the division (the composition's
+// roundings); 0 / 0 = NaN when every target is ignored, as in PyTorch. out and count: one element each.
+void nll_mean_forward_cuda(cudaStream_t stream, DType dtype, int64_t outer, int64_t classes, int64_t inner,
+                           const void* log_probs, const int64_t* target, int64_t ignore_index, void* out,
+                           void* count);
+// grad_log_probs[o, c, i] = -(grad_out[0] / count[0]) where c == target[o, i] is not ignored, else 0
+// (overwrites every element). grad_out and count: one element each, on the device.
+void nll_mean_backward_cuda(cudaStream_t stream, DType dtype, int64_t outer, int64_t classes, int64_t inner,
+                            const int64_t* target, int64_t ignore_index, const void* grad_out, const void* count,
+                            void* grad_log_probs);
+
 }  // namespace dpe::kernels

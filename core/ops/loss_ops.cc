@@ -55,10 +55,8 @@ Tensor nll_backward(const Tensor& grad_loss, const Tensor& target, const Shape& 
   return dx;
 }
 
-}  // namespace
-
-NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
-                                const char* op) {
+// The arguments' contract (loss_ops.h); returns the target's shape, which is also the per-position losses'.
+Shape check_nll_arguments(const Tensor& log_probs, const Tensor& target, const char* op) {
   detail::check_compute_dtype(log_probs, op);
   detail::check_defined(target, op);
   DPE_CHECK(target.dtype() == DType::Int64, op, ": target must be int64 class indices, got ", target.dtype());
@@ -70,7 +68,14 @@ NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, i
   for (int64_t d = 2; d < log_probs.dim(); ++d) expected.push_back(log_probs.size(d));
   DPE_CHECK(target.shape() == expected, op, ": target ", shape_str(target.shape()), " does not match input ",
             shape_str(log_probs.shape()), " (expected target ", shape_str(expected), ")");
+  return expected;
+}
 
+}  // namespace
+
+NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                                const char* op) {
+  const Shape expected = check_nll_arguments(log_probs, target, op);
   const Axes a = axes_of(log_probs);
   Tensor lp = log_probs.contiguous();
   Tensor tc = target.contiguous();
@@ -95,6 +100,42 @@ NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, i
   autograd::record(out.loss, {log_probs}, "NllLossBackward",
                    [saved_target, shape, ignore_index](const Tensor& g) -> std::vector<Tensor> {
                      return {nll_backward(g, saved_target, shape, ignore_index)};
+                   });
+  return out;
+}
+
+Tensor nll_loss_mean(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const char* op) {
+  if (!log_probs.defined() || !log_probs.device().is_cuda()) {
+    NllPerPosition nll = nll_per_position(log_probs, target, ignore_index, op);
+    return div(sum(nll.loss), sum(nll.valid));
+  }
+  check_nll_arguments(log_probs, target, op);
+  const Axes a = axes_of(log_probs);
+  Tensor lp = log_probs.contiguous();
+  Tensor tc = target.contiguous();
+  check_targets_on_host(tc, a.classes, ignore_index, op);
+  Tensor out = Tensor::empty({}, detail::options_of(log_probs));
+  Tensor count = Tensor::empty({}, detail::options_of(log_probs));
+  dispatch(
+      lp.device(), [] { DPE_INTERNAL_ASSERT(false, "nll_loss_mean: the CPU composes"); },
+      [&](auto stream) {
+        kernels::nll_mean_forward_cuda(stream, lp.dtype(), a.outer, a.classes, a.inner, lp.data_ptr(),
+                                       tc.data<int64_t>(), ignore_index, out.data_ptr(), count.data_ptr());
+      });
+  Tensor saved_target = tc.detach();
+  Shape shape = log_probs.shape();
+  autograd::record(out, {log_probs}, "NllLossBackward",
+                   [saved_target, count, shape, a, ignore_index](const Tensor& g) -> std::vector<Tensor> {
+                     Tensor gc = g.contiguous();
+                     Tensor dx = Tensor::empty(shape, detail::options_of(gc));
+                     dispatch(
+                         dx.device(), [] { DPE_INTERNAL_ASSERT(false, "nll_loss_mean: the CPU composes"); },
+                         [&](auto stream) {
+                           kernels::nll_mean_backward_cuda(stream, dx.dtype(), a.outer, a.classes, a.inner,
+                                                           saved_target.data<int64_t>(), ignore_index,
+                                                           gc.data_ptr(), count.data_ptr(), dx.data_ptr());
+                         });
+                     return {dx};
                    });
   return out;
 }

@@ -19,4 +19,10 @@ struct NllPerPosition {
 NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                                 const char* op = "nll_loss");
 
+// nll_loss with reduction='mean': the sum of the non-ignored positions' losses over their count, a 0-dim tensor
+// (NaN when every target is ignored, as in PyTorch). Same arguments, checks and gradient as nll_per_position
+// reduced by sums and a division, which is what it is on CPU devices; on CUDA devices it is one kernel forward
+// and one backward where the composition launches five and four (a small model's step is launch-bound).
+Tensor nll_loss_mean(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const char* op = "nll_loss");
+
 }  // namespace dpe
