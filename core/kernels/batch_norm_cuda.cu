@@ -83,24 +83,25 @@ struct GradSums {
   double dy, dy_xmu;
 };
 
-// grid: C * pieces blocks of kMaxRowBlock threads.
-template <typename T>
+// grid: C * pieces blocks of kMaxRowBlock threads. kXmu false: the sum of dy alone (x and mean unused).
+template <typename T, bool kXmu>
 __global__ void backward_reduce_pieces_kernel(int64_t n, int64_t channels, int64_t s, BatchNormSplit split,
                                               const T* dy, const T* x, const T* mean, GradSums* pieces) {
   __shared__ double shared[kMaxRowBlock];
   const BatchNormPiece p = batch_norm_piece(blockIdx.x, split, n * s);
-  const double mu = mean[p.c];
+  const double mu = kXmu ? static_cast<double>(mean[p.c]) : 0.0;
   double g = 0, gx = 0;
   for_each_in_piece(p, channels, s, threadIdx.x, blockDim.x, [&](int64_t k) {
     const double d = dy[k];
     g += d;
-    gx += d * (x[k] - mu);
+    if constexpr (kXmu) gx += d * (x[k] - mu);
   });
   g = block_reduce(g, shared, SumCombine{});
-  gx = block_reduce(gx, shared, SumCombine{});
+  if constexpr (kXmu) gx = block_reduce(gx, shared, SumCombine{});
   if (threadIdx.x == 0) pieces[blockIdx.x] = {g, gx};
 }
 
+// sum_dy_xmu null: only sum_dy.
 template <typename T>
 __global__ void backward_reduce_finalize_kernel(int64_t channels, int64_t n_pieces, const GradSums* pieces,
                                                 T* sum_dy, T* sum_dy_xmu) {
@@ -111,7 +112,7 @@ __global__ void backward_reduce_finalize_kernel(int64_t channels, int64_t n_piec
       gx += pieces[c * n_pieces + k].dy_xmu;
     }
     sum_dy[c] = static_cast<T>(g);
-    sum_dy_xmu[c] = static_cast<T>(gx);
+    if (sum_dy_xmu != nullptr) sum_dy_xmu[c] = static_cast<T>(gx);
   }
 }
 
@@ -221,21 +222,31 @@ void batch_norm_elemt_cuda(cudaStream_t stream, const BatchNormShape& s, const v
   });
 }
 
-void batch_norm_backward_reduce_cuda(cudaStream_t stream, const BatchNormShape& s, const void* dy, const void* x,
-                                     const void* mean, void* sum_dy, void* sum_dy_xmu) {
-  detail::check_batch_norm_shape("batch_norm_backward_reduce_cuda", s);
-  check_nchw("batch_norm_backward_reduce_cuda", s);
+namespace {
+
+// sum_dy and, with x (then mean and sum_dy_xmu too), sum_dy_xmu: batch_norm_backward_reduce_cuda and
+// channel_sum_cuda.
+void backward_reduce(cudaStream_t stream, const char* what, const BatchNormShape& s, const void* dy, const void* x,
+                     const void* mean, void* sum_dy, void* sum_dy_xmu) {
+  detail::check_batch_norm_shape(what, s);
+  check_nchw(what, s);
   if (s.c == 0) return;
   const BatchNormSplit split = batch_norm_split(s.c, s.n * s.s);
   const int64_t blocks = s.c * split.pieces;
-  dispatch_compute_type(s.dtype, "batch_norm_backward_reduce_cuda", [&](auto tag) {
+  dispatch_compute_type(s.dtype, what, [&](auto tag) {
     using T = decltype(tag);
     reduce_in_pieces<GradSums>(
         stream, blocks,
         [&](GradSums* pieces) {
-          backward_reduce_pieces_kernel<T><<<static_cast<unsigned>(blocks), kMaxRowBlock, 0, stream>>>(
-              s.n, s.c, s.s, split, static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(mean),
-              pieces);
+          const dim3 grid(static_cast<unsigned>(blocks));
+          if (x != nullptr) {
+            backward_reduce_pieces_kernel<T, true><<<grid, kMaxRowBlock, 0, stream>>>(
+                s.n, s.c, s.s, split, static_cast<const T*>(dy), static_cast<const T*>(x),
+                static_cast<const T*>(mean), pieces);
+          } else {
+            backward_reduce_pieces_kernel<T, false><<<grid, kMaxRowBlock, 0, stream>>>(
+                s.n, s.c, s.s, split, static_cast<const T*>(dy), nullptr, nullptr, pieces);
+          }
           DPE_CUDA_CHECK_LAUNCH();
         },
         [&](const GradSums* pieces) {
@@ -244,6 +255,19 @@ void batch_norm_backward_reduce_cuda(cudaStream_t stream, const BatchNormShape& 
           DPE_CUDA_CHECK_LAUNCH();
         });
   });
+}
+
+}  // namespace
+
+void batch_norm_backward_reduce_cuda(cudaStream_t stream, const BatchNormShape& s, const void* dy, const void* x,
+                                     const void* mean, void* sum_dy, void* sum_dy_xmu) {
+  DPE_INTERNAL_ASSERT(x != nullptr && mean != nullptr && sum_dy_xmu != nullptr,
+                      "batch_norm_backward_reduce_cuda: null x, mean or sum_dy_xmu");
+  backward_reduce(stream, "batch_norm_backward_reduce_cuda", s, dy, x, mean, sum_dy, sum_dy_xmu);
+}
+
+void channel_sum_cuda(cudaStream_t stream, const BatchNormShape& s, const void* dy, void* sum_dy) {
+  backward_reduce(stream, "channel_sum_cuda", s, dy, nullptr, nullptr, sum_dy, nullptr);
 }
 
 void batch_norm_backward_elemt_cuda(cudaStream_t stream, const BatchNormShape& s, bool batch_stats, const void* dy,

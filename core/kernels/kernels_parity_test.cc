@@ -829,6 +829,9 @@ TYPED_TEST(Parity, BatchNormPasses) {
                  "backward_reduce sum_dy " + what);
     expect_close(gx, download<T>(d_c2, channels), [&](size_t c) { return 2 * kEps<T> * sum_dy_xmu[c]; },
                  "backward_reduce sum_dy_xmu " + what);
+    // The same first sum alone (a convolution's bias gradient): the same pieces and order, so the same bits.
+    channel_sum_cuda(stream(), s, d_dy->get(), d_c2.get());
+    expect_equal(download<T>(d_c1, channels), download<T>(d_c2, channels), "channel_sum " + what);
 
     for (bool batch_stats : {true, false}) {
       std::vector<T> want = dx;

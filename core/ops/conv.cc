@@ -9,6 +9,7 @@
 #include "core/amp/autocast.h"
 #include "core/autograd/function.h"
 #include "core/dispatch.h"
+#include "core/kernels/batch_norm.h"
 #include "core/kernels/conv.h"
 #include "core/ops.h"
 #include "core/ops/op_checks.h"
@@ -56,7 +57,8 @@ struct ConvGrads {
 //   -> dx: (N, C_in, H, W) if grad_x, dw: (C_out, C_in/g, kH, kW) if grad_w, db: (C_out) if grad_b; x is read only
 //   for dw, weight only for dx. On CPU one call makes dx and dw (dy reordered once for oneDNN), and db too, from
 //   the dy the products read (Note [The bias gradient in backward weights]); otherwise db = sum(dy over N,
-//   H_out, W_out), of dy_f32 on CUDA and of dy rounded to bfloat16 under CPU autocast.
+//   H_out, W_out), of dy_f32 on CUDA (kernels::channel_sum_cuda) and of dy rounded to bfloat16 under CPU
+//   autocast.
 // dy_f32: the float32 gradient (db is summed from it); dy: what the products read (its 16-bit cast under
 // autocast).
 ConvGrads conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy_f32, const Tensor& dy, const Tensor& x,
@@ -83,7 +85,14 @@ ConvGrads conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy_f32, c
           kernels::conv2d_backward_weight_cuda(stream, device, s, x.data_ptr(), dy.data_ptr(), g.dw.data_ptr());
         }
       });
-  if (grad_b && !fused_db) {
+  if (grad_b && !fused_db && dy_f32.device().is_cuda() && dy_f32.numel() > 0 && dy_f32.is_contiguous()) {
+    // One per-channel sum on the batch-norm pieces where sum() over {0, 2, 3} makes two slower reductions.
+    g.db = Tensor::empty({s.c_out}, options_of(dy_f32));
+    const kernels::BatchNormShape shape{dy_f32.dtype(), s.n, s.c_out, s.h_out() * s.w_out()};
+    dispatch(
+        dy_f32.device(), [] { DPE_INTERNAL_ASSERT(false, "conv2d: the CPU's bias gradient is sum()"); },
+        [&](auto stream) { kernels::channel_sum_cuda(stream, shape, dy_f32.data_ptr(), g.db.data_ptr()); });
+  } else if (grad_b && !fused_db) {
     // A frozen weight under CPU autocast: the same sum of the rounded dy as the fused pass makes.
     const Tensor summed = s.f32_activations ? dy_f32.to(s.dtype).to(DType::Float32) : dy_f32;
     g.db = sum(summed, std::vector<int64_t>{0, 2, 3});
