@@ -1,8 +1,8 @@
 // How the CUDA batch-norm reductions cut each channel into pieces (Note [Batch-norm reductions on CUDA],
 // batch_norm_cuda.cu): the cut and which values a block's thread visits; and the merge of parts' moments
 // (Chan's update) and what the statistics pass writes besides mean and var (BatchNormStatsExtras), which the
-// CPU's statistics use too (batch_norm_cpu.cc). Host-and-device, so the CPU tests
-// check the same code the GPU runs. Private to core/kernels.
+// CPU's statistics use too (batch_norm_cpu.cc). Host-and-device, so the CPU tests check the same code the GPU
+// runs. Private to core/kernels.
 //
 // Layout: a contiguous (N, C, S) tensor; channel c's M = N * S values, position i of the channel (0 <= i < M)
 // being element (i / S, c, i % S).

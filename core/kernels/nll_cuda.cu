@@ -1,7 +1,8 @@
 // CUDA nll gather/scatter (core/kernels/nll.h): one thread per (outer, inner) position in a grid-stride
-// loop; reduction='mean' in one block forward, one thread per element backward. The op layer has checked the targets on the host (the contract in nll.h); an out-of-range target
-// that slips through is treated like an ignored one, so no thread reads or writes out of bounds.
-// Results are bit-identical to the CPU's (a negation and a copy per position).
+// loop; reduction='mean' in one block forward, one thread per element backward. The op layer has checked the
+// targets on the host (the contract in nll.h); an out-of-range target that slips through is treated like an
+// ignored one, so no thread reads or writes out of bounds. The per-position results are bit-identical to the
+// CPU's (a negation and a copy per position); the mean's sum is in another order than the CPU's sum().
 #include <cstdint>
 
 #include "core/kernels/arg_checks.h"
