@@ -34,14 +34,16 @@ struct Pool2dShape {
   // planes = N * C (Note [Memory formats], core/tensor.h).
   bool channels_last = false;
   int64_t c = 1;  // C, when channels_last
-  // The window-code kernels' forward only: y = relu(max) (x <= 0 -> +0, NaN kept, as relu's kernel), and where
-  // relu's gradient is 0 the code is kNoWinner, so the backward gives the window no gradient: relu(max_pool2d)
-  // and its gradient, bit for bit, in one pass.
+  // The window-code kernels' forward (CPU) and the CUDA max-pool forward only: y = relu(max) (x <= 0 -> +0, NaN
+  // kept, as relu's kernel), and where relu's gradient is 0 the code is kNoWinner (the index kNoWinnerIndex),
+  // so the backward gives the window no gradient: relu(max_pool2d) and its gradient, bit for bit, in one pass.
   bool relu = false;
 };
 
 // A window code whose window gets no gradient (max_pool2d_2x2_cpu with relu).
 inline constexpr uint8_t kNoWinner = 4;
+// An index whose window gets no gradient (max_pool2d_cuda with relu).
+inline constexpr int64_t kNoWinnerIndex = -1;
 
 // Output size of a window pool: (H + 2 pad - k) / stride + 1 (floor).
 inline int64_t pool_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad) {

@@ -47,7 +47,12 @@ __global__ void pool_forward_kernel(Pool2dShape s, PlaneIndex out, const T* x, T
     out.split(idx, &p, &oi, &oj);
     const T* plane = x + p * s.h * s.w;
     if constexpr (kind == Kind::Max) {
-      y[idx] = detail::max_window(s, plane, oi, oj, indices + idx);
+      T v = detail::max_window(s, plane, oi, oj, indices + idx);
+      if (s.relu && v <= T(0)) {  // relu's gradient is 0 here: so is the window's
+        v = T(0);
+        indices[idx] = kNoWinnerIndex;
+      }
+      y[idx] = v;
     } else if constexpr (kind == Kind::Avg) {
       y[idx] = detail::avg_window(s, plane, oi, oj);
     } else {
@@ -76,11 +81,13 @@ __global__ void pool_backward_kernel(Pool2dShape s, PlaneIndex in, const T* dy, 
 
 // dy, indices: (P, H_out, W_out)  dx: (P, H, W), zeroed. Windows that do not overlap: each input is the winner
 // of at most one output, so each dx element is written at most once (0 + dy: the gather's sum, -0 included).
+// A window without a winner (kNoWinnerIndex, the relu's zeros) writes nothing.
 template <typename T>
 __global__ void max_pool_scatter_kernel(int64_t total, Divider by_plane, int64_t plane_in, const T* dy,
                                         const int64_t* indices, T* dx) {
   for (int64_t o = first_index(); o < total; o += grid_stride()) {
-    dx[by_plane.div(o) * plane_in + indices[o]] = T(0) + dy[o];
+    const int64_t winner = indices[o];
+    if (winner != kNoWinnerIndex) dx[by_plane.div(o) * plane_in + winner] = T(0) + dy[o];
   }
 }
 

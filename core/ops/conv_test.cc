@@ -642,6 +642,12 @@ void expect_pools_match_cpu(Device device) {
     expect_device_matches_cpu([](const std::vector<Tensor>& t) { return max_pool2d(t[0], {2, 2}); }, in, tol, device);
     expect_device_matches_cpu([](const std::vector<Tensor>& t) { return max_pool2d(t[0], {2, 2}, {3, 3}, {1, 1}); },
                               in, tol, device);
+    // relu(max_pool2d) in one pass (CUDA's kernels, any window; the CPU's window codes or the two ops): windows
+    // whose maximum is negative get no gradient.
+    expect_device_matches_cpu([](const std::vector<Tensor>& t) { return max_pool2d_relu(t[0], {2, 2}, {2, 2}); }, in,
+                              tol, device);
+    expect_device_matches_cpu(
+        [](const std::vector<Tensor>& t) { return max_pool2d_relu(t[0], {3, 3}, {2, 2}, {1, 1}); }, in, tol, device);
     expect_device_matches_cpu([](const std::vector<Tensor>& t) { return avg_pool2d(t[0], {3, 2}, {1, 2}, {1, 1}); },
                               in, tol, device);
     expect_device_matches_cpu([](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], {4, 5}); }, in, tol,

@@ -157,7 +157,12 @@ Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel) { return max_p
 Tensor max_pool2d_relu(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                        std::array<int64_t, 2> padding) {
   Pool2dShape s = window_shape(x, kernel, stride, padding, "max_pool2d");
-  if (!x.device().is_cpu() || !kernels::max_pool2d_2x2_applies(s)) return relu(max_pool2d(x, kernel, stride, padding));
+  if (x.device().is_cuda()) {
+    // The CUDA max-pool kernels take the relu too: one launch each way where the two ops take two.
+    s.relu = true;
+    return detail::in_format_of(max_pool2d_with_indices(x, s).values, x);
+  }
+  if (!kernels::max_pool2d_2x2_applies(s)) return relu(max_pool2d(x, kernel, stride, padding));
   s.relu = true;
   return max_pool2d_2x2(x, s);
 }

@@ -25,7 +25,8 @@ ValuesIndices max_pool2d_with_indices(const Tensor& x, std::array<int64_t, 2> ke
                                       std::array<int64_t, 2> padding = {0, 0});
 
 // relu(max_pool2d(x, ...)), values and gradient bit for bit, in one pass where the 2x2 window-code kernels take
-// it (CPU, float32, kernel 2, stride 2, no padding: Note [Window codes]); the two ops otherwise. nn::Sequential
+// it (CPU, float32, kernel 2, stride 2, no padding: Note [Window codes]) and on CUDA devices (any window); the
+// two ops otherwise. nn::Sequential
 // runs a ReLU -> MaxPool2d pair so (Note [ReLU before MaxPool2d], layers/containers.cc).
 Tensor max_pool2d_relu(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                        std::array<int64_t, 2> padding = {0, 0});
