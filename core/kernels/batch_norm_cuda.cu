@@ -36,12 +36,12 @@ using detail::Divider;
 using detail::first_index;
 using detail::for_each_in_piece;
 using detail::grid_for;
-using detail::write_stats_extras;
 using detail::grid_stride;
 using detail::kBlock;
 using detail::kMaxRowBlock;
 using detail::RunningMoments;
 using detail::SumCombine;
+using detail::write_stats_extras;
 
 // grid: C * pieces blocks of kMaxRowBlock threads.
 template <typename T>
@@ -261,7 +261,8 @@ void backward_reduce(cudaStream_t stream, const char* what, const BatchNormShape
 
 void batch_norm_backward_reduce_cuda(cudaStream_t stream, const BatchNormShape& s, const void* dy, const void* x,
                                      const void* mean, void* sum_dy, void* sum_dy_xmu) {
-  DPE_INTERNAL_ASSERT(x != nullptr && mean != nullptr && sum_dy_xmu != nullptr,
+  // (Empty tensors may have null data.)
+  DPE_INTERNAL_ASSERT(s.n * s.c * s.s == 0 || (x != nullptr && mean != nullptr && sum_dy_xmu != nullptr),
                       "batch_norm_backward_reduce_cuda: null x, mean or sum_dy_xmu");
   backward_reduce(stream, "batch_norm_backward_reduce_cuda", s, dy, x, mean, sum_dy, sum_dy_xmu);
 }
