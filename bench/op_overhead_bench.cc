@@ -18,6 +18,9 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/conv.h"
+#include "core/ops/norm.h"
+#include "core/ops/pool.h"
 #include "core/stream.h"
 #include "core/tensor.h"
 
@@ -60,14 +63,24 @@ int run(int argc, char** argv) {
   auto row = [&](const char* name, const std::function<void()>& op) {
     std::printf("%-44s %10.2f\n", name, us_per_call(device, calls, op));
   };
+  Tensor image = ones({1, 1, 4, 4}, options), filter = ones({1, 1, 3, 3}, options), channel = ones({1}, options);
   {
     NoGradGuard no_grad;
+    // From the least an op does to the most: a synchronisation of an idle device, an allocation and its
+    // release, an in-place kernel (no allocation), then ops that allocate their output.
+    row("synchronize(device), idle", [&] { synchronize(device); });
+    row("Tensor::empty({4, 4}), allocated and freed", [&] { (void)Tensor::empty({4, 4}, options); });
+    row("a.add_(b), no grad", [&] { a.add_(b, 1e-9); });
     row("add(a, b), no grad", [&] { (void)add(a, b); });
     row("relu(a), no grad", [&] { (void)relu(a); });
     row("sum(a), no grad", [&] { (void)sum(a); });
     row("matmul(a, b), no grad", [&] { (void)matmul(a, b); });
     row("log_softmax(a, 1), no grad", [&] { (void)log_softmax(a, 1); });
-    row("a.add_(b), no grad", [&] { a.add_(b, 1e-9); });
+    // The library calls behind a convolution (cuDNN on a GPU, oneDNN on CPU) and the fused batch norm.
+    row("conv2d(1x1x4x4, 3x3), no grad", [&] { (void)conv2d(image, filter, channel, {1, 1}, {1, 1}); });
+    row("batch_norm(1x1x4x4, training), no grad",
+        [&] { (void)batch_norm(image, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5); });
+    row("max_pool2d(1x1x4x4, 2), no grad", [&] { (void)max_pool2d(image, {2, 2}); });
   }
   row("add(a, w), recording the node", [&] { (void)add(a, w); });
   row("matmul(a, w), recording the node", [&] { (void)matmul(a, w); });
