@@ -52,9 +52,10 @@ void BatchNormBase<Derived>::count_batch() {
 template <typename Derived>
 Tensor BatchNormBase<Derived>::forward(const Tensor& x) {
   check_input(x);
-  count_batch();
+  // The op counts the batch in its statistics pass (no launches of its own on a GPU).
+  const bool counting = this->is_training() && options_.track_running_stats;
   return batch_norm(x, running_mean, running_var, weight, bias, this->is_training(), options_.momentum,
-                    options_.eps);
+                    options_.eps, counting ? num_batches_tracked : Tensor());
 }
 
 template class BatchNormBase<BatchNorm1d>;

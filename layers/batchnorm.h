@@ -45,7 +45,8 @@ class BatchNormBase : public Cloneable<Derived> {
   // Throws naming the module and the shape unless x is defined, has an accepted rank and num_features
   // channels at dim 1.
   void check_input(const Tensor& x) const;
-  // num_batches_tracked += 1 when training with tracked stats (no-op otherwise).
+  // num_batches_tracked += 1 when training with tracked stats (no-op otherwise), for forwards that do not hand
+  // the counter to batch_norm (SyncBatchNorm's).
   void count_batch();
 
  private:

@@ -36,14 +36,17 @@ struct BatchNormShape {
 //   running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[c]              (training's update,
 //   running_var[c]  = (1 - momentum) * running_var[c] + momentum * var[c] * M / (M - 1)   PyTorch's; M > 1)
 // in dtype from mean[c] and var[c] as stored, each update rounded as the tensor ops it replaces round it
-// (the scaled buffer, then one fma), so the bits are those of the ops; on a GPU it saves six launches per
-// BatchNorm forward. running_mean and running_var come together. Aliasing: none with x, mean or var.
+// (the scaled buffer, then one fma), so the bits are those of the ops; and once (with channel 0, so C > 0)
+//   *num_batches_tracked += 1                                                            (an int64)
+// On a GPU that saves nine launches per BatchNorm forward. running_mean and running_var come together.
+// Aliasing: none with x, mean or var.
 struct BatchNormStatsExtras {
   void* invstd = nullptr;
   double eps = 0;
   void* running_mean = nullptr;
   void* running_var = nullptr;
   double momentum = 0;
+  int64_t* num_batches_tracked = nullptr;
 };
 
 // mean[c] = sum over (n, s) of x / M;  var[c] = sum of (x - mean[c])^2 / M (biased). Needs M > 0.

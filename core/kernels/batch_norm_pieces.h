@@ -94,6 +94,7 @@ DPE_HOST_DEVICE void write_stats_extras(const BatchNormStatsExtras& e, int64_t c
     rm = fma(static_cast<T>(e.momentum), mean, keep * rm);
     rv = fma(static_cast<T>(e.momentum * unbias), var, keep * rv);
   }
+  if (c == 0 && e.num_batches_tracked != nullptr) *e.num_batches_tracked += 1;
 }
 
 }  // namespace dpe::kernels::detail

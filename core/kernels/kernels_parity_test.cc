@@ -752,9 +752,13 @@ TYPED_TEST(Parity, BatchNormStatsExtras) {
     std::vector<T> running_var = random_vector<T, Rng>(channels, 0.5, 2, 61);
     auto d_x = upload(x), d_rm = upload(running_mean), d_rv = upload(running_var);
     DeviceBuffer d_mean(bytes_of(running_mean)), d_var(bytes_of(running_mean)), d_invstd(bytes_of(running_mean));
+    std::vector<int64_t> counter{41};
+    auto d_counter = upload(counter);
     const BatchNormStatsExtras extras{.invstd = d_invstd.get(), .eps = 1e-5, .running_mean = d_rm->get(),
-                                      .running_var = d_rv->get(), .momentum = 0.1};
+                                      .running_var = d_rv->get(), .momentum = 0.1,
+                                      .num_batches_tracked = static_cast<int64_t*>(d_counter->get())};
     batch_norm_stats_cuda(stream(), s, d_x->get(), d_mean.get(), d_var.get(), extras);
+    EXPECT_EQ(download<int64_t>(*d_counter, 1), std::vector<int64_t>{42}) << "num_batches_tracked " << what;
     const std::vector<T> mean = download<T>(d_mean, channels), var = download<T>(d_var, channels);
     std::vector<T> invstd(channels);
     const BatchNormStatsExtras on_host{.invstd = invstd.data(), .eps = 1e-5, .running_mean = running_mean.data(),

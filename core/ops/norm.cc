@@ -29,7 +29,7 @@ void check_param(const Tensor& x, const Tensor& p, const Shape& expected, const 
 
 // x: (N, C, *)  stats/affine: (C)  ->  (N, C, *)
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
+                  const Tensor& bias, bool training, double momentum, double eps, const Tensor& num_batches_tracked) {
   detail::check_compute_dtype(x, "batch_norm");
   DPE_CHECK(x.dim() >= 2, "batch_norm: expected input (N, C, *) with at least 2 dims, got ", shape_str(x.shape()));
   const int64_t C = x.size(1);
@@ -40,6 +40,14 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   DPE_CHECK(running_mean.defined() == running_var.defined(),
             "batch_norm: running_mean and running_var must both be given or both be absent");
   DPE_CHECK(eps >= 0, "batch_norm: eps ", eps, " is negative");
+  if (num_batches_tracked.defined()) {
+    DPE_CHECK(num_batches_tracked.dtype() == DType::Int64 && num_batches_tracked.numel() == 1 &&
+                  num_batches_tracked.is_contiguous(),
+              "batch_norm: num_batches_tracked must be one int64 value, got ", num_batches_tracked.dtype(), " ",
+              shape_str(num_batches_tracked.shape()));
+    DPE_CHECK(num_batches_tracked.device() == x.device(), "batch_norm: num_batches_tracked is on ",
+              num_batches_tracked.device(), " but the input is on ", x.device());
+  }
 
   // x viewed as (N, C, S), S = the product of the spatial dims, for the kernels (core/kernels/batch_norm.h):
   // two passes forward (statistics, normalisation) and two backward (per-channel sums, input gradient).
@@ -72,12 +80,21 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
       extras.running_var = running_var.data_ptr();
       extras.momentum = momentum;
     }
+    const bool counting = training && num_batches_tracked.defined();
+    if (counting && C > 0) extras.num_batches_tracked = num_batches_tracked.data<int64_t>();
     dispatch(
         x.device(),
         [&] { kernels::batch_norm_stats_cpu(shape, xc.data_ptr(), mean.data_ptr(), var.data_ptr(), extras); },
         [&](auto stream) {
           kernels::batch_norm_stats_cuda(stream, shape, xc.data_ptr(), mean.data_ptr(), var.data_ptr(), extras);
         });
+    if (counting && C == 0) {
+      // No channel, so no statistics pass to count in: on the buffer's device without reading it back, exact in
+      // float64 up to 2^53 batches.
+      NoGradGuard no_grad;
+      Tensor counter = num_batches_tracked;  // a handle: the count lands in the caller's buffer
+      counter.copy_(add(num_batches_tracked.to(DType::Float64), 1.0));
+    }
     if (update_running && !fused_update) {
       // Strided buffers: the same update (the same roundings) as tensor ops.
       NoGradGuard no_grad;

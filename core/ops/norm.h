@@ -24,8 +24,11 @@ namespace dpe {
 //   running_var  = (1 - momentum) * running_var  + momentum * var_unbiased     (like PyTorch)
 // and training needs more than one value per channel (an error otherwise, as in PyTorch).
 // Eval with running stats: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias.
+// num_batches_tracked (nn::BatchNorm's 0-dim int64 counter on x's device, or undefined): in training, += 1
+// (in the statistics pass: no launches of its own on a GPU), after every check has passed.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps);
+                  const Tensor& bias, bool training, double momentum, double eps,
+                  const Tensor& num_batches_tracked = Tensor());
 
 // x: (*, normalized_shape...)  weight, bias: normalized_shape or undefined  ->  y: x's shape
 // Mean and biased variance over the trailing normalized_shape dims.

@@ -88,6 +88,26 @@ TEST(NormOpsTest, BatchNormRunningStatsInStridedBuffersMatchContiguousOnes) {
   EXPECT_NE(rv.to_vector<float>(), initial_var);
 }
 
+// nn::BatchNorm's counter: one per training call (in the statistics pass, or by ops without channels), none
+// in eval and none when the call fails its checks.
+TEST(NormOpsTest, BatchNormCountsTrainingBatches) {
+  Tensor x = Tensor::from_vector(std::vector<double>{1, 3, 0, 0, 5, 7, 2, 2}, {2, 2, 2});
+  Tensor counter = zeros({}, TensorOptions(DType::Int64));
+  batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, counter);
+  batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, counter);
+  EXPECT_EQ(counter.item(), 2.0);
+  batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), false, 0.1, 1e-5, counter);
+  EXPECT_EQ(counter.item(), 2.0);
+  EXPECT_THROW(batch_norm(zeros({1, 2}), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, counter), Error);
+  EXPECT_EQ(counter.item(), 2.0);
+  batch_norm(zeros({2, 0, 3}), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, counter);
+  EXPECT_EQ(counter.item(), 3.0);
+  EXPECT_NE(error_of([&] {
+              batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, zeros({}));
+            }).find("num_batches_tracked must be one int64 value, got float32"),
+            std::string::npos);
+}
+
 TEST(NormOpsTest, BatchNormErrors) {
   Tensor x = zeros({4, 3});
   EXPECT_NE(error_of([&] { batch_norm(zeros({4}), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5); })
