@@ -4,7 +4,10 @@
 
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/dispatch.h"
+#include "core/kernels/optimizer.h"
 #include "core/ops.h"
+#include "optim/fused_batches.h"
 
 namespace dpe::optim {
 namespace {
@@ -16,6 +19,11 @@ void check_options(const std::string& type, double lr, double beta1, double beta
   DPE_CHECK(beta2 >= 0 && beta2 < 1, type, ": invalid beta2 ", beta2, " (expected [0, 1))");
   DPE_CHECK(weight_decay >= 0, type, ": invalid weight_decay ", weight_decay);
 }
+
+using detail::add_to_batch;
+using detail::fusable_with;
+// Key: the step count, which the bias corrections depend on (a parameter that missed a step has its own).
+using AdamBatch = detail::FusedBatch<double, kernels::AdamTensor>;
 
 }  // namespace
 
@@ -44,6 +52,7 @@ void Adam::step() {
     const double eps = group.options.at("eps");
     const double weight_decay = group.options.at("weight_decay");
     check_options(type_name(), lr, beta1, beta2, eps, weight_decay);
+    std::vector<AdamBatch> batches;
     for (Tensor& p : group.params) {
       const int64_t i = index++;
       if (!p.grad().defined()) continue;
@@ -55,7 +64,14 @@ void Adam::step() {
       Tensor& exp_avg = tensors["exp_avg"];
       Tensor& exp_avg_sq = tensors["exp_avg_sq"];
       const double step = (scalar_state_[i]["step"] += 1.0);
-
+      if (fusable_with(p, p) && fusable_with(p.grad(), p) && fusable_with(exp_avg, p) &&
+          fusable_with(exp_avg_sq, p)) {
+        add_to_batch(batches, p, step,
+                     kernels::AdamTensor{.n = p.numel(), .param = p.data_ptr(), .grad = p.grad().data_ptr(),
+                                         .exp_avg = exp_avg.data_ptr(), .exp_avg_sq = exp_avg_sq.data_ptr()});
+        continue;
+      }
+      // The same update as tensor ops, for any layout.
       Tensor g = p.grad();
       if (weight_decay != 0) {
         if (decoupled_) {
@@ -72,6 +88,13 @@ void Adam::step() {
       const TensorOptions options = TensorOptions(p.dtype()).with_device(p.device());
       Tensor denom = add(div(sqrt(exp_avg_sq), scalar_tensor(std::sqrt(bias_correction2), options)), eps);
       p.add_(div(exp_avg, denom), -step_size);
+    }
+    for (const AdamBatch& batch : batches) {
+      const kernels::AdamStep step{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
+                                   .weight_decay = weight_decay, .decoupled = decoupled_, .step = batch.key};
+      dispatch(
+          batch.device, [&] { kernels::adam_step_cpu(batch.dtype, batch.items, step); },
+          [&](auto stream) { kernels::adam_step_cuda(stream, batch.dtype, batch.items, step); });
     }
   }
 }

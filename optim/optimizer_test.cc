@@ -2,6 +2,7 @@
 // errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 
@@ -140,6 +141,82 @@ TEST(OptimizerTest, SgdOverMixedParametersEqualsEachParameterAlone) {
     for (size_t i = 0; i < together.size(); ++i) {
       EXPECT_EQ(together[i].to(DType::Float64).to_vector<double>(), alone[i].to(DType::Float64).to_vector<double>())
           << "parameter " << i << " after step " << s;
+    }
+  }
+}
+
+// Adam's fused step (kernels::adam_step_*) groups parameters by device, dtype and step count: a parameter whose
+// first gradient comes a step late has its own bias corrections, and the group gives each parameter what an
+// optimizer of its own gives it, bitwise.
+TEST(OptimizerTest, AdamOverMixedParametersEqualsEachParameterAlone) {
+  for (bool decoupled : {false, true}) {
+    SCOPED_TRACE(decoupled ? "AdamW" : "Adam");
+    auto make_params = [] {
+      return std::vector<Tensor>{
+          Tensor::from_vector(std::vector<float>{0.5f, -1.5f, 2.5f}, {3}).set_requires_grad(true),
+          Tensor::from_vector(std::vector<double>{0.25, -0.75}, {2}).set_requires_grad(true),
+          Tensor::from_vector(std::vector<float>{-3.0f, 4.0f}, {2}).set_requires_grad(true)};
+    };
+    auto make = [&](std::vector<Tensor> ps) -> std::unique_ptr<Optimizer> {
+      if (decoupled) return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+      return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01, .weight_decay = 0.1});
+    };
+    std::vector<Tensor> together = make_params(), alone = make_params();
+    auto opt = make(together);
+    std::vector<std::unique_ptr<Optimizer>> singles;
+    for (const Tensor& p : alone) singles.push_back(make({p}));
+    for (int s = 0; s < 3; ++s) {
+      for (size_t i = 0; i < together.size(); ++i) {
+        if (s == 0 && i == 2) continue;  // parameter 2's first gradient comes at step 1
+        Tensor g = full(together[i].shape(), 0.5 + static_cast<double>(s) - 0.25 * static_cast<double>(i),
+                        TensorOptions(together[i].dtype()));
+        together[i].set_grad(g.clone());
+        alone[i].set_grad(g.clone());
+      }
+      opt->step();
+      for (auto& single : singles) single->step();
+      for (size_t i = 0; i < together.size(); ++i) {
+        EXPECT_EQ(together[i].to(DType::Float64).to_vector<double>(), alone[i].to(DType::Float64).to_vector<double>())
+            << "parameter " << i << " after step " << s;
+      }
+    }
+  }
+}
+
+// The fused step rounds as the tensor ops do (core/kernels/math.h): AdamW's and weight-decay-free Adam's float32
+// results equal the tensor-op path's (a strided parameter takes it) bit for bit; Adam's L2 term is one fma where
+// the ops round twice, so there the two agree to an ulp or so.
+TEST(OptimizerTest, FusedAdamRoundsAsTheTensorOps) {
+  struct Case {
+    const char* name;
+    bool decoupled;
+    double weight_decay;
+    double tolerance;
+  };
+  for (const Case& c : {Case{"AdamW", true, 0.1, 0.0}, Case{"Adam", false, 0.0, 0.0}, Case{"Adam+L2", false, 0.1, 1e-6}}) {
+    SCOPED_TRACE(c.name);
+    const std::vector<float> values{0.5f, -1.5f, 2.5f, 0.125f, -7.0f};
+    Tensor contiguous = Tensor::from_vector(values, {5}).set_requires_grad(true);
+    Tensor holder = zeros({5, 2}, TensorOptions(DType::Float32));
+    Tensor strided = holder.select(-1, 0).detach();
+    strided.copy_(Tensor::from_vector(values, {5}));
+    strided.set_requires_grad(true);
+    ASSERT_FALSE(strided.is_contiguous());
+    auto make = [&](const Tensor& p) -> std::unique_ptr<Optimizer> {
+      if (c.decoupled) return std::make_unique<AdamW>(std::vector<Tensor>{p}, AdamWOptions{.lr = 0.01, .weight_decay = c.weight_decay});
+      return std::make_unique<Adam>(std::vector<Tensor>{p}, AdamOptions{.lr = 0.01, .weight_decay = c.weight_decay});
+    };
+    auto fused = make(contiguous), composed = make(strided);
+    for (int s = 0; s < 4; ++s) {
+      Tensor g = Tensor::from_vector(std::vector<float>{0.3f, -0.7f, 1.1f, -2.9f, 0.05f}, {5});
+      contiguous.set_grad(mul(g, 1.0 + s).clone());
+      strided.set_grad(mul(g, 1.0 + s).clone());
+      fused->step();
+      composed->step();
+      const std::vector<float> a = contiguous.to_vector<float>(), b = strided.contiguous().to_vector<float>();
+      for (size_t k = 0; k < a.size(); ++k) {
+        EXPECT_LE(std::abs(a[k] - b[k]), c.tolerance * std::abs(b[k])) << "element " << k << " after step " << s;
+      }
     }
   }
 }

@@ -1,12 +1,11 @@
 #include "optim/sgd.h"
 
-#include <algorithm>
-
 #include "core/autograd/grad_mode.h"
 #include "core/dispatch.h"
 #include "core/error.h"
 #include "core/kernels/optimizer.h"
 #include "core/ops.h"
+#include "optim/fused_batches.h"
 
 namespace dpe::optim {
 namespace {
@@ -19,37 +18,16 @@ void check_options(double lr, double momentum, double dampening, double weight_d
             "momentum ", momentum, ", dampening ", dampening, ")");
 }
 
-// The fused kernel's layout: contiguous, float32/float64, on p's device with p's dtype and shape.
-bool fusable_with(const Tensor& t, const Tensor& p) {
-  return t.is_contiguous() && t.dtype() == p.dtype() && t.device() == p.device() && t.shape() == p.shape() &&
-         (p.dtype() == DType::Float32 || p.dtype() == DType::Float64);
-}
+using detail::add_to_batch;
+using detail::fusable_with;
+// Key: the first step (the momentum buffer is new: written, not read).
+using SgdBatch = detail::FusedBatch<bool, kernels::SgdTensor>;
 
-// Parameters the fused kernel updates together: one device, one dtype, one first_step (a new momentum buffer is
-// written, not read). On a GPU each batch is one launch, where a launch per parameter made a small model's
-// optimizer step launch-bound (docs/BENCHMARKS.md, "the CNN's step is host-bound").
-struct FusedBatch {
-  Device device;
-  DType dtype;
-  bool first_step;
-  std::vector<kernels::SgdTensor> tensors;
-};
-
-// p, buf: fusable_with p; buf undefined without momentum. They must outlive the batch's step.
-void add_to_batch(std::vector<FusedBatch>& batches, const Tensor& p, const Tensor& buf, bool first_step) {
-  auto it = std::find_if(batches.begin(), batches.end(), [&](const FusedBatch& b) {
-    return b.device == p.device() && b.dtype == p.dtype() && b.first_step == first_step;
-  });
-  if (it == batches.end()) it = batches.insert(batches.end(), FusedBatch{p.device(), p.dtype(), first_step, {}});
-  it->tensors.push_back({.n = p.numel(), .param = p.data_ptr(), .grad = p.grad().data_ptr(),
-                         .momentum_buffer = buf.defined() ? buf.data_ptr() : nullptr});
-}
-
-void fused_sgd_step(const FusedBatch& batch, kernels::SgdStep step) {
-  step.first_step = batch.first_step;
+void fused_sgd_step(const SgdBatch& batch, kernels::SgdStep step) {
+  step.first_step = batch.key;
   dispatch(
-      batch.device, [&] { kernels::sgd_step_cpu(batch.dtype, batch.tensors, step); },
-      [&](auto stream) { kernels::sgd_step_cuda(stream, batch.dtype, batch.tensors, step); });
+      batch.device, [&] { kernels::sgd_step_cpu(batch.dtype, batch.items, step); },
+      [&](auto stream) { kernels::sgd_step_cuda(stream, batch.dtype, batch.items, step); });
 }
 
 }  // namespace
@@ -77,7 +55,7 @@ void SGD::step() {
     check_options(lr, momentum, dampening, weight_decay, nesterov);
     const kernels::SgdStep step{.lr = lr, .momentum = momentum, .dampening = dampening,
                                 .weight_decay = weight_decay, .nesterov = nesterov};
-    std::vector<FusedBatch> batches;
+    std::vector<SgdBatch> batches;
     for (Tensor& p : group.params) {
       const int64_t i = index++;
       if (!p.grad().defined()) continue;
@@ -94,7 +72,9 @@ void SGD::step() {
           buf = Tensor::empty(p.shape(), TensorOptions(p.dtype()).with_device(p.device()));
           tensor_state_[i]["momentum_buffer"] = buf;
         }
-        add_to_batch(batches, p, buf, first_step);
+        add_to_batch(batches, p, first_step,
+                     kernels::SgdTensor{.n = p.numel(), .param = p.data_ptr(), .grad = p.grad().data_ptr(),
+                                        .momentum_buffer = buf.defined() ? buf.data_ptr() : nullptr});
         continue;
       }
       // The same update as tensor ops, for any layout.
@@ -111,7 +91,7 @@ void SGD::step() {
       }
       p.add_(d, -lr);
     }
-    for (const FusedBatch& batch : batches) fused_sgd_step(batch, step);
+    for (const SgdBatch& batch : batches) fused_sgd_step(batch, step);
   }
 }
 

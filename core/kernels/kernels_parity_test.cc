@@ -482,6 +482,54 @@ TYPED_TEST(Parity, SgdStepOverManyTensors) {
   }
 }
 
+// Adam and AdamW over many tensors (one launch for up to 48) against the CPU's step: the same per-element
+// expression (core/kernels/math.h), explicit fmas and correctly rounded square roots and quotients on both.
+TYPED_TEST(Parity, AdamStepOverManyTensors) {
+  SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  const int64_t sizes[] = {0, 1, 7, 2047, 2048, 2049, 10000};
+  const int count = kSgdTensorsPerLaunch + 5;
+  for (bool decoupled : {false, true}) {
+    std::vector<std::vector<T>> p(count), m(count), v(count);
+    std::vector<std::unique_ptr<DeviceBuffer>> d_p, d_m, d_v;
+    for (int k = 0; k < count; ++k) {
+      const int64_t n = sizes[k % std::size(sizes)];
+      p[k] = random_vector<T, Rng>(n, -1, 1, k + 71);
+      m[k].assign(n, T(0));
+      v[k].assign(n, T(0));
+      d_p.push_back(upload(p[k]));
+      d_m.push_back(upload(m[k]));
+      d_v.push_back(upload(v[k]));
+    }
+    for (int step = 1; step <= 3; ++step) {
+      const AdamStep s{.lr = 0.01, .weight_decay = 0.05, .decoupled = decoupled, .step = double(step)};
+      std::vector<std::unique_ptr<DeviceBuffer>> d_g;  // alive until the downloads below have waited
+      std::vector<AdamTensor> cpu, gpu;
+      std::vector<std::vector<T>> g(count);
+      for (int k = 0; k < count; ++k) {
+        g[k] = random_vector<T, Rng>(p[k].size(), -1, 1, 100 * step + k + 7);
+        d_g.push_back(upload(g[k]));
+        const int64_t n = static_cast<int64_t>(p[k].size());
+        cpu.push_back({n, p[k].data(), g[k].data(), m[k].data(), v[k].data()});
+        gpu.push_back({n, d_p[k]->get(), d_g[k]->get(), d_m[k]->get(), d_v[k]->get()});
+      }
+      adam_step_cpu(dtype_of<T>(), cpu, s);
+      adam_step_cuda(stream(), dtype_of<T>(), gpu, s);
+      for (int k = 0; k < count; ++k) {
+        const std::string what = std::string(decoupled ? "adamw" : "adam") + " over many tensors: tensor " +
+                                 std::to_string(k) + " (n=" + std::to_string(p[k].size()) + ") step " +
+                                 std::to_string(step);
+        const auto ulps = [](const std::vector<T>& ref) {
+          return [&ref](size_t i) { return 4 * kEps<T> * std::abs(double(ref[i])); };
+        };
+        expect_close(p[k], download<T>(*d_p[k], p[k].size()), ulps(p[k]), what);
+        expect_close(m[k], download<T>(*d_m[k], m[k].size()), ulps(m[k]), what + " exp_avg");
+        expect_close(v[k], download<T>(*d_v[k], v[k].size()), ulps(v[k]), what + " exp_avg_sq");
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Reductions.
 

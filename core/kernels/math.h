@@ -131,4 +131,51 @@ DPE_HOST_DEVICE T sgd_updated_param(T p, T g, T* buf, T lr, T momentum, T dampen
   return fma(-lr, d, p);
 }
 
+// Adam's per-step constants in the element's type (PyTorch 1.13's single-tensor Adam and AdamW,
+// torch/optim/adam.py): bias corrections bc1 = 1 - beta1^step, bc2 = 1 - beta2^step.
+template <typename T>
+struct AdamConstants {
+  T beta1, one_minus_beta1, beta2, one_minus_beta2;
+  T eps;
+  T weight_decay;        // Adam's L2 term (0 for AdamW and without weight decay)
+  T decay;               // AdamW's decoupled factor 1 - lr * weight_decay (1 for Adam)
+  T neg_step_size;       // -lr / bc1
+  T sqrt_bias_correction2;  // sqrt(bc2)
+};
+
+// The constants of step number `step` (1 for the first), from the options in double as PyTorch computes them.
+template <typename T>
+AdamConstants<T> adam_constants(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                bool decoupled, double step) {
+  const double bias_correction1 = 1.0 - std::pow(beta1, step), bias_correction2 = 1.0 - std::pow(beta2, step);
+  return {static_cast<T>(beta1),
+          static_cast<T>(1.0 - beta1),
+          static_cast<T>(beta2),
+          static_cast<T>(1.0 - beta2),
+          static_cast<T>(eps),
+          static_cast<T>(decoupled ? 0.0 : weight_decay),
+          static_cast<T>(decoupled ? 1.0 - lr * weight_decay : 1.0),
+          static_cast<T>(-(lr / bias_correction1)),
+          static_cast<T>(std::sqrt(bias_correction2))};
+}
+
+// One element of the step, in PyTorch's order of operations:
+//   p = decay * p (AdamW);  d = g + weight_decay * p (Adam);  m = beta1 * m + (1 - beta1) * d;
+//   v = beta2 * v + (1 - beta2) * d * d;  p = p - step_size * m / (sqrt(v) / sqrt(bc2) + eps).
+// Each product or sum that the tensor ops round separately is rounded here too, and each "x * y + z" is one
+// fma, so CPU and CUDA round alike (d * d and the quotients are single operations).
+template <typename T>
+DPE_HOST_DEVICE T adam_updated_param(T p, T g, T* exp_avg, T* exp_avg_sq, const AdamConstants<T>& c) {
+  using std::fma;
+  using std::sqrt;
+  p = c.decay * p;
+  const T d = c.weight_decay != T(0) ? fma(c.weight_decay, p, g) : g;  // g alone, even where p is not finite
+  const T m = fma(c.one_minus_beta1, d, c.beta1 * *exp_avg);
+  const T v = fma(c.one_minus_beta2, d * d, c.beta2 * *exp_avg_sq);
+  *exp_avg = m;
+  *exp_avg_sq = v;
+  const T denom = sqrt(v) / c.sqrt_bias_correction2 + c.eps;
+  return fma(c.neg_step_size, m / denom, p);
+}
+
 }  // namespace dpe::kernels

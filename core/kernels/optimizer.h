@@ -42,4 +42,22 @@ inline constexpr int kSgdTensorsPerLaunch = 48;
 void sgd_step_cpu(DType dtype, std::span<const SgdTensor> tensors, const SgdStep& step);
 void sgd_step_cuda(cudaStream_t stream, DType dtype, std::span<const SgdTensor> tensors, const SgdStep& step);
 
+// One Adam or AdamW step (PyTorch 1.13's single-tensor update, core/kernels/math.h's adam_updated_param) of
+// parameters that share dtype, device and step count, each with its two moment buffers: one pass over the four
+// arrays where the tensor ops made about ten; on CUDA one launch for up to kSgdTensorsPerLaunch parameters.
+struct AdamStep {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  bool decoupled = false;  // AdamW: p *= 1 - lr * weight_decay, instead of weight_decay * p added to the gradient
+  double step = 1;         // this step's number (1 for the first), for the bias corrections
+};
+struct AdamTensor {
+  int64_t n = 0;
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+};
+void adam_step_cpu(DType dtype, std::span<const AdamTensor> tensors, const AdamStep& step);
+void adam_step_cuda(cudaStream_t stream, DType dtype, std::span<const AdamTensor> tensors, const AdamStep& step);
+
 }  // namespace dpe::kernels

@@ -37,4 +37,22 @@ void sgd_step_cpu(DType dtype, std::span<const SgdTensor> tensors, const SgdStep
   for (const SgdTensor& t : tensors) sgd_step_cpu(dtype, t.n, t.param, t.grad, t.momentum_buffer, step);
 }
 
+void adam_step_cpu(DType dtype, std::span<const AdamTensor> tensors, const AdamStep& step) {
+  detail::dispatch_float(dtype, "adam_step_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const AdamConstants<T> c = adam_constants<T>(step.lr, step.beta1, step.beta2, step.eps, step.weight_decay,
+                                                 step.decoupled, step.step);
+    for (const AdamTensor& t : tensors) {
+      detail::check_n("adam_step_cpu", t.n);
+      T* ps = static_cast<T*>(t.param);
+      const T* gs = static_cast<const T*>(t.grad);
+      T* ms = static_cast<T*>(t.exp_avg);
+      T* vs = static_cast<T*>(t.exp_avg_sq);
+      detail::parallel_range(t.n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) ps[i] = adam_updated_param(ps[i], gs[i], ms + i, vs + i, c);
+      });
+    }
+  });
+}
+
 }  // namespace dpe::kernels

@@ -1,55 +1,49 @@
-// CUDA fused optimizer steps; the per-element math is core/kernels/math.h, shared with the CPU.
-#include <algorithm>
+// CUDA fused optimizer steps: many parameters per launch (multi_tensor.cuh); the per-element math is
+// core/kernels/math.h, shared with the CPU.
+#include <array>
+#include <utility>
 
 #include "core/kernels/arg_checks.h"
 #include "core/kernels/cuda_launch.cuh"
 #include "core/kernels/math.h"
+#include "core/kernels/multi_tensor.cuh"
 #include "core/kernels/optimizer.h"
 
 namespace dpe::kernels {
 namespace {
 
-// Elements per block: each of kBlock threads updates kItemsPerThread of them (strided by kBlock).
-constexpr int kItemsPerThread = 8;
-constexpr int64_t kChunk = int64_t(detail::kBlock) * kItemsPerThread;
-// At most this many blocks per launch (the grid's x limit is 2^31 - 1): more tensors start another launch.
-constexpr int64_t kMaxBlocksPerLaunch = int64_t(1) << 30;
+using detail::block_chunk;
+using detail::BlockChunk;
+using detail::for_each_tensor_list;
+using detail::kBlock;
+using detail::TensorList;
 
-// Up to kSgdTensorsPerLaunch parameters, passed by value as the kernel's argument (under 2 KB, within the 4 KB
-// every architecture takes). Tensor t owns blocks [first_block[t], first_block[t + 1]), one per kChunk
-// elements; first_block[count] is the grid size.
-template <typename T>
-struct SgdLaunch {
-  int count = 0;
-  int64_t n[kSgdTensorsPerLaunch];
-  T* param[kSgdTensorsPerLaunch];
-  const T* grad[kSgdTensorsPerLaunch];
-  T* buf[kSgdTensorsPerLaunch];  // null without momentum
-  int64_t first_block[kSgdTensorsPerLaunch + 1];
-};
+static_assert(kSgdTensorsPerLaunch == detail::kMaxTensorsPerLaunch);
 
+// arrays: param, grad, momentum buffer (null without momentum).
 template <typename Flags, typename T>
-__global__ void sgd_step_kernel(const SgdLaunch<T> a, T lr, T momentum, T dampening_complement, T weight_decay) {
-  // The block's tensor: the last t with first_block[t] <= blockIdx.x (binary search; no tensor is empty).
-  const int64_t block = blockIdx.x;
-  int lo = 0, hi = a.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (a.first_block[mid] <= block) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int t = lo;
-  const int64_t begin = (block - a.first_block[t]) * kChunk;
-  const int64_t end = min(a.n[t], begin + kChunk);
-  T* param = a.param[t];
-  const T* grad = a.grad[t];
-  T* buf = a.buf[t];
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+__global__ void sgd_step_kernel(const TensorList<T, 3> list, T lr, T momentum, T dampening_complement,
+                                T weight_decay) {
+  const BlockChunk c = block_chunk(list);
+  T* param = list.arrays[0][c.t];
+  const T* grad = list.arrays[1][c.t];
+  T* buf = list.arrays[2][c.t];
+  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
     param[i] = sgd_updated_param<Flags>(param[i], grad[i], Flags::momentum ? buf + i : nullptr, lr, momentum,
                                         dampening_complement, weight_decay);
+  }
+}
+
+// arrays: param, grad, exp_avg, exp_avg_sq.
+template <typename T>
+__global__ void adam_step_kernel(const TensorList<T, 4> list, AdamConstants<T> constants) {
+  const BlockChunk c = block_chunk(list);
+  T* param = list.arrays[0][c.t];
+  const T* grad = list.arrays[1][c.t];
+  T* exp_avg = list.arrays[2][c.t];
+  T* exp_avg_sq = list.arrays[3][c.t];
+  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
+    param[i] = adam_updated_param(param[i], grad[i], exp_avg + i, exp_avg_sq + i, constants);
   }
 }
 
@@ -65,29 +59,19 @@ void sgd_step_cuda(cudaStream_t stream, DType dtype, std::span<const SgdTensor> 
     using T = decltype(tag);
     const T weight_decay = static_cast<T>(step.weight_decay);
     dispatch_sgd_flags(step.momentum != 0, step.first_step, step.nesterov, weight_decay != T(0), [&](auto flags) {
-      SgdLaunch<T> a;
-      a.first_block[0] = 0;
-      auto launch = [&] {
-        if (a.count == 0) return;
-        sgd_step_kernel<decltype(flags), T><<<static_cast<unsigned>(a.first_block[a.count]), detail::kBlock, 0,
-                                              stream>>>(a, static_cast<T>(step.lr), static_cast<T>(step.momentum),
-                                                        static_cast<T>(1.0 - step.dampening), weight_decay);
-        DPE_CUDA_CHECK_LAUNCH();
-        a.count = 0;
-      };
-      for (const SgdTensor& t : tensors) {
-        if (t.n == 0) continue;
-        const int64_t blocks = (t.n + kChunk - 1) / kChunk;
-        DPE_INTERNAL_ASSERT(blocks <= kMaxBlocksPerLaunch, "sgd_step_cuda: ", t.n, " elements in one tensor");
-        if (a.count == kSgdTensorsPerLaunch || a.first_block[a.count] + blocks > kMaxBlocksPerLaunch) launch();
-        const int k = a.count++;
-        a.n[k] = t.n;
-        a.param[k] = static_cast<T*>(t.param);
-        a.grad[k] = static_cast<const T*>(t.grad);
-        a.buf[k] = step.momentum != 0 ? static_cast<T*>(t.momentum_buffer) : nullptr;
-        a.first_block[k + 1] = a.first_block[k] + blocks;
-      }
-      launch();
+      for_each_tensor_list<T, 3>(
+          tensors,
+          [&](const SgdTensor& t) {
+            T* buf = step.momentum != 0 ? static_cast<T*>(t.momentum_buffer) : nullptr;
+            return std::pair{t.n, std::array<T*, 3>{static_cast<T*>(t.param),
+                                                    const_cast<T*>(static_cast<const T*>(t.grad)), buf}};
+          },
+          [&](const TensorList<T, 3>& list, unsigned blocks) {
+            sgd_step_kernel<decltype(flags), T><<<blocks, kBlock, 0, stream>>>(
+                list, static_cast<T>(step.lr), static_cast<T>(step.momentum), static_cast<T>(1.0 - step.dampening),
+                weight_decay);
+            DPE_CUDA_CHECK_LAUNCH();
+          });
     });
   });
 }
@@ -96,6 +80,26 @@ void sgd_step_cuda(cudaStream_t stream, DType dtype, int64_t n, void* param, con
                    const SgdStep& step) {
   const SgdTensor t{.n = n, .param = param, .grad = grad, .momentum_buffer = momentum_buffer};
   sgd_step_cuda(stream, dtype, std::span<const SgdTensor>(&t, 1), step);
+}
+
+void adam_step_cuda(cudaStream_t stream, DType dtype, std::span<const AdamTensor> tensors, const AdamStep& step) {
+  for (const AdamTensor& t : tensors) detail::check_n("adam_step_cuda", t.n);
+  detail::dispatch_compute_type(dtype, "adam_step_cuda", [&](auto tag) {
+    using T = decltype(tag);
+    const AdamConstants<T> constants = adam_constants<T>(step.lr, step.beta1, step.beta2, step.eps,
+                                                         step.weight_decay, step.decoupled, step.step);
+    for_each_tensor_list<T, 4>(
+        tensors,
+        [&](const AdamTensor& t) {
+          return std::pair{t.n, std::array<T*, 4>{static_cast<T*>(t.param),
+                                                  const_cast<T*>(static_cast<const T*>(t.grad)),
+                                                  static_cast<T*>(t.exp_avg), static_cast<T*>(t.exp_avg_sq)}};
+        },
+        [&](const TensorList<T, 4>& list, unsigned blocks) {
+          adam_step_kernel<T><<<blocks, kBlock, 0, stream>>>(list, constants);
+          DPE_CUDA_CHECK_LAUNCH();
+        });
+  });
 }
 
 }  // namespace dpe::kernels
