@@ -440,13 +440,13 @@ TYPED_TEST(Parity, SgdStep) {
   }
 }
 
-// The multi-tensor step (one launch for up to kSgdTensorsPerLaunch parameters): more parameters than one
+// The multi-tensor step (one launch for up to kFusedTensorsPerLaunch parameters): more parameters than one
 // launch takes, of sizes on both sides of a block's chunk and empty ones, against the CPU's one-tensor step.
 TYPED_TEST(Parity, SgdStepOverManyTensors) {
   SKIP_WITHOUT_GPU();
   using T = TypeParam;
   const int64_t sizes[] = {0, 1, 7, 2047, 2048, 2049, 10000};
-  const int count = kSgdTensorsPerLaunch + 5;
+  const int count = kFusedTensorsPerLaunch + 5;
   std::vector<std::vector<T>> p(count), buf(count);
   std::vector<std::unique_ptr<DeviceBuffer>> d_p, d_buf;
   for (int k = 0; k < count; ++k) {
@@ -488,7 +488,7 @@ TYPED_TEST(Parity, AdamStepOverManyTensors) {
   SKIP_WITHOUT_GPU();
   using T = TypeParam;
   const int64_t sizes[] = {0, 1, 7, 2047, 2048, 2049, 10000};
-  const int count = kSgdTensorsPerLaunch + 5;
+  const int count = kFusedTensorsPerLaunch + 5;
   for (bool decoupled : {false, true}) {
     std::vector<std::vector<T>> p(count), m(count), v(count);
     std::vector<std::unique_ptr<DeviceBuffer>> d_p, d_m, d_v;

@@ -35,16 +35,16 @@ struct SgdTensor {
 };
 
 // The step over several parameters of one device and dtype with the same `step` (first_step included):
-// PyTorch's foreach SGD. CPU: one after another. CUDA: a single launch for up to kSgdTensorsPerLaunch
+// PyTorch's foreach SGD. CPU: one after another. CUDA: a single launch for up to kFusedTensorsPerLaunch
 // parameters (a step of a small model is otherwise one launch per parameter, and launch-bound). Every element
 // is updated by the same expression as the one-tensor step, so the results are bitwise the same.
-inline constexpr int kSgdTensorsPerLaunch = 48;
+inline constexpr int kFusedTensorsPerLaunch = 48;
 void sgd_step_cpu(DType dtype, std::span<const SgdTensor> tensors, const SgdStep& step);
 void sgd_step_cuda(cudaStream_t stream, DType dtype, std::span<const SgdTensor> tensors, const SgdStep& step);
 
 // One Adam or AdamW step (PyTorch 1.13's single-tensor update, core/kernels/math.h's adam_updated_param) of
 // parameters that share dtype, device and step count, each with its two moment buffers: one pass over the four
-// arrays where the tensor ops made about ten; on CUDA one launch for up to kSgdTensorsPerLaunch parameters.
+// arrays where the tensor ops made about ten; on CUDA one launch for up to kFusedTensorsPerLaunch parameters.
 struct AdamStep {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled = false;  // AdamW: p *= 1 - lr * weight_decay, instead of weight_decay * p added to the gradient

@@ -18,7 +18,7 @@ using detail::for_each_tensor_list;
 using detail::kBlock;
 using detail::TensorList;
 
-static_assert(kSgdTensorsPerLaunch == detail::kMaxTensorsPerLaunch);
+static_assert(kFusedTensorsPerLaunch == detail::kMaxTensorsPerLaunch);
 
 // arrays: param, grad, momentum buffer (null without momentum).
 template <typename Flags, typename T>
