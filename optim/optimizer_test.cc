@@ -108,10 +108,11 @@ TEST(OptimizerTest, SgdUnitStepAndMomentumFirstStepIsGrad) {
   EXPECT_EQ(w.to_vector<double>(), (std::vector<double>{-1.4, -2.8}));
 }
 
-// SGD updates its fusable parameters together, one batch per (device, dtype, first step): a mix of float32 and
-// float64 parameters, a strided one (the tensor-op path) and one whose first gradient arrives at the second
-// step (a first step while the others are not) follows, bitwise, the same SGD given each parameter alone.
-TEST(OptimizerTest, SgdOverMixedParametersEqualsEachParameterAlone) {
+// The fused steps group a group's parameters by device, dtype and a key (SGD: a new momentum buffer; Adam: the
+// step count): float32 and float64 parameters, a strided one (the tensor-op path) and one whose first gradient
+// arrives at the second step (a first step, and its own bias corrections, while the others are not) each end up,
+// bitwise, where the same optimizer given that parameter alone puts it.
+TEST(OptimizerTest, FusedStepsOverMixedParametersEqualEachParameterAlone) {
   auto make_params = [] {
     Tensor holder = zeros({5, 2}, TensorOptions(DType::Float64));
     Tensor strided = holder.select(-1, 0).detach();
@@ -123,51 +124,22 @@ TEST(OptimizerTest, SgdOverMixedParametersEqualsEachParameterAlone) {
         Tensor::from_vector(std::vector<float>{-3.0f, 4.0f}, {2}).set_requires_grad(true),
         Tensor::from_vector(std::vector<double>{7, 8, 9}, {3}).set_requires_grad(true)};
   };
-  const SGDOptions options{.lr = 0.1, .momentum = 0.9, .dampening = 0.2, .weight_decay = 0.01};
-  std::vector<Tensor> together = make_params(), alone = make_params();
-  SGD opt(together, options);
-  std::vector<std::unique_ptr<SGD>> singles;
-  for (const Tensor& p : alone) singles.push_back(std::make_unique<SGD>(std::vector<Tensor>{p}, options));
-  for (int s = 0; s < 3; ++s) {
-    for (size_t i = 0; i < together.size(); ++i) {
-      if (s == 0 && i == 3) continue;  // parameter 3's first gradient comes at step 1
-      Tensor g = full(together[i].shape(), 0.5 + static_cast<double>(s) - 0.25 * static_cast<double>(i),
-                      TensorOptions(together[i].dtype()));
-      together[i].set_grad(g.clone());
-      alone[i].set_grad(g.clone());
-    }
-    opt.step();
-    for (auto& single : singles) single->step();
-    for (size_t i = 0; i < together.size(); ++i) {
-      EXPECT_EQ(together[i].to(DType::Float64).to_vector<double>(), alone[i].to(DType::Float64).to_vector<double>())
-          << "parameter " << i << " after step " << s;
-    }
-  }
-}
-
-// Adam's fused step (kernels::adam_step_*) groups parameters by device, dtype and step count: a parameter whose
-// first gradient comes a step late has its own bias corrections, and the group gives each parameter what an
-// optimizer of its own gives it, bitwise.
-TEST(OptimizerTest, AdamOverMixedParametersEqualsEachParameterAlone) {
-  for (bool decoupled : {false, true}) {
-    SCOPED_TRACE(decoupled ? "AdamW" : "Adam");
-    auto make_params = [] {
-      return std::vector<Tensor>{
-          Tensor::from_vector(std::vector<float>{0.5f, -1.5f, 2.5f}, {3}).set_requires_grad(true),
-          Tensor::from_vector(std::vector<double>{0.25, -0.75}, {2}).set_requires_grad(true),
-          Tensor::from_vector(std::vector<float>{-3.0f, 4.0f}, {2}).set_requires_grad(true)};
-    };
-    auto make = [&](std::vector<Tensor> ps) -> std::unique_ptr<Optimizer> {
-      if (decoupled) return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
-      return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01, .weight_decay = 0.1});
-    };
+  const std::vector<Config> optimizers = {
+      {"sgd", [](auto ps) {
+         return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.2, .weight_decay = 0.01});
+       }},
+      {"adam", [](auto ps) { return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01, .weight_decay = 0.1}); }},
+      {"adamw", [](auto ps) { return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01, .weight_decay = 0.1}); }},
+  };
+  for (const Config& c : optimizers) {
+    SCOPED_TRACE(c.name);
     std::vector<Tensor> together = make_params(), alone = make_params();
-    auto opt = make(together);
+    auto opt = c.make(together);
     std::vector<std::unique_ptr<Optimizer>> singles;
-    for (const Tensor& p : alone) singles.push_back(make({p}));
+    for (const Tensor& p : alone) singles.push_back(c.make({p}));
     for (int s = 0; s < 3; ++s) {
       for (size_t i = 0; i < together.size(); ++i) {
-        if (s == 0 && i == 2) continue;  // parameter 2's first gradient comes at step 1
+        if (s == 0 && i == 3) continue;  // parameter 3's first gradient comes at step 1
         Tensor g = full(together[i].shape(), 0.5 + static_cast<double>(s) - 0.25 * static_cast<double>(i),
                         TensorOptions(together[i].dtype()));
         together[i].set_grad(g.clone());
@@ -176,7 +148,8 @@ TEST(OptimizerTest, AdamOverMixedParametersEqualsEachParameterAlone) {
       opt->step();
       for (auto& single : singles) single->step();
       for (size_t i = 0; i < together.size(); ++i) {
-        EXPECT_EQ(together[i].to(DType::Float64).to_vector<double>(), alone[i].to(DType::Float64).to_vector<double>())
+        EXPECT_EQ(together[i].to(DType::Float64).to_vector<double>(),
+                  alone[i].to(DType::Float64).to_vector<double>())
             << "parameter " << i << " after step " << s;
       }
     }
