@@ -9,6 +9,9 @@
 //   p -= (lr / (1 - beta1^t)) * m / denom
 //
 // State per parameter: tensors "exp_avg", "exp_avg_sq"; scalar "step".
+// Contiguous parameters, gradients and moments of one float dtype on one device (the usual case) take one
+// fused pass, with every parameter of the same step count (core/kernels/optimizer.h; on a GPU one launch for up
+// to 48); anything else the same update as separate tensor ops.
 #pragma once
 
 #include <utility>

@@ -9,7 +9,8 @@
 //
 // State per parameter: "momentum_buffer" (only when momentum != 0).
 // Contiguous parameters, gradients and buffers of one float dtype on one device (the usual case) take one
-// fused pass (core/kernels/optimizer.h); anything else the same update as separate tensor ops.
+// fused pass (core/kernels/optimizer.h; on a GPU one launch for up to 48); anything else the same update as
+// separate tensor ops.
 #pragma once
 
 #include <vector>
