@@ -65,8 +65,9 @@ std::shared_ptr<Module> Sequential::operator[](size_t index) const { return chil
 // place too. Pooling first runs the ReLU and its backward on a quarter of the elements (2 x 2 windows): the
 // CNN's two ReLU -> MaxPool2d pairs were 13% of a step, both passes memory-bound. And max_pool2d_relu does both
 // in the pool's one pass where the window-code kernels run and on CUDA devices (core/ops/pool.h), which removes
-// the ReLU's passes (forward and backward, and on a GPU their launches) altogether. Only the exact module types are matched (a subclass may do something else;
-// dpe modules have no hooks), so the pair's result is what its two forwards give.
+// the ReLU's passes (forward and backward, and on a GPU their launches) altogether. Only the exact module types
+// are matched (a subclass may do something else; dpe modules have no hooks), so the pair's result is what its
+// two forwards give.
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
   const std::vector<std::shared_ptr<Module>> modules = children();

@@ -154,14 +154,16 @@ TEST(LossTest, CudaMatchesCpu) {
   // reduction='mean' is one kernel each way on CUDA (nll_loss_mean): nll_loss too, and every target ignored
   // (NaN, zero gradients on both).
   Tensor lp = testing::randn_leaf({6, 4}, 9);
-  for (const std::vector<int64_t>& targets : {std::vector<int64_t>{3, 0, 2, -100, 1, 1}, std::vector<int64_t>(6, -100)}) {
+  for (const std::vector<int64_t>& targets :
+       {std::vector<int64_t>{3, 0, 2, -100, 1, 1}, std::vector<int64_t>(6, -100)}) {
     Tensor tt = Tensor::from_vector(targets, {6});
     Tensor lpg = lp.detach().to(gpu).set_requires_grad(true);
     Tensor y_cpu = nll_loss(lp, tt), y_gpu = nll_loss(lpg, tt.to(gpu));
     y_cpu.backward();
     y_gpu.backward();
     const double want = y_cpu.item(), got = y_gpu.item();
-    EXPECT_TRUE(std::isnan(want) ? std::isnan(got) : std::abs(got - want) <= 1e-12 * std::abs(want)) << got << " " << want;
+    EXPECT_TRUE(std::isnan(want) ? std::isnan(got) : std::abs(got - want) <= 1e-12 * std::abs(want))
+        << got << " " << want;
     EXPECT_EQ(lpg.grad().to(Device::cpu(0)).to_vector<double>(), lp.grad().to_vector<double>());
     lp.set_grad(Tensor());
   }

@@ -125,8 +125,10 @@ TEST(OptimizerTest, FusedStepsOverMixedParametersEqualEachParameterAlone) {
         Tensor::from_vector(std::vector<double>{7, 8, 9}, {3}).set_requires_grad(true)};
   };
   const std::vector<Config> optimizers = {
-      {"sgd", [](auto ps) {
-         return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.2, .weight_decay = 0.01});
+      {"sgd",
+       [](auto ps) {
+         return std::make_unique<SGD>(ps,
+                                      SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.2, .weight_decay = 0.01});
        }},
       {"adam", [](auto ps) { return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01, .weight_decay = 0.1}); }},
       {"adamw", [](auto ps) { return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01, .weight_decay = 0.1}); }},
@@ -166,7 +168,8 @@ TEST(OptimizerTest, FusedAdamRoundsAsTheTensorOps) {
     double weight_decay;
     double tolerance;
   };
-  for (const Case& c : {Case{"AdamW", true, 0.1, 0.0}, Case{"Adam", false, 0.0, 0.0}, Case{"Adam+L2", false, 0.1, 1e-6}}) {
+  for (const Case& c :
+       {Case{"AdamW", true, 0.1, 0.0}, Case{"Adam", false, 0.0, 0.0}, Case{"Adam+L2", false, 0.1, 1e-6}}) {
     SCOPED_TRACE(c.name);
     const std::vector<float> values{0.5f, -1.5f, 2.5f, 0.125f, -7.0f};
     Tensor contiguous = Tensor::from_vector(values, {5}).set_requires_grad(true);
@@ -176,8 +179,9 @@ TEST(OptimizerTest, FusedAdamRoundsAsTheTensorOps) {
     strided.set_requires_grad(true);
     ASSERT_FALSE(strided.is_contiguous());
     auto make = [&](const Tensor& p) -> std::unique_ptr<Optimizer> {
-      if (c.decoupled) return std::make_unique<AdamW>(std::vector<Tensor>{p}, AdamWOptions{.lr = 0.01, .weight_decay = c.weight_decay});
-      return std::make_unique<Adam>(std::vector<Tensor>{p}, AdamOptions{.lr = 0.01, .weight_decay = c.weight_decay});
+      const std::vector<Tensor> ps{p};
+      if (c.decoupled) return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01, .weight_decay = c.weight_decay});
+      return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01, .weight_decay = c.weight_decay});
     };
     auto fused = make(contiguous), composed = make(strided);
     for (int s = 0; s < 4; ++s) {

@@ -55,8 +55,15 @@ Tensor nll_backward(const Tensor& grad_loss, const Tensor& target, const Shape& 
   return dx;
 }
 
-// The arguments' contract (loss_ops.h); returns the target's shape, which is also the per-position losses'.
-Shape check_nll_arguments(const Tensor& log_probs, const Tensor& target, const char* op) {
+// The arguments, checked against loss_ops.h's contract (CUDA targets on a host copy), as the kernels take them.
+struct NllArguments {
+  Shape positions;  // the target's shape, which is also the per-position losses'
+  Axes axes;
+  Tensor log_probs, target;  // contiguous
+};
+
+NllArguments checked_nll_arguments(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                                   const char* op) {
   detail::check_compute_dtype(log_probs, op);
   detail::check_defined(target, op);
   DPE_CHECK(target.dtype() == DType::Int64, op, ": target must be int64 class indices, got ", target.dtype());
@@ -68,21 +75,21 @@ Shape check_nll_arguments(const Tensor& log_probs, const Tensor& target, const c
   for (int64_t d = 2; d < log_probs.dim(); ++d) expected.push_back(log_probs.size(d));
   DPE_CHECK(target.shape() == expected, op, ": target ", shape_str(target.shape()), " does not match input ",
             shape_str(log_probs.shape()), " (expected target ", shape_str(expected), ")");
-  return expected;
+  NllArguments args{expected, axes_of(log_probs), log_probs.contiguous(), target.contiguous()};
+  if (args.target.device().is_cuda()) check_targets_on_host(args.target, args.axes.classes, ignore_index, op);
+  return args;
 }
 
 }  // namespace
 
 NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                                 const char* op) {
-  const Shape expected = check_nll_arguments(log_probs, target, op);
-  const Axes a = axes_of(log_probs);
-  Tensor lp = log_probs.contiguous();
-  Tensor tc = target.contiguous();
-  if (tc.device().is_cuda()) check_targets_on_host(tc, a.classes, ignore_index, op);
+  const NllArguments args = checked_nll_arguments(log_probs, target, ignore_index, op);
+  const Axes& a = args.axes;
+  const Tensor &lp = args.log_probs, &tc = args.target;
   NllPerPosition out;
-  out.loss = Tensor::empty(expected, detail::options_of(log_probs));
-  out.valid = Tensor::empty(expected, detail::options_of(log_probs));
+  out.loss = Tensor::empty(args.positions, detail::options_of(log_probs));
+  out.valid = Tensor::empty(args.positions, detail::options_of(log_probs));
   if (out.loss.numel() > 0) {
     dispatch(
         lp.device(),
@@ -109,11 +116,9 @@ Tensor nll_loss_mean(const Tensor& log_probs, const Tensor& target, int64_t igno
     NllPerPosition nll = nll_per_position(log_probs, target, ignore_index, op);
     return div(sum(nll.loss), sum(nll.valid));
   }
-  check_nll_arguments(log_probs, target, op);
-  const Axes a = axes_of(log_probs);
-  Tensor lp = log_probs.contiguous();
-  Tensor tc = target.contiguous();
-  check_targets_on_host(tc, a.classes, ignore_index, op);
+  const NllArguments args = checked_nll_arguments(log_probs, target, ignore_index, op);
+  const Axes a = args.axes;
+  const Tensor &lp = args.log_probs, &tc = args.target;
   Tensor out = Tensor::empty({}, detail::options_of(log_probs));
   Tensor count = Tensor::empty({}, detail::options_of(log_probs));
   dispatch(
