@@ -12,6 +12,7 @@
 #include "layers/linear.h"
 #include "layers/loss.h"
 #include "optim/adam.h"
+#include "scatter_gather/auto_split.h"
 #include "tests/testing/devices.h"
 
 namespace dpe {
@@ -19,8 +20,10 @@ namespace {
 
 using testing::cpu_devices;
 
-// Sleeps 100 us per sample on cpu:0 and 300 us per sample on cpu:1: cpu:1 is a third as fast, so the auto
-// split should give it a quarter of the batch.
+// Sleeps 100 us per sample on cpu:0 and 1000 us per sample on cpu:1: cpu:1 is a tenth as fast, so the auto
+// split should give it an eleventh of the batch. The gap is wide on purpose: on a loaded 2-core CI machine
+// under ThreadSanitizer a delayed worker thread once made cpu:0 look the slower one for a few steps when
+// cpu:1 slept only 300 us per sample.
 class Unequal : public nn::Cloneable<Unequal> {
  public:
   Unequal() : Cloneable("Unequal") { reset(); }
@@ -29,7 +32,7 @@ class Unequal : public nn::Cloneable<Unequal> {
     fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 3));
   }
   Tensor forward(const Tensor& x) override {
-    const int64_t us_per_sample = x.device() == Device::cpu(1) ? 300 : 100;
+    const int64_t us_per_sample = x.device() == Device::cpu(1) ? 1000 : 100;
     std::this_thread::sleep_for(std::chrono::microseconds(us_per_sample * x.size(0)));
     return fc2->forward(relu(fc1->forward(x)));
   }
@@ -48,18 +51,21 @@ void expect_slow_device_gets_a_smaller_chunk(ParallelMode mode) {
   dp.set_optimizer(adamw());
   const int64_t batch = 40;
   EXPECT_EQ(dp.chunk_sizes(batch), (std::vector<int64_t>{20, 20}));  // even until measured
-  for (int step = 0; step < 12; ++step) dp.train_step(randn({batch, 6}), randn({batch, 3}), mse);
+  constexpr int kSteps = 12;
+  static_assert(kSteps % AutoSplit::kEvery == 0, "the last step re-solves the weights");
+  for (int step = 0; step < kSteps; ++step) dp.train_step(randn({batch, 6}), randn({batch, 3}), mse);
   const StepReport& step = dp.last_step();
   ASSERT_EQ(step.split_weights.size(), 2u);
   ASSERT_EQ(step.chunk_sizes.size(), 2u);
-  // cpu:1 sleeps 0.2 ms more per sample; the compute, the same on both (and several times slower under the
-  // sanitizers, where a ratio of the two fell to 1.95 and cpu:1's chunk rose to 15 of 40), adds to both alike.
-  EXPECT_GT(step.ms_per_sample[1] - step.ms_per_sample[0], 0.1) << mode_name(mode);
-  // So cpu:1 gets less than half, as much as the measured speeds say (a quarter, 10 of 40, when the compute is
-  // negligible next to the sleeps), within the moving average's lag, the hysteresis and the rounding.
-  const double share = (1 / step.ms_per_sample[1]) / (1 / step.ms_per_sample[0] + 1 / step.ms_per_sample[1]);
+  // cpu:1 sleeps 0.9 ms more per sample; the compute, the same on both (and several times slower under the
+  // sanitizers), adds to both alike.
+  EXPECT_GT(step.ms_per_sample[1] - step.ms_per_sample[0], 0.5) << mode_name(mode);
   EXPECT_LT(step.chunk_sizes[1], batch / 2) << mode_name(mode);
-  EXPECT_NEAR(static_cast<double>(step.chunk_sizes[1]), share * batch, 4.0) << mode_name(mode);
+  // The weights, re-solved after the last step, follow the speeds measured so far within the hysteresis (the
+  // report's chunks were chosen by the weights before that re-solve; how chunks follow weights is
+  // scatter_gather's auto_split_test).
+  const double share = (1 / step.ms_per_sample[1]) / (1 / step.ms_per_sample[0] + 1 / step.ms_per_sample[1]);
+  EXPECT_NEAR(step.split_weights[1], share, AutoSplit::kHysteresis + 1e-12) << mode_name(mode);
   EXPECT_GT(step.device_compute_ms[0], 0.0);
   if (mode == ParallelMode::DDP) {
     // DDP's all-reduce work follows the split: the slow device reduces the smaller part of every bucket.
