@@ -61,6 +61,14 @@ std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text) {
   return cores;
 }
 
+std::vector<int> pinned_cpu_device_cores(const Device& device) {
+  const char* env = std::getenv("DPE_CPU_DEVICE_CORES");
+  if (!device.is_cpu() || env == nullptr || *env == '\0') return {};
+  std::vector<std::vector<int>> pinned = parse_cpu_device_cores(env);
+  return static_cast<size_t>(device.index) < pinned.size() ? pinned[static_cast<size_t>(device.index)]
+                                                           : std::vector<int>{};
+}
+
 namespace {
 
 // Runs `fn` and returns the exception it threw, if any. A template, not a std::function: wrapping the
@@ -281,14 +289,10 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices, int cpu_threads,
   const int cores = usable_cores();
   impl_->spin = spin_budget(static_cast<int>(impl_->devices.size()), cores);
   impl_->cpu_threads = cpu_threads > 0 ? cpu_threads : std::max(1, cpu_devices > 0 ? cores / cpu_devices : 1);
-  std::vector<std::vector<int>> pinned;
-  if (const char* env = std::getenv("DPE_CPU_DEVICE_CORES"); env != nullptr && *env != '\0') {
-    pinned = parse_cpu_device_cores(env);
-  }
   for (const Device& d : impl_->devices) {
     auto worker = std::make_unique<Impl::Worker>();
     worker->device = d;
-    if (d.is_cpu() && static_cast<size_t>(d.index) < pinned.size()) worker->cores = pinned[static_cast<size_t>(d.index)];
+    worker->cores = pinned_cpu_device_cores(d);
     worker->index = impl_->workers.size();
     impl_->workers.push_back(std::move(worker));
   }

@@ -48,6 +48,9 @@ namespace dpe {
 // $DPE_CPU_DEVICE_CORES's value parsed: entry i = the cores of cpu:i (empty: not pinned). Throws on a
 // malformed entry or a core this process may not run on, naming the value.
 std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text);
+// The cores $DPE_CPU_DEVICE_CORES pins `device` to: empty when the variable is unset or empty, has no entry
+// for it, or `device` is not a CPU device. Throws as parse_cpu_device_cores does.
+std::vector<int> pinned_cpu_device_cores(const Device& device);
 
 class DeviceWorkerPool {
  public:

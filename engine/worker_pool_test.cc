@@ -274,6 +274,11 @@ TEST(WorkerPoolTest, PinsCpuDevicesToTheCoresDpeCpuDeviceCoresNames) {
                 .find("core 1000 (for cpu:0) is not one this process may run on"),
             std::string::npos);
   ::setenv("DPE_CPU_DEVICE_CORES", ";0", 1);
+  // What the pool pins each device to, and what `dpe bench`'s one-device row pins its thread to.
+  EXPECT_EQ(pinned_cpu_device_cores(Device::cpu(0)), std::vector<int>{});
+  EXPECT_EQ(pinned_cpu_device_cores(Device::cpu(1)), std::vector<int>{0});
+  EXPECT_EQ(pinned_cpu_device_cores(Device::cpu(2)), std::vector<int>{});  // no entry
+  EXPECT_EQ(pinned_cpu_device_cores(Device::cuda(0)), std::vector<int>{});
   std::vector<int> cores(2, -1), count(2, -1);
   {
     DeviceWorkerPool pool(cpu_devices(2));

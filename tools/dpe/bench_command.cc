@@ -14,6 +14,8 @@
 // (core/autograd/profiler.h) and prints, per mode, where the backward's time goes by node kind.
 #include <cblas.h>
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <tbb/task_arena.h>
 #include <unistd.h>
 
@@ -111,14 +113,33 @@ struct Row {
   int64_t profiled_steps = 0;
 };
 
-// Runs fn on a thread limited to `threads` intra-op threads (oneTBB arena and OpenMP, as the engine's
-// workers are), so a one-device run uses one device's share of the cores.
-void with_threads(int threads, const std::function<void()>& fn) {
+// Runs fn on a thread limited to `threads` intra-op threads (oneTBB arena and OpenMP), pinned to `cores` when
+// there are any (then one thread per core), as the engine's worker for the same device would be
+// (engine/worker_pool.h), so that a one-device row uses one device's share of the cores.
+void with_threads(int threads, const std::vector<int>& cores, const std::function<void()>& fn) {
   std::exception_ptr failure;
   std::thread t([&] {
     try {
-      omp_set_num_threads(threads);
-      tbb::task_arena arena(threads);
+      if (!cores.empty()) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int core : cores) CPU_SET(core, &set);
+        const int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+        DPE_CHECK(rc == 0, "dpe bench: could not pin the single row's thread to DPE_CPU_DEVICE_CORES's cores: ",
+                  std::strerror(rc));
+        // Read back, not echoed: what the thread's mask now is.
+        CPU_ZERO(&set);
+        sched_getaffinity(0, sizeof set, &set);
+        std::string on;
+        for (int core = 0; core < CPU_SETSIZE; ++core) {
+          if (CPU_ISSET(core, &set)) on += (on.empty() ? "" : ",") + std::to_string(core);
+        }
+        std::fprintf(stderr, "bench: single runs on core(s) %s (DPE_CPU_DEVICE_CORES), %zu intra-op thread(s)\n",
+                     on.c_str(), cores.size());
+      }
+      const int n = cores.empty() ? threads : static_cast<int>(cores.size());
+      omp_set_num_threads(n);
+      tbb::task_arena arena(n);
       arena.execute(fn);
     } catch (...) {
       failure = std::current_exception();
@@ -218,8 +239,9 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
   };
   bool cpu = devices[0].is_cpu();
   if (mode == "single" && cpu) {
-    // A device's share of the cores, as the engine's worker pool gives each of its CPU devices.
-    with_threads(std::max(1, usable_cores() / static_cast<int>(devices.size())), run);
+    // A device's share of the cores, or its pinned cores, as the engine's worker pool gives each CPU device.
+    with_threads(std::max(1, usable_cores() / static_cast<int>(devices.size())), pinned_cpu_device_cores(devices[0]),
+                 run);
   } else {
     run();  // single-all: the caller's thread with every core; dp/ddp: the engine's workers
   }
