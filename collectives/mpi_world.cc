@@ -195,8 +195,15 @@ MpiAbortChannel::~MpiAbortChannel() {
 
 void MpiAbortChannel::announce(const std::string& reason) {
   if (heard_any_ || announced_.exchange(true)) return;
-  // Kept alive past this call: the sends complete when MPI moves them, and the process may end first.
-  auto* text = new std::string(reason);
+  // Kept alive past this call: the sends complete when MPI moves them, and the process may end first. Out of
+  // memory (often why a replica failed), a fixed text still tells the peers, so that they do not wait for
+  // their timeouts.
+  static const std::string kLost = "the reason was lost (out of memory while recording it)";
+  const std::string* text = &kLost;
+  try {
+    if (!reason.empty()) text = new std::string(reason);
+  } catch (...) {
+  }
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     MPI_Request request = MPI_REQUEST_NULL;

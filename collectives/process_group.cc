@@ -112,10 +112,15 @@ std::shared_ptr<ProcessGroup> ProcessGroup::shrink(const std::vector<int>& exclu
 
 ProcessGroup::~ProcessGroup() = default;
 
-void ProcessGroup::abort(const std::string& reason) {
+void ProcessGroup::abort(const std::string& reason) noexcept {
   // The other processes first: the members woken here fail in turn and abort too, and the first reason
   // announced must be this one, the cause.
-  backend_impl_->abort(reason);
+  try {
+    backend_impl_->abort(reason);
+  } catch (...) {
+    // Out of memory telling the other processes (their own timeouts end their waits): this process's
+    // members must be woken all the same.
+  }
   rendezvous_.abort(reason);
 }
 
@@ -271,9 +276,9 @@ void ProcessGroup::run(int rank, Posted& mine, const Validate& validate, const W
   // An error in arguments only this process sees leaves the other processes' members waiting for it inside
   // the backend: tell them (they throw "rank p failed: <it>"), and end the group here too, as there.
   const bool refused_across_processes = !error.empty() && backend_impl_->processes() > 1;
-  if (refused_across_processes && rank == 0) backend_impl_->abort(detail::str_cat(what, ": ", error));
+  if (refused_across_processes && rank == 0) backend_impl_->abort(detail::str_cat_or_empty(what, ": ", error));
   rendezvous_.meet(rank, what);  // nobody touches another member's buffers past this point
-  if (refused_across_processes && rank == 0) rendezvous_.abort(detail::str_cat(what, ": ", error));
+  if (refused_across_processes && rank == 0) rendezvous_.abort(detail::str_cat_or_empty(what, ": ", error));
   DPE_CHECK(error.empty(), what, ": ", error);
   if (failure) std::rethrow_exception(failure);
   if (rank == 0) calls_[static_cast<size_t>(mine.kind)].fetch_add(1);

@@ -135,7 +135,10 @@ class ProcessGroup {
   // member is inside one.
   // Backends 'mpi' and 'mpi-nccl': the other processes are told too, and their members' waits end with this reason (every
   // later collective of the group then throws, in every process: reset() cannot bring processes back).
-  void abort(const std::string& reason);
+  // Never throws, so that it can run in failure handlers: out of memory, the members are woken all the same
+  // (an empty reason, or one that cannot be kept, reads "the reason was lost"); build reasons with
+  // detail::str_cat_or_empty for the same reason.
+  void abort(const std::string& reason) noexcept;
   void reset() { rendezvous_.reset(); }
   // A group of the members left when the ranks `excluded` go (PyTorch's shrink of a process group; DataParallel
   // drops a failed device with it): the same options, the survivors in rank order (renumbered 0..). NCCL:

@@ -14,6 +14,7 @@
 #include "core/ops.h"
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
+#include "tests/testing/failing_new.h"
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_device.h"
@@ -302,6 +303,41 @@ TEST(ProcessGroupTest, AbortWakesWaitingMembers) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   group.abort("replica 1 failed");
   waiter.join();
+}
+
+// Out of memory in the failure handler (often the very reason a replica failed): abort cannot keep its reason,
+// and must still wake the members, not throw and leave them waiting for the timeout (dpe_errors_test's rare
+// hang under `ulimit -v`: the DDP failure handler's bad_alloc was swallowed and the partner waited).
+TEST(ProcessGroupTest, AbortWakesWaitingMembersEvenWhenItCannotKeepItsReason) {
+  auto devices = cpu_devices(2);
+  ProcessGroup group(devices, ProcessGroupOptions{.timeout = std::chrono::milliseconds(20000)});
+  std::thread waiter([&] {
+    std::string e = error_of([&] { group.barrier(0); });
+    EXPECT_NE(e.find("a member failed, and the reason was lost (out of memory while recording it)"),
+              std::string::npos) << e;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::string reason = "replica 1 failed: a reason too long for the short-string buffer";
+  {
+    testing::FailingNew fail(testing::FailingNew::kThisThread);  // this thread only: the waiter builds its error
+    group.abort(reason);                                         // noexcept: a throw here would terminate
+  }
+  waiter.join();
+  EXPECT_NE(error_of([&] { group.barrier(1); }).find("process group is aborted"), std::string::npos);  // until reset
+  // An empty reason (all a message built out of memory may hold) aborts too: it once meant "not aborted".
+  group.reset();
+  group.abort("");
+  EXPECT_NE(error_of([&] { group.barrier(1); }).find("the reason was lost"), std::string::npos);
+  EXPECT_EQ(detail::str_cat_or_empty("x", 1), "x1");
+  // Out of memory it returns what could be built (iostreams swallow the bad_alloc), possibly nothing; no throw.
+  const std::string full = "a message longer than the short-string buffer 1";
+  std::string built = "not built";
+  {
+    testing::FailingNew fail(testing::FailingNew::kThisThread);
+    built = detail::str_cat_or_empty("a message longer than the short-string buffer ", 1);
+  }
+  EXPECT_LT(built.size(), full.size());
+  EXPECT_EQ(full.substr(0, built.size()), built);
 }
 
 // shrink: the survivors in rank order, renumbered, with the group's options; the old group is aborted.

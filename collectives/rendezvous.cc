@@ -19,7 +19,7 @@ Rendezvous::Rendezvous(std::vector<Device> members, std::chrono::milliseconds ti
 
 void Rendezvous::meet(int rank, const std::string& what) {
   std::unique_lock lock(mutex_);
-  DPE_CHECK(abort_reason_.empty(), "process group is aborted: ", abort_reason_);
+  DPE_CHECK(!aborted_, "process group is aborted: ", reason());
   DPE_INTERNAL_ASSERT(!present_[rank], "rank ", rank, " met twice in one meeting");
   present_[rank] = true;
   if (++arrived_ == static_cast<int>(members_.size())) {
@@ -37,33 +37,50 @@ void Rendezvous::meet(int rank, const std::string& what) {
     return;
   }
   lock.lock();
-  bool met = cv_.wait_for(lock, timeout_, [&] { return generation_ != generation || !abort_reason_.empty(); });
+  bool met = cv_.wait_for(lock, timeout_, [&] { return generation_ != generation || aborted_; });
   if (met && generation_ != generation) return;
   if (!met) {
-    std::ostringstream missing;
-    const char* sep = "";
-    missing_at_last_timeout_.clear();
-    for (size_t r = 0; r < members_.size(); ++r) {
-      if (present_[r]) continue;
-      missing << sep << members_[r] << " (rank " << r << ")";
-      sep = ", ";
-      missing_at_last_timeout_.push_back(static_cast<int>(r));
+    aborted_ = true;  // first: out of memory below, the other members must still wake
+    try {
+      std::ostringstream missing;
+      const char* sep = "";
+      missing_at_last_timeout_.clear();
+      for (size_t r = 0; r < members_.size(); ++r) {
+        if (present_[r]) continue;
+        missing << sep << members_[r] << " (rank " << r << ")";
+        sep = ", ";
+        missing_at_last_timeout_.push_back(static_cast<int>(r));
+      }
+      abort_reason_ = detail::str_cat(what, " timed out after ", timeout_.count(), " ms on ", members_[rank],
+                                      ": waiting for ", missing.str(), ", which never called it");
+    } catch (...) {
     }
-    abort_reason_ = detail::str_cat(what, " timed out after ", timeout_.count(), " ms on ", members_[rank],
-                                    ": waiting for ", missing.str(), ", which never called it");
     cv_.notify_all();
   }
-  DPE_CHECK(false, abort_reason_);
+  DPE_CHECK(false, reason());
 }
 
-void Rendezvous::abort(const std::string& reason) {
+void Rendezvous::abort(const std::string& reason) noexcept {
   std::lock_guard lock(mutex_);
-  if (abort_reason_.empty()) abort_reason_ = reason;
+  if (!aborted_) {
+    // The flag first: a reason that cannot be copied (out of memory) must not keep the members waiting.
+    aborted_ = true;
+    try {
+      abort_reason_ = reason;
+    } catch (...) {
+    }
+  }
   cv_.notify_all();
+}
+
+const char* Rendezvous::reason() const {
+  return abort_reason_.empty() ? "a member failed, and the reason was lost (out of memory while recording it)"
+                               : abort_reason_.c_str();
 }
 
 void Rendezvous::reset() {
   std::lock_guard lock(mutex_);
+  aborted_ = false;
   abort_reason_.clear();
   arrived_ = 0;
   present_.assign(members_.size(), false);
@@ -76,7 +93,7 @@ std::vector<int> Rendezvous::missing_at_last_timeout() const {
 
 bool Rendezvous::aborted() const {
   std::lock_guard lock(mutex_);
-  return !abort_reason_.empty();
+  return aborted_;
 }
 
 }  // namespace dpe

@@ -29,8 +29,10 @@ class Rendezvous {
   // Blocks until every member has called meet() for this meeting. `what` names the operation in errors
   // ("all_reduce #12"). Throws dpe::Error on timeout (naming the members that did not come) or abort.
   void meet(int rank, const std::string& what);
-  // Wakes every waiting member with an error carrying `reason`; later meetings throw it until reset().
-  void abort(const std::string& reason);
+  // Wakes every waiting member with an error carrying `reason`; later meetings throw it until reset(). The
+  // first abort's reason is kept. Never throws: out of memory while keeping the reason, the members are woken
+  // all the same, with an error that says the reason was lost.
+  void abort(const std::string& reason) noexcept;
   void reset();
   bool aborted() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -38,6 +40,8 @@ class Rendezvous {
   std::vector<int> missing_at_last_timeout() const;
 
  private:
+  const char* reason() const;  // under mutex_, once aborted_
+
   std::vector<Device> members_;
   std::chrono::milliseconds timeout_;
   std::chrono::microseconds spin_;  // how long a member spins before it blocks (core/spin_wait.h)
@@ -47,7 +51,8 @@ class Rendezvous {
   int arrived_ = 0;
   // Meetings completed. Written under mutex_; read without it by a member spinning before it blocks.
   std::atomic<uint64_t> generation_{0};
-  std::string abort_reason_;
+  bool aborted_ = false;
+  std::string abort_reason_;  // empty when an abort could not keep it (reason() says so)
   std::vector<int> missing_at_last_timeout_;
 };
 

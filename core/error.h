@@ -30,6 +30,18 @@ std::string str_cat(const Args&... args) {
   return os.str();
 }
 
+// str_cat's message, or, when building it runs out of memory, as much of it as could be built (possibly
+// nothing), never an exception: for the reasons passed to a process group's abort(), which must reach the
+// members waiting in a collective even then.
+template <typename... Args>
+std::string str_cat_or_empty(const Args&... args) noexcept {
+  try {
+    return str_cat(args...);
+  } catch (...) {
+    return {};
+  }
+}
+
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 [[noreturn]] void throw_internal_error(const char* file, int line, const char* condition,
                                        const std::string& message);

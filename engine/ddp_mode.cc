@@ -78,12 +78,14 @@ void DataParallel::run_replicas(const std::function<void(size_t)>& fn) {
   // "aborted" errors come after it, so the pool reports the failed replica's own error.
   auto abort_group = [&](size_t r, const std::exception_ptr& error) {
     if (!group_) return;
+    // str_cat_or_empty: out of memory (a likely cause of the failure), an abort without its reason still
+    // wakes them; a bad_alloc from here would be swallowed by the pool and leave them waiting for the timeout.
     try {
       std::rethrow_exception(error);
     } catch (const std::exception& e) {
-      group_->abort(detail::str_cat("replica ", r, " on ", device_ids_[r], " failed: ", e.what()));
+      group_->abort(detail::str_cat_or_empty("replica ", r, " on ", device_ids_[r], " failed: ", e.what()));
     } catch (...) {
-      group_->abort(detail::str_cat("replica ", r, " on ", device_ids_[r], " failed"));
+      group_->abort(detail::str_cat_or_empty("replica ", r, " on ", device_ids_[r], " failed"));
     }
   };
   try {

@@ -22,6 +22,7 @@
 #include "tests/testing/devices.h"
 #include "tests/testing/compare.h"
 #include "tests/testing/errors.h"
+#include "tests/testing/failing_new.h"
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_device.h"
@@ -626,6 +627,50 @@ TEST(DdpTest, AFailedReplicaIsReportedAsItselfNotAsItsPartners) {
       expect_replicas_identical(ddp, true);
     }
   }
+}
+
+// An error after which every allocation on the thread that threw it fails while the error lives: out of memory
+// there, as under `ulimit -v`, so that the failure handler runs out of memory too.
+struct OutOfMemoryOnThisThread : std::runtime_error {
+  OutOfMemoryOnThisThread()
+      : std::runtime_error("out of memory here (test)"),
+        failing(std::make_shared<testing::FailingNew>(testing::FailingNew::kThisThread)) {}
+  std::shared_ptr<testing::FailingNew> failing;  // shared: copies of the exception keep it failing
+};
+
+class RunsOutOfMemoryOnCpu0 : public Cloneable<RunsOutOfMemoryOnCpu0> {
+ public:
+  RunsOutOfMemoryOnCpu0() : Cloneable("RunsOutOfMemoryOnCpu0") { reset(); }
+  void reset() override { fc = register_module("fc", std::make_shared<Linear>(6, 3)); }
+  Tensor forward(const Tensor& x) override {
+    if (x.device() == Device::cpu(0) && *armed) throw OutOfMemoryOnThisThread();
+    return fc->forward(x);
+  }
+  std::shared_ptr<Linear> fc;
+  std::shared_ptr<std::atomic<bool>> armed = std::make_shared<std::atomic<bool>>(true);  // shared by clones
+};
+
+// Out of memory on the failed replica's thread, its failure handler cannot build or keep the abort's reason; the
+// partner must be woken all the same, not wait in the all-reduce for the group's timeout (dpe_errors_test's rare
+// hang under `ulimit -v`; the unit regression, an abort whose reason cannot be copied, is process_group_test's
+// AbortWakesWaitingMembersEvenWhenItCannotKeepItsReason), and the engine stays usable.
+TEST(DdpTest, AReplicaOutOfMemoryStillWakesItsPartners) {
+  auto net = std::make_shared<RunsOutOfMemoryOnCpu0>();
+  DataParallel ddp(net, {.device_ids = first(2), .mode = ParallelMode::DDP, .timeout = std::chrono::seconds(20)});
+  try {
+    ddp.forward_backward(randn({6, 6}), randn({6, 3}), mse);
+    ADD_FAILURE() << "no error";
+  } catch (const ReplicaError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.replica(), 0) << what;
+    EXPECT_NE(what.find("out of memory here (test)"), std::string::npos) << what;
+    ASSERT_EQ(e.later_failures().size(), 1u) << what;  // the partner, woken by the abort
+    EXPECT_EQ(e.later_failures()[0].message.find("timed out"), std::string::npos) << e.later_failures()[0].message;
+  }
+  *net->armed = false;
+  ddp.zero_grad();  // the engine stays usable
+  ddp.forward_backward(randn({6, 6}), randn({6, 3}), mse);
+  expect_replicas_identical(ddp, true);
 }
 
 TEST(DdpTest, StepReportHasEveryPhase) {

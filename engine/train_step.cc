@@ -78,7 +78,7 @@ double DataParallel::forward_backward_once(const Tensor& input, const Tensor& ta
       if (across_processes) loss_value = average_masters(loss_value, input.size(options_.dim));
     } catch (const std::exception& e) {
       // The other processes' masters are waiting for this one: tell them why (DDP's groups do it per replica).
-      if (masters_ != nullptr) masters_->abort(detail::str_cat("the DP step failed: ", e.what()));
+      if (masters_ != nullptr) masters_->abort(detail::str_cat_or_empty("the DP step failed: ", e.what()));
       throw;
     }
   }

@@ -64,7 +64,7 @@ Tensor SyncBatchNorm::forward_sync(const Tensor& x) {
                 " is ", t->dtype(), " on ", t->device(), " but the input is ", x.dtype(), " on ", x.device());
     }
   } catch (const Error& e) {
-    group_->abort(std::string("SyncBatchNorm on member ") + std::to_string(rank_) + " failed: " + e.what());
+    group_->abort(detail::str_cat_or_empty("SyncBatchNorm on member ", rank_, " failed: ", e.what()));
     throw;
   }
 
