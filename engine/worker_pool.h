@@ -6,7 +6,9 @@
 // failing replica aborts the collectives its partners are waiting in, so their errors come after it and are
 // consequences) is rethrown in the caller as ReplicaError, the later ones attached as later_failures().
 // run's on_failure(i, error) runs on worker i right after its failure was numbered, before any later
-// failure can be: that is where a caller wakes partners blocked on worker i (ProcessGroup::abort).
+// failure can be: that is where a caller wakes partners blocked on worker i (ProcessGroup::abort). It must
+// not throw (what it throws is dropped, and the partners it did not wake wait for their timeout): out of
+// memory is the likely failure there, so it builds nothing it needs in order to wake them.
 // No thread is created after construction (threads_created() stays constant).
 //
 // CPU workers get their share of the cores (the cores this process may run on, by its affinity mask, / the
