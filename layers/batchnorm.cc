@@ -1,6 +1,5 @@
 #include "layers/batchnorm.h"
 
-#include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/norm.h"
@@ -42,10 +41,7 @@ void BatchNormBase<Derived>::check_input(const Tensor& x) const {
 
 template <typename Derived>
 void BatchNormBase<Derived>::count_batch() {
-  if (!this->is_training() || !options_.track_running_stats) return;
-  // On the buffer's device without reading it back (no device sync); exact in float64 up to 2^53 batches.
-  NoGradGuard no_grad;
-  num_batches_tracked.copy_(add(num_batches_tracked.to(DType::Float64), 1.0));
+  if (this->is_training() && options_.track_running_stats) increment_batch_count(num_batches_tracked);
 }
 
 // x: (N, C, *)  ->  x's shape

@@ -27,6 +27,12 @@ void check_param(const Tensor& x, const Tensor& p, const Shape& expected, const 
 
 }  // namespace
 
+void increment_batch_count(const Tensor& num_batches_tracked) {
+  NoGradGuard no_grad;
+  Tensor counter = num_batches_tracked;  // a handle: the count lands in the caller's buffer
+  counter.copy_(add(num_batches_tracked.to(DType::Float64), 1.0));
+}
+
 // x: (N, C, *)  stats/affine: (C)  ->  (N, C, *)
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps, const Tensor& num_batches_tracked) {
@@ -88,13 +94,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
         [&](auto stream) {
           kernels::batch_norm_stats_cuda(stream, shape, xc.data_ptr(), mean.data_ptr(), var.data_ptr(), extras);
         });
-    if (counting && C == 0) {
-      // No channel, so no statistics pass to count in: on the buffer's device without reading it back, exact in
-      // float64 up to 2^53 batches.
-      NoGradGuard no_grad;
-      Tensor counter = num_batches_tracked;  // a handle: the count lands in the caller's buffer
-      counter.copy_(add(num_batches_tracked.to(DType::Float64), 1.0));
-    }
+    if (counting && C == 0) increment_batch_count(num_batches_tracked);  // no channel: no statistics pass
     if (update_running && !fused_update) {
       // Strided buffers: the same update (the same roundings) as tensor ops.
       NoGradGuard no_grad;

@@ -30,6 +30,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   const Tensor& bias, bool training, double momentum, double eps,
                   const Tensor& num_batches_tracked = Tensor());
 
+// num_batches_tracked += 1 (a one-element int64 tensor), on its device without reading it back (no device sync);
+// exact up to 2^53 batches. batch_norm's count where it has no statistics pass to count in, and SyncBatchNorm's.
+void increment_batch_count(const Tensor& num_batches_tracked);
+
 // x: (*, normalized_shape...)  weight, bias: normalized_shape or undefined  ->  y: x's shape
 // Mean and biased variance over the trailing normalized_shape dims.
 Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape, const Tensor& weight,
