@@ -84,6 +84,16 @@ int run(int argc, char** argv) {
   }
   row("add(a, w), recording the node", [&] { (void)add(a, w); });
   row("matmul(a, w), recording the node", [&] { (void)matmul(a, w); });
+  // A convolution's three passes (on a GPU: cudnnConvolutionForward + cudnnAddTensor, then backward data,
+  // backward filter and the bias gradient) and the autograd node between them.
+  Tensor filter_w = ones({1, 1, 3, 3}, options).set_requires_grad(true);
+  Tensor image_g = ones({1, 1, 4, 4}, options).set_requires_grad(true);
+  Tensor bias_g = ones({1}, options).set_requires_grad(true);
+  row("conv2d(1x1x4x4, 3x3).sum() and backward", [&] {
+    Tensor loss = sum(conv2d(image_g, filter_w, bias_g, {1, 1}, {1, 1}));
+    loss.backward();
+    for (Tensor* t : {&image_g, &filter_w, &bias_g}) t->set_grad(Tensor());
+  });
   // Forward and backward of a 4-op chain: 4 forward ops, 1 seed, their backward kernels, per call.
   row("relu(matmul(a, w) + b).sum() and backward", [&] {
     Tensor loss = sum(relu(add(matmul(a, w), b)));

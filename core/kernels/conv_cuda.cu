@@ -3,8 +3,8 @@
 // bfloat16 / float16 operands for autocast (Note [16-bit convolutions]).
 //
 // Note [cuDNN algorithm choice]
-// For each (pass, device, shape) the algorithm is chosen once and cached (a mutex-guarded map; a training
-// loop hits the same shapes every step), in one of two ways (core/backends.h, backends::cudnn::benchmark):
+// For each (pass, device, shape) the algorithm is chosen once and cached with the call's descriptors (Plan,
+// below; a training loop hits the same shapes every step), in one of two ways (core/backends.h, backends::cudnn::benchmark):
 //   - heuristics (the default): from cudnnGet*Algorithm_v7's ranked list, the first entry that cuDNN
 //     reports as usable (status success), is deterministic (cuDNN's atomics-based backward-filter
 //     algorithms are not) and does not use tensor cores (FMA math: no TF32 rounding of float32 inputs)
@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -257,30 +258,57 @@ Choice choose(const char* what, Pass pass, int device, cudnnHandle_t handle, con
   DPE_INTERNAL_ASSERT(false, "unknown conv pass ", static_cast<int>(pass));
 }
 
-// Note [cuDNN algorithm choice]: cached per (pass, benchmark, device, shape); sets the chosen math on d.conv.
-Choice algorithm_for(const char* what, Pass pass, int device, cudnnHandle_t handle, const Conv2dShape& s,
-                     const Descriptors& d, const FindInputs& inputs) {
+// Everything a call needs besides its data, for one (pass, benchmark, device, shape): the descriptors, the
+// algorithm of Note [cuDNN algorithm choice] (its math set on d.conv) and that algorithm's workspace size.
+// Built by the shape's first call and kept, as PyTorch keeps its cuDNN plans: a training loop repeats its
+// shapes every step, and the workspace-size query alone costs 33 us of host time per call (cuDNN 9.14 on an
+// H100 machine; the descriptors 1 us), more than a small convolution's kernel (docs/GPU.md, "Sixth GPU run").
+// Never changed once cached, so calls may share one; the key's device keeps devices apart (each has its own
+// handle and stream).
+struct Plan {
+  Descriptors d;
+  Choice choice;
+  size_t workspace_bytes = 0;
+  Plan(const char* what, const Conv2dShape& s) : d(what, s) {}
+};
+
+size_t workspace_size(Pass pass, cudnnHandle_t handle, const Descriptors& d, int algo) {
+  size_t bytes = 0;
+  switch (pass) {
+    case Pass::Forward:
+      DPE_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.d, d.w.d, d.conv.d, d.y.d,
+                                                              static_cast<cudnnConvolutionFwdAlgo_t>(algo), &bytes));
+      break;
+    case Pass::BackwardData:
+      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+          handle, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), &bytes));
+      break;
+    case Pass::BackwardFilter:
+      DPE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          handle, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), &bytes));
+      break;
+  }
+  return bytes;
+}
+
+// The cached Plan of this call's pass and shape, built on a miss (outside the lock: a benchmark Find runs
+// kernels). Two threads missing the same key at once both build one and the first cached is kept.
+const Plan& plan_for(const char* what, Pass pass, int device, cudnnHandle_t handle, const Conv2dShape& s,
+                     const FindInputs& inputs) {
   static std::mutex mutex;
-  static auto* cache = new std::map<Key, Choice>;  // never destroyed (see core/cuda/cuda_device.cc)
+  static auto* cache = new std::map<Key, std::unique_ptr<const Plan>>;  // never destroyed (cuda_device.cc)
   const bool benchmark = backends::cudnn::benchmark();
   const Key key = key_of(pass, benchmark, device, s);
-  Choice choice;
-  bool found = false;
   {
     std::lock_guard lock(mutex);
-    auto it = cache->find(key);
-    if (it != cache->end()) {
-      choice = it->second;
-      found = true;
-    }
+    if (auto it = cache->find(key); it != cache->end()) return *it->second;
   }
-  if (!found) {
-    choice = choose(what, pass, device, handle, s, d, benchmark ? &inputs : nullptr);
-    std::lock_guard lock(mutex);
-    cache->emplace(key, choice);
-  }
-  DPE_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
-  return choice;
+  auto plan = std::make_unique<Plan>(what, s);
+  plan->choice = choose(what, pass, device, handle, s, plan->d, benchmark ? &inputs : nullptr);
+  DPE_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->d.conv.d, plan->choice.math));
+  plan->workspace_bytes = workspace_size(pass, handle, plan->d, plan->choice.algo);
+  std::lock_guard lock(mutex);
+  return *cache->try_emplace(key, std::move(plan)).first->second;
 }
 
 // alpha = 1, beta = 0 (and 1 for the bias add) in the dtype cuDNN expects for the scaling factors:
@@ -324,13 +352,11 @@ void conv2d_forward_cuda(cudaStream_t stream, int device, const Conv2dShape& s, 
   DPE_CHECK(!s.channels_last, what, ": channels-last activations are CPU-only (the op hands cuDNN NCHW)");
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
-  Descriptors d(what, s);
-  const Choice c =
-      algorithm_for(what, Pass::Forward, device, handle, s, d, {x, w, s.n * s.c_out * s.h_out() * s.w_out()});
-  const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(c.algo);
-  size_t bytes = 0;
-  DPE_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.d, d.w.d, d.conv.d, d.y.d, algo, &bytes));
-  Workspace ws(device, bytes);
+  const Plan& plan =
+      plan_for(what, Pass::Forward, device, handle, s, {x, w, s.n * s.c_out * s.h_out() * s.w_out()});
+  const Descriptors& d = plan.d;
+  const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(plan.choice.algo);
+  Workspace ws(device, plan.workspace_bytes);
   const Scalars k;
   into_output(stream, device, s.dtype, s.n * s.c_out * s.h_out() * s.w_out(), y, [&](void* result) {
     DPE_CUDNN_CHECK(cudnnConvolutionForward(handle, k.one(s.dtype), d.x.d, x, d.w.d, w, d.conv.d, algo, ws.get(),
@@ -350,14 +376,10 @@ void conv2d_backward_data_cuda(cudaStream_t stream, int device, const Conv2dShap
   DPE_CHECK(!s.channels_last, what, ": channels-last activations are CPU-only (the op hands cuDNN NCHW)");
   if (s.n == 0) return;
   cudnnHandle_t handle = handle_on(device, stream);
-  Descriptors d(what, s);
-  const Choice c =
-      algorithm_for(what, Pass::BackwardData, device, handle, s, d, {w, dy, s.n * s.c_in * s.h * s.w});
-  const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo);
-  size_t bytes = 0;
-  DPE_CUDNN_CHECK(
-      cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.d, d.y.d, d.conv.d, d.x.d, algo, &bytes));
-  Workspace ws(device, bytes);
+  const Plan& plan = plan_for(what, Pass::BackwardData, device, handle, s, {w, dy, s.n * s.c_in * s.h * s.w});
+  const Descriptors& d = plan.d;
+  const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(plan.choice.algo);
+  Workspace ws(device, plan.workspace_bytes);
   const Scalars k;
   into_output(stream, device, s.dtype, s.n * s.c_in * s.h * s.w, dx, [&](void* result) {
     DPE_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, k.one(s.dtype), d.w.d, w, d.y.d, dy, d.conv.d, algo,
@@ -379,13 +401,10 @@ void conv2d_backward_weight_cuda(cudaStream_t stream, int device, const Conv2dSh
     return;
   }
   cudnnHandle_t handle = handle_on(device, stream);
-  Descriptors d(what, s);
-  const Choice c = algorithm_for(what, Pass::BackwardFilter, device, handle, s, d, {x, dy, count});
-  const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo);
-  size_t bytes = 0;
-  DPE_CUDNN_CHECK(
-      cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x.d, d.y.d, d.conv.d, d.w.d, algo, &bytes));
-  Workspace ws(device, bytes);
+  const Plan& plan = plan_for(what, Pass::BackwardFilter, device, handle, s, {x, dy, count});
+  const Descriptors& d = plan.d;
+  const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(plan.choice.algo);
+  Workspace ws(device, plan.workspace_bytes);
   const Scalars k;
   into_output(stream, device, s.dtype, count, dw, [&](void* result) {
     DPE_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, k.one(s.dtype), d.x.d, x, d.y.d, dy, d.conv.d, algo,
