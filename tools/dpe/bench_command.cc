@@ -103,7 +103,8 @@ struct Row {
   std::string framework = "dpe", config, precision = "fp32";
   std::string mode;  // dpe rows: the --modes entry (config adds the run's suffixes: -cl, -det, -bf16, ...)
   int devices = 1;
-  double samples_per_s = 0, step_ms = 0, scaling = 0;
+  double samples_per_s = 0, step_ms = 0;
+  std::optional<double> scaling;  // against the single row of the same precision; none without one
   StepReport phases;  // per-step averages of the timed steps (ms), bytes per step
   std::vector<std::pair<Device, int64_t>> peak;  // peak allocated bytes per device during the timed steps
   std::string note;
@@ -353,8 +354,10 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
     for (const auto& [d, bytes] : r.peak) peak += d.str() + " " + mb(bytes) + "  ";
     const StepReport& p = r.phases;
     if (r.framework == "dpe") {
-      std::printf("%-8s %-16s %3d %10.0f %6.0f%% %8.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %8s | %s\n",
-                  r.framework.c_str(), r.config.c_str(), r.devices, r.samples_per_s, r.scaling * 100, r.step_ms,
+      char scaling[16] = "-";
+      if (r.scaling) std::snprintf(scaling, sizeof scaling, "%.0f%%", *r.scaling * 100);
+      std::printf("%-8s %-16s %3d %10.0f %7s %8.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %8s | %s\n",
+                  r.framework.c_str(), r.config.c_str(), r.devices, r.samples_per_s, scaling, r.step_ms,
                   p.scatter_ms, p.broadcast_ms, p.forward_ms, p.gather_ms, p.loss_ms, p.backward_ms, p.reduce_ms,
                   p.optimizer_ms, mb(p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes).c_str(),
                   peak.c_str());
@@ -417,8 +420,9 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
       int64_t peak = 0;
       for (const auto& [d, b] : r.peak) peak = std::max(peak, b);
       const StepReport& p = r.phases;
-      out << r.framework << ',' << r.config << ',' << r.devices << ',' << r.samples_per_s << ',' << r.scaling << ','
-          << r.step_ms << ',' << p.scatter_ms << ',' << p.broadcast_ms << ',' << p.forward_ms << ',' << p.gather_ms
+      out << r.framework << ',' << r.config << ',' << r.devices << ',' << r.samples_per_s << ',';
+      if (r.scaling) out << *r.scaling;  // empty without a single row
+      out << ',' << r.step_ms << ',' << p.scatter_ms << ',' << p.broadcast_ms << ',' << p.forward_ms << ',' << p.gather_ms
           << ',' << p.loss_ms << ',' << p.backward_ms << ',' << p.reduce_ms << ',' << p.optimizer_ms << ','
           << p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes << ',' << peak << '\n';
     }
@@ -439,7 +443,7 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
                   {"precision", r.precision},
                   {"devices", r.devices},
                   {"samples_per_s", as_printed("%g", r.samples_per_s)},
-                  {"scaling", as_printed("%g", r.scaling)},
+                  {"scaling", r.scaling ? Json(as_printed("%g", *r.scaling)) : Json(nullptr)},
                   {"step_ms", as_printed("%g", r.step_ms)},
                   {"phases_ms", {{"scatter", as_printed("%g", p.scatter_ms)},
                                  {"broadcast", as_printed("%g", p.broadcast_ms)},

@@ -218,4 +218,13 @@ import json, sys
 rows = {r["config"]: r for r in json.load(open(sys.argv[1]))["rows"]}
 assert rows["ddp-cl"]["scaling"] > 0, rows
 PY
+# Without a single row there is nothing to scale against: "-" and null, not 0% (as it was).
+out=$("$bin" bench --model mlp --cpu-devices 2 --batch-size 16 --steps 1 --warmup 1 --modes ddp --json "$tmp/ddp.json" \
+      --csv "$tmp/ddp.csv" 2>&1) || { echo "FAILED: --modes ddp: $out"; fail=1; }
+grep -qE '^dpe +ddp +2 +[0-9]+ +- ' <<<"$out" || { echo "FAILED: no '-' scaling without a single row: $out"; fail=1; }
+python3 - "$tmp/ddp.json" "$tmp/ddp.csv" <<'PY' || { echo "FAILED: scaling without a single row is not null/empty"; fail=1; }
+import csv, json, sys
+assert json.load(open(sys.argv[1]))["rows"][0]["scaling"] is None
+assert next(csv.DictReader(open(sys.argv[2])))["scaling"] == ""
+PY
 exit $fail
