@@ -69,6 +69,13 @@ std::vector<int> pinned_cpu_device_cores(const Device& device) {
                                                            : std::vector<int>{};
 }
 
+int pin_this_thread(const std::vector<int>& cores) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int core : cores) CPU_SET(core, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
 namespace {
 
 // Runs `fn` and returns the exception it threw, if any. A template, not a std::function: wrapping the
@@ -158,12 +165,7 @@ struct DeviceWorkerPool::Impl {
     std::unique_ptr<tbb::task_arena> arena;
     if (w.device.is_cpu()) {
       const int threads = w.cores.empty() ? cpu_threads : static_cast<int>(w.cores.size());
-      if (!w.cores.empty()) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (int core : w.cores) CPU_SET(core, &set);
-        pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // checked cores: it cannot fail usefully
-      }
+      if (!w.cores.empty()) pin_this_thread(w.cores);  // checked cores: it cannot fail usefully
       omp_set_num_threads(threads);
       try {
         arena = std::make_unique<tbb::task_arena>(threads);

@@ -14,7 +14,6 @@
 // (core/autograd/profiler.h) and prints, per mode, where the backward's time goes by node kind.
 #include <cblas.h>
 #include <omp.h>
-#include <pthread.h>
 #include <sched.h>
 #include <tbb/task_arena.h>
 #include <unistd.h>
@@ -122,13 +121,11 @@ void with_threads(int threads, const std::vector<int>& cores, const std::functio
   std::thread t([&] {
     try {
       if (!cores.empty()) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (int core : cores) CPU_SET(core, &set);
-        const int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+        const int rc = pin_this_thread(cores);
         DPE_CHECK(rc == 0, "dpe bench: could not pin the single row's thread to DPE_CPU_DEVICE_CORES's cores: ",
                   std::strerror(rc));
         // Read back, not echoed: what the thread's mask now is.
+        cpu_set_t set;
         CPU_ZERO(&set);
         sched_getaffinity(0, sizeof set, &set);
         std::string on;
