@@ -151,7 +151,12 @@ struct DeviceWorkerPool::Impl {
   size_t finished = 0;      // workers of this run whose task has returned
   std::chrono::steady_clock::time_point first_finished_at;  // when the first of them did
   std::chrono::milliseconds straggler_timeout{0};
-  std::chrono::microseconds spin{0};  // how long waits spin before they block (core/spin_wait.h)
+  // How long waits spin before they block (core/spin_wait.h): a worker's wait for its next task, and run()'s
+  // for the workers. run()'s caller is one thread more: it spins only when it, too, can have a core of its
+  // own, since otherwise it spins on a core a worker needs and delays that worker until it yields
+  // (docs/BENCHMARKS.md, "The pool's hand-over").
+  std::chrono::microseconds spin{0};
+  std::chrono::microseconds caller_spin{0};
   std::atomic<bool> stopping{false};
   uint64_t failures = 0;                 // failures numbered so far in this run
   // This run's task (Note [A run allocates nothing]): the caller's objects, alive until run() returns.
@@ -290,6 +295,7 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices, int cpu_threads,
       std::count_if(impl_->devices.begin(), impl_->devices.end(), [](const Device& d) { return d.is_cpu(); }));
   const int cores = usable_cores();
   impl_->spin = spin_budget(static_cast<int>(impl_->devices.size()), cores);
+  impl_->caller_spin = spin_budget(static_cast<int>(impl_->devices.size()) + 1, cores);
   impl_->cpu_threads = cpu_threads > 0 ? cpu_threads : std::max(1, cpu_devices > 0 ? cores / cpu_devices : 1);
   for (const Device& d : impl_->devices) {
     auto worker = std::make_unique<Impl::Worker>();
@@ -375,7 +381,7 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
     }
   }
   impl_->work_ready.notify_all();
-  spin_until([&] { return impl_->pending.load(std::memory_order_acquire) == 0; }, impl_->spin);
+  spin_until([&] { return impl_->pending.load(std::memory_order_acquire) == 0; }, impl_->caller_spin);
   std::unique_lock lock(impl_->mutex);
   impl_->wait_for_workers(lock, count);
   impl_->fn = nullptr;
