@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
@@ -220,8 +221,14 @@ CachedPrimitive build(Pass pass, const Conv2dShape& s) {
   DPE_INTERNAL_ASSERT(false, "unknown conv pass ", static_cast<int>(pass));
 }
 
+// "for N 8, C_in 16, ...": the shape, for error messages.
+std::string context_of(const Conv2dShape& s) {
+  return dpe::detail::str_cat("for N ", s.n, ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ", s.c_out,
+                              ", kernel (", s.kh, ", ", s.kw, "), groups ", s.groups);
+}
+
 // Note [oneDNN primitive cache]. Grows without bound; a model has a handful of conv shapes.
-std::shared_ptr<const CachedPrimitive> primitive_for(Pass pass, const Conv2dShape& s) {
+std::shared_ptr<const CachedPrimitive> primitive_for(const char* what, Pass pass, const Conv2dShape& s) {
   static std::mutex mutex;
   static auto* cache = new std::map<Key, std::shared_ptr<const CachedPrimitive>>;  // never destroyed
   const Key key = key_of(pass, s);
@@ -231,6 +238,7 @@ std::shared_ptr<const CachedPrimitive> primitive_for(Pass pass, const Conv2dShap
     if (it != cache->end()) return it->second;
   }
   // Built outside the lock (JIT compilation is slow); a race builds twice and keeps the first.
+  detail::check_space_for_onednn_build(what, context_of(s));
   auto built = std::make_shared<const CachedPrimitive>(build(pass, s));
   std::lock_guard lock(mutex);
   return cache->emplace(key, std::move(built)).first->second;
@@ -272,7 +280,7 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
                 ReorderedInputs* reordered = nullptr) {
   // Note [Exceptions and oneDNN] (onednn_cpu.cc): nothing thrown in here leaves as anything but a dpe::Error.
   try {
-    auto prim = primitive_for(pass, s);
+    auto prim = primitive_for(what, pass, s);
     dnnl::stream stream(cpu_engine());
     ReorderedInputs own;
     ReorderedInputs& inputs = reordered != nullptr ? *reordered : own;
@@ -329,9 +337,7 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
     stream.wait();
   } catch (...) {
     // The shape was validated, so a failure is out of memory or an unsupported case in this oneDNN build.
-    detail::rethrow_onednn_failure(
-        what, dpe::detail::str_cat("for N ", s.n, ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ", s.c_out,
-                              ", kernel (", s.kh, ", ", s.kw, "), groups ", s.groups));
+    detail::rethrow_onednn_failure(what, context_of(s));
   }
 }
 

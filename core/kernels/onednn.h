@@ -8,6 +8,7 @@
 // by dpe code inside the try (a scratchpad dpe could not allocate) passes through unchanged.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "core/kernels/matmul.h"
@@ -16,6 +17,14 @@ namespace dpe::kernels::detail {
 
 // Call only from a catch block: rethrows the current exception as a dpe::Error.
 [[noreturn]] void rethrow_onednn_failure(const char* what, const std::string& context);
+
+// Call right before building a oneDNN primitive (its JIT kernels are generated then): throws a dpe::Error
+// "<what>: out of memory ..." naming `context` when kOneDnnBuildReserve of address space cannot be reserved,
+// so that the build does not start so close to the limit that oneDNN fails where it cannot report it (Note
+// [Exceptions and oneDNN] in onednn_cpu.cc). Reserves nothing that stays: the space is mapped without access
+// and released at once. Cheap (one mmap and munmap); builds are cached, so it runs once per shape.
+void check_space_for_onednn_build(const char* what, const std::string& context);
+inline constexpr size_t kOneDnnBuildReserve = size_t{16} << 20;
 
 // oneDNN's matmul primitive (onednn_matmul_cpu.cc): C (float32) = alpha * op(A) @ op(B) + beta * C for one
 // matrix of `g` (its batch fields are ignored), A and B of g.dtype: float32 or bfloat16 (float32

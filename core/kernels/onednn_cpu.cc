@@ -15,6 +15,16 @@
 //  2. Every call into oneDNN sits in a try block whose catch turns what escapes into a dpe::Error
 //     (rethrow_onednn_failure), and the large buffers oneDNN needs per call (convolution scratchpads) are
 //     allocated by dpe, which checks the allocation and names it, rather than inside oneDNN.
+//  3. Before oneDNN generates kernels (a primitive built in conv_cpu.cc or onednn_matmul_cpu.cc, the first
+//     dnnl_sgemm call of each variant in sgemm_cpu.cc), check_space_for_onednn_build reserves and releases
+//     kOneDnnBuildReserve of address space: closer to the limit than that, the call is an out-of-memory
+//     dpe::Error instead. Generating kernels is where oneDNN allocates outside dpe's control (JIT code
+//     buffers, tables) and fails where no catch reaches: a std::bad_alloc while creating a reorder primitive
+//     ended in std::terminate in a noexcept frame ("terminate called without an active exception", status
+//     134: 2 of 4,212 runs of tools/reliability/ulimit_stress.sh, 2026-11-26), and a JIT code buffer it failed
+//     to allocate is the SIGSEGV below (`dpe train --model cnn` under `ulimit -v 243930`, 100 runs: 95 SIGSEGV,
+//     2 std::terminate and 3 out-of-memory errors before, 100 errors after). Another thread can take the
+//     space between the check and the build, so it makes those failures unlikely, not impossible.
 // What cannot be made safe from outside (seen with core/kernels/onednn_cpu_test.cc's address-space sweep):
 //  - oneDNN 2.6's JIT writes through a code buffer it failed to allocate (Xbyak without exceptions): SIGSEGV;
 //  - libgomp, oneDNN's OpenMP runtime, exits the process with status 1 ("libgomp: Out of memory allocating
@@ -25,6 +35,8 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_debug.h>
+
+#include <sys/mman.h>
 
 #include <exception>
 #include <mutex>
@@ -46,6 +58,13 @@ const bool kUnwinderPrimed = [] {
 }();
 
 }  // namespace
+
+void check_space_for_onednn_build(const char* what, const std::string& context) {
+  void* p = mmap(nullptr, kOneDnnBuildReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  DPE_CHECK(p != MAP_FAILED, what, ": out of memory: building oneDNN's kernels ", context, " needs address space, and ",
+            kOneDnnBuildReserve >> 20, " MiB of it cannot be reserved (Note [Exceptions and oneDNN])");
+  munmap(p, kOneDnnBuildReserve);
+}
 
 void rethrow_onednn_failure(const char* what, const std::string& context) {
   (void)kUnwinderPrimed;

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 
@@ -47,6 +48,11 @@ dnnl::memory::data_type operand_type(DType dtype) {
     default: DPE_INTERNAL_ASSERT(false, "onednn_matmul: operand dtype ", dtype);
   }
   return dnnl::memory::data_type::undef;  // not reached
+}
+
+// "in oneDNN's float32 matmul primitive (m 256, n 512, k 784)", for error messages.
+std::string context_of(const GemmArgs& g) {
+  return dpe::detail::str_cat("in oneDNN's ", g.dtype, " matmul primitive (m ", g.m, ", n ", g.n, ", k ", g.k, ")");
 }
 
 CachedMatmul build_matmul(const GemmArgs& g) {
@@ -92,6 +98,7 @@ std::shared_ptr<const CachedMatmul> matmul_for(const GemmArgs& g) {
     if (it != cache->end()) return it->second;
   }
   // Built outside the lock (JIT compilation is slow); a race builds twice and keeps the first.
+  detail::check_space_for_onednn_build("gemm_cpu", context_of(g));
   auto built = std::make_shared<const CachedMatmul>(build_matmul(g));
   std::lock_guard lock(mutex);
   return cache->emplace(key, std::move(built)).first->second;
@@ -134,8 +141,7 @@ void onednn_matmul(const GemmArgs& g, const void* a, const void* b, float* c) {
     prim->primitive.execute(stream, args);
     stream.wait();
   } catch (...) {
-    rethrow_onednn_failure("gemm_cpu", dpe::detail::str_cat("in oneDNN's ", g.dtype, " matmul primitive (m ", g.m,
-                                                             ", n ", g.n, ", k ", g.k, ")"));
+    rethrow_onednn_failure("gemm_cpu", context_of(g));
   }
 }
 

@@ -105,7 +105,16 @@ CBLAS_TRANSPOSE cblas_trans(Transpose t) { return t == Transpose::Yes ? CblasTra
 // ---------------------------------------------------------------------------------------------------------
 // The candidates. a: op -> (m, k)  b: op -> (k, n)  c: (m, n), all row-major with the given row strides.
 
+// dnnl_sgemm generates its JIT kernels on the first call of each variant (the transposes, whether C is read),
+// once for the process: those calls check the address space first (Note [Exceptions and oneDNN], measure 3).
+std::atomic<unsigned> sgemm_variants_built{0};  // bit (trans_a, trans_b, beta != 0) set after a call succeeded
+
 void onednn_sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
+  const unsigned variant = 1u << ((g.trans_a == Transpose::Yes ? 4 : 0) + (g.trans_b == Transpose::Yes ? 2 : 0) +
+                                  (g.beta != 0.0 ? 1 : 0));
+  const bool first = (sgemm_variants_built.load(std::memory_order_relaxed) & variant) == 0;
+  auto context = [&] { return dpe::detail::str_cat("in dnnl_sgemm (m ", g.m, ", n ", g.n, ", k ", g.k, ")"); };
+  if (first) detail::check_space_for_onednn_build("gemm_cpu", context());
   // A C API, but C++ inside: what it throws (out of memory in its lazy initialisation or JIT buffers) is
   // turned into a dpe::Error here, and its status is checked after it returns (Note [Exceptions and oneDNN]).
   dnnl_status_t status = dnnl_success;
@@ -113,8 +122,7 @@ void onednn_sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
     status = dnnl_sgemm(trans_char(g.trans_a), trans_char(g.trans_b), g.m, g.n, g.k, static_cast<float>(g.alpha), a,
                         g.lda, b, g.ldb, static_cast<float>(g.beta), c, g.ldc);
   } catch (...) {
-    detail::rethrow_onednn_failure("gemm_cpu",
-                                   dpe::detail::str_cat("in dnnl_sgemm (m ", g.m, ", n ", g.n, ", k ", g.k, ")"));
+    detail::rethrow_onednn_failure("gemm_cpu", context());
   }
   // The arguments were validated by gemm_cpu, so oneDNN rejecting them is our bug; anything else (out of
   // memory) is reported as an error.
@@ -124,6 +132,7 @@ void onednn_sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
             dnnl_status2str(status), ") for m ", g.m, ", n ", g.n, ", k ", g.k);
   DPE_CHECK(status == dnnl_success, "dnnl_sgemm failed: ", dnnl_status2str(status), " (m ", g.m, ", n ", g.n,
             ", k ", g.k, ")");
+  if (first) sgemm_variants_built.fetch_or(variant, std::memory_order_relaxed);
 }
 
 bool fits_int(const GemmArgs& g) {

@@ -67,7 +67,7 @@ expect 2 "bad header length 1099511627776" train --model mlp --resume "$tmp/badl
 # std::bad_alloc or a thread that could not start) or trains to the end (0). Not allowed: 134 (SIGABRT:
 # glibc's unwinding abort, std::terminate) and 124 (a hang). Tolerated, because nothing outside them can
 # change it (core/kernels/onednn_cpu.cc, Note [Exceptions and oneDNN]): 139 (oneDNN 2.6's JIT writing through
-# a code buffer it failed to allocate) and 1 after a "libgomp: ..." line (the OpenMP runtime's own exit when
+# a code buffer it failed to allocate; rare since dpe checks for address space before oneDNN generates kernels) and 1 after a "libgomp: ..." line (the OpenMP runtime's own exit when
 # it cannot allocate or start a thread).
 # On two CPUs (taskset) with one CPU device each, whatever the machine: each device runs oneDNN with one OpenMP
 # thread and oneTBB starts one worker, as on the 2-core machines this was measured on. With more, the
