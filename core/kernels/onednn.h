@@ -18,11 +18,11 @@ namespace dpe::kernels::detail {
 // Call only from a catch block: rethrows the current exception as a dpe::Error.
 [[noreturn]] void rethrow_onednn_failure(const char* what, const std::string& context);
 
-// Call right before building a oneDNN primitive (its JIT kernels are generated then): throws a dpe::Error
-// "<what>: out of memory ..." naming `context` when kOneDnnBuildReserve of address space cannot be reserved,
-// so that the build does not start so close to the limit that oneDNN fails where it cannot report it (Note
+// Call right before oneDNN generates kernels (building a primitive, a dnnl_sgemm variant's first call): throws
+// a dpe::Error "<what>: out of memory ..." naming `context` when kOneDnnBuildReserve of address space cannot be
+// reserved, so that oneDNN does not start so close to the limit that it fails where it cannot report it (Note
 // [Exceptions and oneDNN] in onednn_cpu.cc). Reserves nothing that stays: the space is mapped without access
-// and released at once. Cheap (one mmap and munmap); builds are cached, so it runs once per shape.
+// and released at once. Cheap (one mmap and munmap), and builds are cached: it runs once per shape.
 void check_space_for_onednn_build(const char* what, const std::string& context);
 inline constexpr size_t kOneDnnBuildReserve = size_t{16} << 20;
 

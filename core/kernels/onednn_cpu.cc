@@ -24,11 +24,11 @@
 //     134: 2 of 4,212 runs of tools/reliability/ulimit_stress.sh, 2026-11-26), and a JIT code buffer it failed
 //     to allocate is the SIGSEGV below (`dpe train --model cnn` under `ulimit -v 243930`, 100 runs: 95 SIGSEGV,
 //     2 std::terminate and 3 out-of-memory errors before, 100 errors after). Another thread can take the
-//     space between the check and the build, so it makes those failures unlikely, not impossible: the
-//     SIGSEGVs left in the soak (19 in 4,836 runs, against 166 in 4,212 before) are dnnl_sgemm's one-time
+//     space between the check and the build, so it makes those failures unlikely, not impossible. Most
+//     SIGSEGVs left in the soak (19 in 4,836 runs, against 166 in 4,212 before) were dnnl_sgemm's one-time
 //     JIT initialisation (~6 MB of address space, all float32 kernels at once, inside std::call_once) on one
-//     device's worker while the other device's forward allocates its activations. Generating those kernels
-//     once at a quiet moment (before the workers start) would close that too.
+//     device's worker while the other device's forward allocated its activations: DeviceWorkerPool now has
+//     those kernels generated before it starts its CPU workers (prepare_cpu_gemm, sgemm_choice.h).
 // What cannot be made safe from outside (seen with core/kernels/onednn_cpu_test.cc's address-space sweep):
 //  - oneDNN 2.6's JIT writes through a code buffer it failed to allocate (Xbyak without exceptions): SIGSEGV;
 //  - libgomp, oneDNN's OpenMP runtime, exits the process with status 1 ("libgomp: Out of memory allocating

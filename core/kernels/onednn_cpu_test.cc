@@ -38,6 +38,7 @@
 #include "core/kernels/conv.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/onednn.h"
+#include "core/kernels/sgemm_choice.h"
 
 namespace dpe::kernels {
 namespace {
@@ -150,6 +151,43 @@ TEST(OneDnnCpu, OutOfMemoryInsideOneDnnIsAnErrorNotAnAbort) {
   // The sweep must cover both outcomes, or it tested nothing.
   EXPECT_GT(succeeded, 0);
   EXPECT_GT(out_of_memory, 0);
+}
+
+// prepare_cpu_gemm generates dnnl_sgemm's kernels (DeviceWorkerPool calls it before its workers start, so
+// that no worker's first product does it while another allocates): in a fresh process, the address space
+// grows at prepare_cpu_gemm and no longer at the first product, and the caller's OpenMP thread count is kept.
+TEST(OneDnnCpu, PrepareCpuGemmGeneratesTheKernelsBeforeTheFirstProduct) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto set_threads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+    auto max_threads = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+    if (set_threads == nullptr || max_threads == nullptr) _exit(20);
+    set_threads(3);
+    const int64_t before = virtual_bytes();
+    prepare_cpu_gemm();
+    const int64_t prepared = virtual_bytes();
+    if (max_threads() != 3) _exit(21);
+    GemmArgs g;
+    g.m = 64, g.n = 64, g.k = 64, g.lda = 64, g.ldb = 64, g.ldc = 64;
+    std::vector<float> a(64 * 64, 1.0f), b(64 * 64, 1.0f), c(64 * 64);
+    g.a = a.data(), g.b = b.data(), g.c = c.data();
+    set_threads(1);
+    const int64_t vectors = virtual_bytes();
+    gemm_cpu(g);
+    const int64_t multiplied = virtual_bytes();
+    std::fprintf(stderr, "prepare_cpu_gemm: +%lld KiB; then the first product: +%lld KiB\n",
+                 static_cast<long long>((prepared - before) >> 10), static_cast<long long>((multiplied - vectors) >> 10));
+    if (prepared - before < (int64_t{2} << 20)) _exit(22);   // dnnl_sgemm's kernels: ~6 MB
+    if (multiplied - vectors >= (int64_t{1} << 20)) _exit(23);
+    _exit(c[0] == 64.0f ? 0 : 24);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "20: no OpenMP; 21: the caller's thread count changed; 22: prepare_cpu_gemm "
+                                       "generated no kernels; 23: the first product still did; 24: wrong product";
 }
 
 }  // namespace

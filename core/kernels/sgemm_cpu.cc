@@ -105,8 +105,10 @@ CBLAS_TRANSPOSE cblas_trans(Transpose t) { return t == Transpose::Yes ? CblasTra
 // ---------------------------------------------------------------------------------------------------------
 // The candidates. a: op -> (m, k)  b: op -> (k, n)  c: (m, n), all row-major with the given row strides.
 
-// dnnl_sgemm generates its JIT kernels on the first call of each variant (the transposes, whether C is read),
-// once for the process: those calls check the address space first (Note [Exceptions and oneDNN], measure 3).
+// dnnl_sgemm generates its JIT kernels lazily, for the process: nearly all on its first call (~6 MB of address
+// space), a little on the first call of some variants (+132 KB for a transposed A that reads C). The first
+// call of each variant (the transposes, whether C is read) checks the address space first (Note [Exceptions
+// and oneDNN], measure 3).
 std::atomic<unsigned> sgemm_variants_built{0};  // bit (trans_a, trans_b, beta != 0) set after a call succeeded
 
 void onednn_sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
@@ -266,6 +268,26 @@ SgemmPolicy current_sgemm_policy() {
   if (set == kNoPolicySet) return sgemm_policy_from_env();
   if (set == kAuto) return std::nullopt;
   return static_cast<SgemmBackend>(set);
+}
+
+void prepare_cpu_gemm() noexcept {
+  static std::once_flag prepared;
+  try {
+    std::call_once(prepared, [] {  // not marked done if it throws: the first product then generates them
+      detail::check_space_for_onednn_build("prepare_cpu_gemm", "(oneDNN's float32 GEMM kernels)");
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      float a[64] = {}, b[64] = {}, c[64];
+      dnnl_status_t status = dnnl_runtime_error;
+      try {
+        status = dnnl_sgemm('N', 'N', 8, 8, 8, 1.0f, a, 8, b, 8, 0.0f, c, 8);
+      } catch (...) {
+      }
+      omp_set_num_threads(threads);
+      DPE_CHECK(status == dnnl_success, "prepare_cpu_gemm: dnnl_sgemm: ", dnnl_status2str(status));
+    });
+  } catch (...) {
+  }
 }
 
 std::vector<SgemmChoice> sgemm_choices() {
