@@ -21,7 +21,7 @@
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/lost_thread.h"
-#include "core/kernels/sgemm_choice.h"
+#include "core/kernels/matmul.h"
 #include "core/spin_wait.h"
 
 #if DPE_WITH_CUDA
@@ -298,7 +298,7 @@ DeviceWorkerPool::DeviceWorkerPool(std::vector<Device> devices, int cpu_threads,
   impl_->spin = spin_budget(static_cast<int>(impl_->devices.size()), cores);
   impl_->caller_spin = spin_budget(static_cast<int>(impl_->devices.size()) + 1, cores);
   impl_->cpu_threads = cpu_threads > 0 ? cpu_threads : std::max(1, cpu_devices > 0 ? cores / cpu_devices : 1);
-  if (cpu_devices > 0) kernels::prepare_cpu_gemm();  // before any worker allocates (core/kernels/sgemm_choice.h)
+  if (cpu_devices > 0) kernels::prepare_cpu_gemm();  // before any worker allocates (core/kernels/matmul.h)
   for (const Device& d : impl_->devices) {
     auto worker = std::make_unique<Impl::Worker>();
     worker->device = d;

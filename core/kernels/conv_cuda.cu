@@ -4,7 +4,8 @@
 //
 // Note [cuDNN algorithm choice]
 // For each (pass, device, shape) the algorithm is chosen once and cached with the call's descriptors (Plan,
-// below; a training loop hits the same shapes every step), in one of two ways (core/backends.h, backends::cudnn::benchmark):
+// below; a training loop hits the same shapes every step), in one of two ways (core/backends.h,
+// backends::cudnn::benchmark):
 //   - heuristics (the default): from cudnnGet*Algorithm_v7's ranked list, the first entry that cuDNN
 //     reports as usable (status success), is deterministic (cuDNN's atomics-based backward-filter
 //     algorithms are not) and does not use tensor cores (FMA math: no TF32 rounding of float32 inputs)

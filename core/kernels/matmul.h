@@ -42,6 +42,15 @@ struct GemmArgs {
 
 void gemm_cpu(const GemmArgs& args);
 
+// Generates the kernels of gemm_cpu's float32 default (dnnl_sgemm) now, once per process (later calls return at
+// once): dnnl_sgemm generates all of them on its first call, ~6 MB of JIT code, and doing that while another
+// device's worker allocates its activations is how a run close to its address-space limit could still die in
+// oneDNN's JIT (Note [Exceptions and oneDNN] in onednn_cpu.cc, measure 3). For a moment when no other thread
+// computes: DeviceWorkerPool calls it before it starts CPU workers. Runs one 8x8x8 dnnl_sgemm on the calling
+// thread with one OpenMP thread; where that fails (its address-space check or oneDNN), leaves the kernels to
+// the first product, which checks again. Never throws.
+void prepare_cpu_gemm() noexcept;
+
 namespace detail {
 // The OpenMP threads gemm_cpu runs a call on: 1 when its products (every batch entry) add up to less than its
 // threshold (Note [Small GEMMs on one thread] in matmul_cpu.cc), else the calling thread's omp_get_max_threads().

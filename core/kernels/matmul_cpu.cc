@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 
@@ -147,6 +148,20 @@ void gemm_cpu(const GemmArgs& args) {
     gemm_batched_bf16(args);
   } else {
     gemm_batched<double>(args);
+  }
+}
+
+void prepare_cpu_gemm() noexcept {
+  static std::once_flag prepared;
+  try {
+    std::call_once(prepared, [] {  // not marked done if it throws: the first product then generates them
+      const OneOmpThread one_thread;
+      GemmArgs g;
+      g.m = g.n = g.k = g.lda = g.ldb = g.ldc = 8;
+      float a[64] = {}, b[64] = {}, c[64];
+      detail::run_sgemm(SgemmBackend::OnednnSgemm, g, a, b, c);  // checks the address space first
+    });
+  } catch (...) {
   }
 }
 

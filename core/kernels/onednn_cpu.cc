@@ -28,7 +28,7 @@
 //     SIGSEGVs left in the soak (19 in 4,836 runs, against 166 in 4,212 before) were dnnl_sgemm's one-time
 //     JIT initialisation (~6 MB of address space, all float32 kernels at once, inside std::call_once) on one
 //     device's worker while the other device's forward allocated its activations: DeviceWorkerPool now has
-//     those kernels generated before it starts its CPU workers (prepare_cpu_gemm, sgemm_choice.h).
+//     those kernels generated before it starts its CPU workers (prepare_cpu_gemm, matmul.h).
 // What cannot be made safe from outside (seen with core/kernels/onednn_cpu_test.cc's address-space sweep):
 //  - oneDNN 2.6's JIT writes through a code buffer it failed to allocate (Xbyak without exceptions): SIGSEGV;
 //  - libgomp, oneDNN's OpenMP runtime, exits the process with status 1 ("libgomp: Out of memory allocating

@@ -38,7 +38,6 @@
 #include "core/kernels/conv.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/onednn.h"
-#include "core/kernels/sgemm_choice.h"
 
 namespace dpe::kernels {
 namespace {
@@ -178,7 +177,8 @@ TEST(OneDnnCpu, PrepareCpuGemmGeneratesTheKernelsBeforeTheFirstProduct) {
     gemm_cpu(g);
     const int64_t multiplied = virtual_bytes();
     std::fprintf(stderr, "prepare_cpu_gemm: +%lld KiB; then the first product: +%lld KiB\n",
-                 static_cast<long long>((prepared - before) >> 10), static_cast<long long>((multiplied - vectors) >> 10));
+                 static_cast<long long>((prepared - before) >> 10),
+                 static_cast<long long>((multiplied - vectors) >> 10));
     if (prepared - before < (int64_t{2} << 20)) _exit(22);   // dnnl_sgemm's kernels: ~6 MB
     if (multiplied - vectors >= (int64_t{1} << 20)) _exit(23);
     _exit(c[0] == 64.0f ? 0 : 24);

@@ -60,15 +60,6 @@ struct SgemmChoice {
   std::vector<std::pair<SgemmBackend, double>> gflops;
 };
 
-// Generates oneDNN's float32 GEMM kernels now, once per process (later calls return at once): dnnl_sgemm
-// generates all of them on its first call, ~6 MB of JIT code, and doing that while another device's worker
-// allocates its activations is how a run close to its address-space limit could still die in oneDNN's JIT
-// (Note [Exceptions and oneDNN] in onednn_cpu.cc, measure 3). For a moment when no other thread computes:
-// DeviceWorkerPool calls it before it starts CPU workers. Runs one 8x8x8 product on the calling thread with
-// one OpenMP thread; where kOneDnnBuildReserve of address space cannot be reserved or oneDNN fails, leaves the
-// kernels to the first product, which checks again. Never throws.
-void prepare_cpu_gemm() noexcept;
-
 // Every choice measured in this process so far, in the order made (only "auto" measures).
 std::vector<SgemmChoice> sgemm_choices();
 

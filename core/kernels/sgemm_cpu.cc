@@ -270,26 +270,6 @@ SgemmPolicy current_sgemm_policy() {
   return static_cast<SgemmBackend>(set);
 }
 
-void prepare_cpu_gemm() noexcept {
-  static std::once_flag prepared;
-  try {
-    std::call_once(prepared, [] {  // not marked done if it throws: the first product then generates them
-      detail::check_space_for_onednn_build("prepare_cpu_gemm", "(oneDNN's float32 GEMM kernels)");
-      const int threads = omp_get_max_threads();
-      omp_set_num_threads(1);
-      float a[64] = {}, b[64] = {}, c[64];
-      dnnl_status_t status = dnnl_runtime_error;
-      try {
-        status = dnnl_sgemm('N', 'N', 8, 8, 8, 1.0f, a, 8, b, 8, 0.0f, c, 8);
-      } catch (...) {
-      }
-      omp_set_num_threads(threads);
-      DPE_CHECK(status == dnnl_success, "prepare_cpu_gemm: dnnl_sgemm: ", dnnl_status2str(status));
-    });
-  } catch (...) {
-  }
-}
-
 std::vector<SgemmChoice> sgemm_choices() {
   ChoiceTable& table = choice_table();
   std::lock_guard lock(table.mutex);

@@ -419,8 +419,8 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
       const StepReport& p = r.phases;
       out << r.framework << ',' << r.config << ',' << r.devices << ',' << r.samples_per_s << ',';
       if (r.scaling) out << *r.scaling;  // empty without a single row
-      out << ',' << r.step_ms << ',' << p.scatter_ms << ',' << p.broadcast_ms << ',' << p.forward_ms << ',' << p.gather_ms
-          << ',' << p.loss_ms << ',' << p.backward_ms << ',' << p.reduce_ms << ',' << p.optimizer_ms << ','
+      out << ',' << r.step_ms << ',' << p.scatter_ms << ',' << p.broadcast_ms << ',' << p.forward_ms << ','
+          << p.gather_ms << ',' << p.loss_ms << ',' << p.backward_ms << ',' << p.reduce_ms << ',' << p.optimizer_ms << ','
           << p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes << ',' << peak << '\n';
     }
     out.close();
