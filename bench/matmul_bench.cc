@@ -1,8 +1,8 @@
 // Times gemm_cpu (float32) on square sizes and on the MLP's forward/backward shapes, single-threaded and
 // with every hardware thread, against the FMA peak measured here with the widest vectors the CPU has
 // (bench/fma_peak.h): once with the measured per-shape choice (policy "auto", and what it chose) and once
-// with each library forced (onednn-sgemm is dpe's default; Note [float32 GEMM choice] in
-// core/kernels/sgemm_cpu.cc). OpenBLAS follows OPENBLAS_CORETYPE, which oneDNN ignores; the header line says
+// with each library forced; the "default" column names the library the default policy's rule ("onednn")
+// runs the shape on (Note [float32 GEMM choice] in core/kernels/sgemm_cpu.cc). OpenBLAS follows OPENBLAS_CORETYPE, which oneDNN ignores; the header line says
 // which kernel OpenBLAS loaded.
 //
 // Threads: oneDNN uses OpenMP with omp_get_max_threads() of the calling thread, so each configuration sets
@@ -73,7 +73,7 @@ std::string chosen(const Shape& s, int threads) {
 }
 
 // Median GFLOP/s over >= 5 samples of >= min_seconds / 5 each, after one warm-up call (oneDNN JIT).
-// policy: a forced library, or nullopt for the measured choice (made on the warm-up call).
+// Under `policy` ("auto" measures its choice on the warm-up call).
 double time_gemm(dpe::kernels::SgemmPolicy policy, const Shape& s, double min_seconds) {
   using dpe::kernels::Transpose;
   const int64_t a_cols = s.ta == Transpose::No ? s.k : s.m, a_rows = s.ta == Transpose::No ? s.m : s.k;
@@ -137,24 +137,30 @@ int main(int argc, char** argv) {
       {"square 512", 512, 512, 512, Transpose::No, Transpose::No},
       {"square 1024", 1024, 1024, 1024, Transpose::No, Transpose::No},
       {"square 2048", 2048, 2048, 2048, Transpose::No, Transpose::No},
-      // Linear layers of the MLP, batch 256, weights W: (in, out); y = x W.
-      {"fc1 fwd  x@W     256x784 @ 784x512", 256, 512, 784, Transpose::No, Transpose::No},
-      {"fc1 dW   x^T@dy  784x256 @ 256x512", 784, 512, 256, Transpose::Yes, Transpose::No},
-      {"fc1 dx   dy@W^T  256x512 @ 512x784", 256, 784, 512, Transpose::No, Transpose::Yes},
-      {"fc2 fwd  h@W     256x512 @ 512x512", 256, 512, 512, Transpose::No, Transpose::No},
-      {"fc2 dW   h^T@dy  512x256 @ 256x512", 512, 512, 256, Transpose::Yes, Transpose::No},
-      {"fc2 dx   dy@W^T  256x512 @ 512x512", 256, 512, 512, Transpose::No, Transpose::Yes},
-      {"fc3 fwd  h@W     256x512 @ 512x10", 256, 10, 512, Transpose::No, Transpose::No},
-      {"fc3 dW   h^T@dy  512x256 @ 256x10", 512, 10, 256, Transpose::Yes, Transpose::No},
-      {"fc3 dx   dy@W^T  256x10 @ 10x512", 256, 512, 10, Transpose::No, Transpose::Yes},
+      // The products of the MLP's Linear layers at batch 256 as dpe makes them: nn::Linear stores W as
+      // (out, in), like PyTorch, so y = x W^T, dW = dy^T x (contiguous (out, in)), dx = dy W.
+      {"fc1 fwd  x@W^T   256x784 @ 784x512", 256, 512, 784, Transpose::No, Transpose::Yes},
+      {"fc1 dW   dy^T@x  512x256 @ 256x784", 512, 784, 256, Transpose::Yes, Transpose::No},
+      {"fc1 dx   dy@W    256x512 @ 512x784", 256, 784, 512, Transpose::No, Transpose::No},
+      {"fc2 fwd  h@W^T   256x512 @ 512x512", 256, 512, 512, Transpose::No, Transpose::Yes},
+      {"fc2 dW   dy^T@h  512x256 @ 256x512", 512, 512, 256, Transpose::Yes, Transpose::No},
+      {"fc2 dx   dy@W    256x512 @ 512x512", 256, 512, 512, Transpose::No, Transpose::No},
+      {"fc3 fwd  h@W^T   256x512 @ 512x10", 256, 10, 512, Transpose::No, Transpose::Yes},
+      {"fc3 dW   dy^T@h  10x256 @ 256x512", 10, 512, 256, Transpose::Yes, Transpose::No},
+      {"fc3 dx   dy@W    256x10 @ 10x512", 256, 512, 10, Transpose::No, Transpose::No},
+      // tiny-llama at batch 8 (512 positions of width 128): a projection, then one head of its attention
+      // (sequence 64, head size 32): scores q k^T, then p v.
+      {"llama    x@W^T   512x128 @ 128x128", 512, 128, 128, Transpose::No, Transpose::Yes},
+      {"attn     q@k^T   64x32 @ 32x64", 64, 64, 32, Transpose::No, Transpose::Yes},
+      {"attn     p@v     64x64 @ 64x32", 64, 32, 64, Transpose::No, Transpose::No},
   };
 
   std::vector<int> thread_counts = {1};
   if (all_threads > 1) thread_counts.push_back(all_threads);
   using dpe::kernels::SgemmBackend;
   std::printf("GF/s (%% of threads x peak); auto: the measured choice, then each library forced\n");
-  std::printf("%-36s %7s %23s %16s %16s %16s\n", "shape (m x k @ k x n)", "threads", "auto [choice]",
-              "onednn-sgemm", "onednn-matmul", "openblas");
+  std::printf("%-36s %7s %-14s %23s %16s %16s %16s\n", "shape (m x k @ k x n)", "threads", "default",
+              "auto [choice]", "onednn-sgemm", "onednn-matmul", "openblas");
   for (int threads : thread_counts) {
     tbb::task_arena arena(threads);
     arena.execute([&] {
@@ -162,11 +168,14 @@ int main(int argc, char** argv) {
       openblas_set_num_threads(threads);
       for (const Shape& s : shapes) {
         const double full = peak * threads / 100.0;
-        const double automatic = time_gemm(std::nullopt, s, min_seconds);
-        std::printf("%-36s %7d %6.1f (%3.0f%%) %-13s", s.name, threads, automatic, automatic / full,
-                    ("[" + chosen(s, threads) + "]").c_str());
+        const double automatic = time_gemm(dpe::kernels::SgemmPolicy::Auto, s, min_seconds);
+        dpe::kernels::GemmArgs shape;
+        shape.m = s.m, shape.n = s.n, shape.k = s.k, shape.trans_a = s.ta, shape.trans_b = s.tb;
+        const std::string_view rule = dpe::kernels::sgemm_backend_name(dpe::kernels::onednn_rule(shape));
+        std::printf("%-36s %7d %-14.*s %6.1f (%3.0f%%) %-13s", s.name, threads, static_cast<int>(rule.size()),
+                    rule.data(), automatic, automatic / full, ("[" + chosen(s, threads) + "]").c_str());
         for (SgemmBackend b : dpe::kernels::kSgemmBackends) {
-          const double gflops = time_gemm(b, s, min_seconds);
+          const double gflops = time_gemm(dpe::kernels::forcing(b), s, min_seconds);
           std::printf(" %8.1f (%3.0f%%)", gflops, gflops / full);
         }
         std::printf("\n");

@@ -263,20 +263,18 @@ TEST(GemmCpuErrors, RejectsBadArguments) {
 // ---------------------------------------------------------------------------------------------------------
 // float32: which library runs the product (Note [float32 GEMM choice] in sgemm_cpu.cc).
 
-// `policy` for the scope (nullopt: "auto", the measured choice), then DPE_CPU_SGEMM's again.
+// `policy` for the scope, then DPE_CPU_SGEMM's again.
 struct ForcedSgemm {
   explicit ForcedSgemm(SgemmPolicy policy) { set_sgemm_policy(policy); }
   ~ForcedSgemm() { clear_sgemm_policy(); }
 };
 
-std::string policy_label(SgemmPolicy backend) {
-  return backend ? std::string(sgemm_backend_name(*backend)) : "auto";
-}
+std::string policy_label(SgemmPolicy policy) { return std::string(sgemm_policy_name(policy)); }
 
-// Every library, forced, and the measured choice keep the tolerances every float32 test here uses.
-TEST(SgemmBackends, EachForcedBackendAndAutoMeetTheTolerance) {
-  std::vector<SgemmPolicy> policies = {std::nullopt};
-  for (SgemmBackend b : kSgemmBackends) policies.push_back(b);
+// Every policy (each library forced, the default's rule, the measured choice) keeps the tolerances every
+// float32 test here uses.
+TEST(SgemmBackends, EveryPolicyMeetsTheTolerance) {
+  const std::vector<SgemmPolicy> policies(std::begin(kSgemmPolicies), std::end(kSgemmPolicies));
   struct Size {
     int64_t m, n, k;
   };
@@ -322,7 +320,7 @@ TEST(SgemmBackends, ForcedBackendsAgreeOnTheMlpShapes) {
   for (const Shape& s : shapes) {
     std::vector<std::vector<float>> results;
     for (SgemmBackend b : kSgemmBackends) {
-      ForcedSgemm forced(b);
+      ForcedSgemm forced(forcing(b));
       Problem<float> p(s.m, s.n, s.k, s.ta, s.tb, 1.0, s.beta);
       gemm_cpu(p.args);
       p.check(std::string(sgemm_backend_name(b)) + " " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
@@ -342,21 +340,29 @@ TEST(SgemmBackends, ForcedBackendsAgreeOnTheMlpShapes) {
 }
 
 TEST(SgemmBackends, PolicyParsing) {
-  EXPECT_EQ(parse_sgemm_policy("auto"), std::nullopt);
-  for (SgemmBackend b : kSgemmBackends) EXPECT_EQ(parse_sgemm_policy(sgemm_backend_name(b)), b);
+  for (SgemmPolicy p : kSgemmPolicies) EXPECT_EQ(parse_sgemm_policy(sgemm_policy_name(p)), p);
+  EXPECT_EQ(parse_sgemm_policy("onednn"), SgemmPolicy::Onednn);
+  EXPECT_EQ(parse_sgemm_policy("auto"), SgemmPolicy::Auto);
+  EXPECT_EQ(forced_backend(SgemmPolicy::Onednn), std::nullopt);
+  EXPECT_EQ(forced_backend(SgemmPolicy::Auto), std::nullopt);
+  for (SgemmBackend b : kSgemmBackends) {
+    EXPECT_EQ(forced_backend(forcing(b)), b);
+    EXPECT_EQ(sgemm_policy_name(forcing(b)), sgemm_backend_name(b));
+  }
   EXPECT_EQ(sgemm_backend_name(SgemmBackend::OnednnSgemm), "onednn-sgemm");
   EXPECT_EQ(sgemm_backend_name(SgemmBackend::OnednnMatmul), "onednn-matmul");
   EXPECT_EQ(sgemm_backend_name(SgemmBackend::OpenBlas), "openblas");
-  for (const char* bad : {"", "Auto", "onednn", "OpenBLAS", "mkl", "openblas ", "auto,openblas"}) {
+  for (const char* bad : {"", "Auto", "oneDNN", "onednn-gemm", "OpenBLAS", "mkl", "openblas ", "auto,openblas"}) {
     const std::string want = std::string("DPE_CPU_SGEMM='") + bad +
-                             "' is not a float32 GEMM policy; expected auto, onednn-sgemm, onednn-matmul or openblas";
+                             "' is not a float32 GEMM policy; expected onednn, auto, onednn-sgemm, onednn-matmul or "
+                             "openblas";
     const std::string got = dpe::testing::error_of([&] { parse_sgemm_policy(bad); });
     EXPECT_NE(got.find(want), std::string::npos) << got;
   }
 }
 
 // DPE_CPU_SGEMM is read on every product: a bad value fails the float32 GEMM naming it (float64 does not
-// read it); unset or empty is the default, dnnl_sgemm for every shape.
+// read it); unset or empty is the default, "onednn".
 TEST(SgemmBackends, EnvironmentVariable) {
   Problem<float> p(4, 5, 6, Transpose::No, Transpose::No, 1.0, 0.0);
   ASSERT_EQ(setenv("DPE_CPU_SGEMM", "fastest", 1), 0);
@@ -366,32 +372,75 @@ TEST(SgemmBackends, EnvironmentVariable) {
   gemm_cpu(d.args);
   d.check("float64 ignores DPE_CPU_SGEMM");
   {
-    ForcedSgemm forced(SgemmBackend::OnednnMatmul);  // set_sgemm_policy wins over the variable
+    ForcedSgemm forced(SgemmPolicy::OnednnMatmul);  // set_sgemm_policy wins over the variable
     gemm_cpu(p.args);
     p.check("forced over a bad DPE_CPU_SGEMM");
   }
-  for (SgemmBackend b : kSgemmBackends) {
-    ASSERT_EQ(setenv("DPE_CPU_SGEMM", std::string(sgemm_backend_name(b)).c_str(), 1), 0);
-    EXPECT_EQ(sgemm_policy_from_env(), b);
+  for (SgemmPolicy policy : kSgemmPolicies) {
+    ASSERT_EQ(setenv("DPE_CPU_SGEMM", std::string(sgemm_policy_name(policy)).c_str(), 1), 0);
+    EXPECT_EQ(sgemm_policy_from_env(), policy);
+    EXPECT_EQ(current_sgemm_policy(), policy);
     gemm_cpu(p.args);
-    p.check(std::string("DPE_CPU_SGEMM=") + std::string(sgemm_backend_name(b)));
+    p.check("DPE_CPU_SGEMM=" + policy_label(policy));
   }
-  ASSERT_EQ(setenv("DPE_CPU_SGEMM", "auto", 1), 0);
-  EXPECT_EQ(sgemm_policy_from_env(), std::nullopt);
-  EXPECT_EQ(current_sgemm_policy(), std::nullopt);
   ASSERT_EQ(setenv("DPE_CPU_SGEMM", "", 1), 0);
-  EXPECT_EQ(sgemm_policy_from_env(), SgemmBackend::OnednnSgemm);
+  EXPECT_EQ(sgemm_policy_from_env(), SgemmPolicy::Onednn);
   ASSERT_EQ(unsetenv("DPE_CPU_SGEMM"), 0);
-  EXPECT_EQ(sgemm_policy_from_env(), SgemmBackend::OnednnSgemm);
-  EXPECT_EQ(kDefaultSgemmPolicy, SgemmBackend::OnednnSgemm);
-  EXPECT_EQ(current_sgemm_policy(), SgemmBackend::OnednnSgemm);
+  EXPECT_EQ(sgemm_policy_from_env(), SgemmPolicy::Onednn);
+  EXPECT_EQ(kDefaultSgemmPolicy, SgemmPolicy::Onednn);
+  EXPECT_EQ(current_sgemm_policy(), SgemmPolicy::Onednn);
+}
+
+// The default policy's rule: the matmul primitive for A @ B^T of at least kMatmulPrimitiveFlops per matrix
+// (nn::Linear's forward), dnnl_sgemm for every other layout and for small products.
+TEST(SgemmBackends, OnednnRuleByLayoutAndSize) {
+  auto rule = [](int64_t m, int64_t n, int64_t k, Transpose ta, Transpose tb, int64_t batch = 1) {
+    GemmArgs g;
+    g.m = m, g.n = n, g.k = k, g.trans_a = ta, g.trans_b = tb, g.batch = batch;
+    return onednn_rule(g);
+  };
+  const auto No = Transpose::No, Yes = Transpose::Yes;
+  EXPECT_EQ(rule(256, 512, 784, No, Yes), SgemmBackend::OnednnMatmul);  // the MLP's first Linear
+  EXPECT_EQ(rule(256, 512, 784, No, No), SgemmBackend::OnednnSgemm);    // its input gradient's layout
+  EXPECT_EQ(rule(512, 784, 256, Yes, No), SgemmBackend::OnednnSgemm);   // its weight gradient
+  EXPECT_EQ(rule(256, 512, 784, Yes, Yes), SgemmBackend::OnednnSgemm);
+  EXPECT_EQ(rule(100, 100, 1000, No, Yes), SgemmBackend::OnednnMatmul);  // exactly 2e7 FLOP
+  EXPECT_EQ(rule(100, 100, 999, No, Yes), SgemmBackend::OnednnSgemm);
+  EXPECT_EQ(rule(64, 64, 32, No, Yes, 64), SgemmBackend::OnednnSgemm);  // attention scores: per matrix
+  EXPECT_EQ(kMatmulPrimitiveFlops, 2e7);
+}
+
+// Under the default policy a large A @ B^T runs on the matmul primitive and the other layouts on dnnl_sgemm:
+// their bits equal the forced library's (and the two libraries' bits differ on these shapes, so the check
+// can tell them apart).
+TEST(SgemmBackends, DefaultPolicyRunsTheRulesLibrary) {
+  struct Case {
+    Transpose ta, tb;
+    SgemmBackend want;
+  };
+  for (const Case& c : {Case{Transpose::No, Transpose::Yes, SgemmBackend::OnednnMatmul},
+                        Case{Transpose::No, Transpose::No, SgemmBackend::OnednnSgemm},
+                        Case{Transpose::Yes, Transpose::No, SgemmBackend::OnednnSgemm}}) {
+    auto product = [&](SgemmPolicy policy) {
+      ForcedSgemm forced(policy);
+      Problem<float> p(96, 128, 1000, c.ta, c.tb, 1.0, 0.0);  // 2.5e7 FLOP
+      gemm_cpu(p.args);
+      return p.c;
+    };
+    const std::vector<float> by_default = product(SgemmPolicy::Onednn);
+    const std::vector<float> sgemm = product(SgemmPolicy::OnednnSgemm), matmul = product(SgemmPolicy::OnednnMatmul);
+    ASSERT_NE(sgemm, matmul) << "the libraries agree bit for bit here: the test cannot tell them apart";
+    EXPECT_EQ(by_default, c.want == SgemmBackend::OnednnMatmul ? matmul : sgemm)
+        << "expected " << sgemm_backend_name(c.want) << " for trans_a " << (c.ta == Transpose::Yes) << ", trans_b "
+        << (c.tb == Transpose::Yes);
+  }
 }
 
 // The measured choice is recorded once per (shape, thread share), names every eligible candidate with a
 // positive figure, and OpenBLAS only where it would run on the calling thread. Many threads meeting a new
 // shape at once wait for one measurement and all get correct products.
 TEST(SgemmBackends, ChoiceIsMeasuredOncePerShapeAndRecorded) {
-  ForcedSgemm automatic(std::nullopt);
+  ForcedSgemm automatic(SgemmPolicy::Auto);
   const int64_t m = 37, n = 41, k = 43;  // a shape no other test uses
   std::vector<std::thread> threads;
   std::vector<std::unique_ptr<Problem<float>>> problems;

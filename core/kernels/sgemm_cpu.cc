@@ -18,20 +18,30 @@
 //    so it is a candidate only where the caller's share is one thread and OpenBLAS's pool is one thread
 //    (`dpe` sets OPENBLAS_NUM_THREADS=1): it then runs on the calling worker, as a device's GEMM must.
 //
-// The policy (DPE_CPU_SGEMM, set_sgemm_policy()): one library for every shape, by default onednn-sgemm, or
-// "auto": the first time a (m, n, k, trans_a, trans_b, threads) is seen, every eligible candidate runs it on
-// the caller's A and B into a scratch C, interleaved, 3 to 10 rounds (each round >= 0.2 ms of calls per
-// candidate, until the rounds took >= 30 ms), and the best time of each counts. The fastest wins, except
-// that onednn-sgemm keeps the shape unless another candidate is at least 10% faster: closer than that is
-// within this machine's run-to-run noise. The choice is kept for the process (a map behind a mutex, one
-// std::once_flag per shape: threads needing the same shape wait for one measurement; different shapes
-// measure in parallel). Cost: ~3-10 calls per candidate, once per shape.
+// The policy (DPE_CPU_SGEMM, set_sgemm_policy()):
+//  - "onednn", the default: a fixed rule (onednn_rule): oneDNN's matmul primitive for A @ B^T with A not
+//    transposed and at least kMatmulPrimitiveFlops per matrix, dnnl_sgemm for everything else. A @ B^T is
+//    nn::Linear's forward (the weight is (out, in), as in PyTorch), where dnnl_sgemm is slowest: on the
+//    MLP's x @ W^T at batch 256 it reached 226-229 GFLOP/s on one core against the primitive's 246-250 (and
+//    356-381 against 459-495 on two threads for 512 x 512), while on every other product of the MLP's
+//    backward it is as fast or faster (its weight gradient 10 x 512 x 256: 199 against 122).
+//    Below the threshold the primitive's few microseconds per call (cache lookup, memory objects, execute)
+//    lose: tiny-llama's attention scores (64 x 64 x 32, 0.26 MFLOP) ran at 134 GFLOP/s on dnnl_sgemm and 55
+//    on the primitive; at 2e7 FLOP (~80 us on one core) they are under 4% of the product.
+//    bench/matmul_bench prints all of it, with the rule's pick per shape; docs/BENCHMARKS.md has the runs.
+//  - "onednn-sgemm", "onednn-matmul", "openblas": one library for every shape.
+//  - "auto": the first time a (m, n, k, trans_a, trans_b, threads) is seen, every eligible candidate runs it
+//    on the caller's A and B into a scratch C, interleaved, 3 to 10 rounds (each round >= 0.2 ms of calls per
+//    candidate, until the rounds took >= 30 ms), and the best time of each counts. The fastest wins, except
+//    that onednn-sgemm keeps the shape unless another candidate is at least 10% faster: closer than that is
+//    within this machine's run-to-run noise. The choice is kept for the process (a map behind a mutex, one
+//    std::once_flag per shape: threads needing the same shape wait for one measurement; different shapes
+//    measure in parallel). Cost: ~3-10 calls per candidate, once per shape.
 // Why "auto" is not the default: a choice made by timing can differ between two runs on a busy machine (and
 // between the processes of one MPI run), and two libraries round differently, so a checkpoint resumed under
 // "auto" did not repeat the uninterrupted run byte for byte (tools/dpe/dpe_train_mpi_test.sh failed so,
 // 2026-11-25), which docs/RELIABILITY.md promises. PyTorch keeps cudnn.benchmark off by default for the same
-// reason. Measured on the 2-core AVX-512 VM (docs/BENCHMARKS.md), dnnl_sgemm is within 10% of the best
-// candidate on every one-thread shape of the MLP, so the default costs DP and DDP nothing there.
+// reason. "onednn" looks at the shape alone, so every run and process makes the same choices.
 // What was chosen: sgemm_choices() (`dpe bench` prints them; so does bench/matmul_bench).
 //
 // Threads: oneDNN parallelises with OpenMP using omp_get_max_threads() of the *calling* thread (each device
@@ -77,14 +87,53 @@ std::string_view sgemm_backend_name(SgemmBackend backend) {
   DPE_INTERNAL_ASSERT(false, "unknown SgemmBackend ", static_cast<int>(backend));
 }
 
+std::string_view sgemm_policy_name(SgemmPolicy policy) {
+  switch (policy) {
+    case SgemmPolicy::Onednn:
+      return "onednn";
+    case SgemmPolicy::Auto:
+      return "auto";
+    default:
+      return sgemm_backend_name(*forced_backend(policy));
+  }
+}
+
+std::optional<SgemmBackend> forced_backend(SgemmPolicy policy) {
+  switch (policy) {
+    case SgemmPolicy::OnednnSgemm:
+      return SgemmBackend::OnednnSgemm;
+    case SgemmPolicy::OnednnMatmul:
+      return SgemmBackend::OnednnMatmul;
+    case SgemmPolicy::OpenBlas:
+      return SgemmBackend::OpenBlas;
+    case SgemmPolicy::Onednn:
+    case SgemmPolicy::Auto:
+      return std::nullopt;
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown SgemmPolicy ", static_cast<int>(policy));
+}
+
+SgemmPolicy forcing(SgemmBackend backend) {
+  for (SgemmPolicy p : kSgemmPolicies) {
+    if (forced_backend(p) == backend) return p;
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown SgemmBackend ", static_cast<int>(backend));
+}
+
+SgemmBackend onednn_rule(const GemmArgs& g) {
+  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  const bool a_times_b_transposed = g.trans_a == Transpose::No && g.trans_b == Transpose::Yes;
+  return a_times_b_transposed && flops >= kMatmulPrimitiveFlops ? SgemmBackend::OnednnMatmul
+                                                                 : SgemmBackend::OnednnSgemm;
+}
+
 SgemmPolicy parse_sgemm_policy(std::string_view text) {
-  if (text == "auto") return std::nullopt;
-  for (SgemmBackend b : kSgemmBackends) {
-    if (text == sgemm_backend_name(b)) return b;
+  for (SgemmPolicy p : kSgemmPolicies) {
+    if (text == sgemm_policy_name(p)) return p;
   }
   DPE_CHECK(false, "DPE_CPU_SGEMM='", text,
-            "' is not a float32 GEMM policy; expected auto, onednn-sgemm, onednn-matmul or openblas");
-  return std::nullopt;  // not reached
+            "' is not a float32 GEMM policy; expected onednn, auto, onednn-sgemm, onednn-matmul or openblas");
+  return kDefaultSgemmPolicy;  // not reached
 }
 
 SgemmPolicy sgemm_policy_from_env() {
@@ -95,8 +144,8 @@ SgemmPolicy sgemm_policy_from_env() {
 
 namespace {
 
-// set_sgemm_policy's policy: kNoPolicySet (follow DPE_CPU_SGEMM), kAuto, or a backend's value.
-constexpr int kNoPolicySet = -2, kAuto = -1;
+// set_sgemm_policy's policy as an int, or kNoPolicySet (follow DPE_CPU_SGEMM).
+constexpr int kNoPolicySet = -1;
 std::atomic<int> policy_set{kNoPolicySet};
 
 char trans_char(Transpose t) { return t == Transpose::Yes ? 'T' : 'N'; }
@@ -259,15 +308,13 @@ SgemmChoice measure(const GemmArgs& g, int threads) {
 
 }  // namespace
 
-void set_sgemm_policy(SgemmPolicy policy) { policy_set.store(policy ? static_cast<int>(*policy) : kAuto); }
+void set_sgemm_policy(SgemmPolicy policy) { policy_set.store(static_cast<int>(policy)); }
 
 void clear_sgemm_policy() { policy_set.store(kNoPolicySet); }
 
 SgemmPolicy current_sgemm_policy() {
   const int set = policy_set.load();
-  if (set == kNoPolicySet) return sgemm_policy_from_env();
-  if (set == kAuto) return std::nullopt;
-  return static_cast<SgemmBackend>(set);
+  return set == kNoPolicySet ? sgemm_policy_from_env() : static_cast<SgemmPolicy>(set);
 }
 
 std::vector<SgemmChoice> sgemm_choices() {
@@ -291,7 +338,9 @@ std::string describe(const SgemmChoice& c) {
 namespace detail {
 
 SgemmBackend choose_sgemm(const GemmArgs& g) {
-  if (SgemmPolicy policy = current_sgemm_policy()) return *policy;
+  const SgemmPolicy policy = current_sgemm_policy();
+  if (policy == SgemmPolicy::Onednn) return onednn_rule(g);
+  if (std::optional<SgemmBackend> forced = forced_backend(policy)) return *forced;
   const int threads = omp_get_max_threads();
   const ChoiceKey key{g.m, g.n, g.k, static_cast<int>(g.trans_a), static_cast<int>(g.trans_b), threads};
   ChoiceTable& table = choice_table();

@@ -322,10 +322,17 @@ PeakFlops machine_peak() {
 // Which library ran each float32 GEMM shape of this process's devices (Note [float32 GEMM choice] in
 // core/kernels/sgemm_cpu.cc), with what each candidate measured.
 void print_sgemm_choices() {
-  if (kernels::SgemmPolicy policy = kernels::current_sgemm_policy()) {
+  const kernels::SgemmPolicy policy = kernels::current_sgemm_policy();
+  const char* source = std::getenv("DPE_CPU_SGEMM") && *std::getenv("DPE_CPU_SGEMM") ? "DPE_CPU_SGEMM" : "the default";
+  if (policy == kernels::SgemmPolicy::Onednn) {
+    std::printf("# float32 GEMM: onednn (%s): oneDNN's matmul primitive for A @ B^T of >= %.0e FLOP (Linear's "
+                "forward), dnnl_sgemm for the rest; DPE_CPU_SGEMM=auto measures each shape\n",
+                source, kernels::kMatmulPrimitiveFlops);
+    return;
+  }
+  if (std::optional<kernels::SgemmBackend> backend = kernels::forced_backend(policy)) {
     std::printf("# float32 GEMM: %s for every shape (%s; DPE_CPU_SGEMM=auto measures each shape)\n",
-                std::string(kernels::sgemm_backend_name(*policy)).c_str(),
-                std::getenv("DPE_CPU_SGEMM") && *std::getenv("DPE_CPU_SGEMM") ? "DPE_CPU_SGEMM" : "the default");
+                std::string(kernels::sgemm_backend_name(*backend)).c_str(), source);
     return;
   }
   std::printf("# float32 GEMM per shape (DPE_CPU_SGEMM=auto: measured once per shape; OpenBLAS core %s):\n",

@@ -167,13 +167,13 @@ for bad in abc 0 -5 '' 1e999 '100 '; do
   expect 2 "DPE_PEAK_GFLOPS='$bad' is not a positive number of GFLOP/s" "${quick[@]}"
 done
 unset DPE_PEAK_GFLOPS
-expect 0 "# float32 GEMM: onednn-sgemm for every shape (the default; DPE_CPU_SGEMM=auto measures each shape)" \
+expect 0 "# float32 GEMM: onednn (the default): oneDNN's matmul primitive for A @ B^T of >= 2e+07 FLOP (Linear's forward), dnnl_sgemm for the rest; DPE_CPU_SGEMM=auto measures each shape" \
   "${quick[@]}"
 export DPE_CPU_SGEMM=openblas
 expect 0 "# float32 GEMM: openblas for every shape (DPE_CPU_SGEMM; DPE_CPU_SGEMM=auto measures each shape)" \
   "${quick[@]}"
 export DPE_CPU_SGEMM=fastest
-expect 2 "DPE_CPU_SGEMM='fastest' is not a float32 GEMM policy; expected auto, onednn-sgemm, onednn-matmul or openblas" \
+expect 2 "DPE_CPU_SGEMM='fastest' is not a float32 GEMM policy; expected onednn, auto, onednn-sgemm, onednn-matmul or openblas" \
   "${quick[@]}"
 unset DPE_CPU_SGEMM
 expect 2 "--json $tmp/no/b.json: the directory $tmp/no does not exist" "${quick[@]}" --json "$tmp/no/b.json"
