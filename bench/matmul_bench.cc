@@ -2,8 +2,8 @@
 // with every hardware thread, against the FMA peak measured here with the widest vectors the CPU has
 // (bench/fma_peak.h): once with the measured per-shape choice (policy "auto", and what it chose) and once
 // with each library forced; the "default" column names the library the default policy's rule ("onednn")
-// runs the shape on (Note [float32 GEMM choice] in core/kernels/sgemm_cpu.cc). OpenBLAS follows OPENBLAS_CORETYPE, which oneDNN ignores; the header line says
-// which kernel OpenBLAS loaded.
+// runs the shape on (Note [float32 GEMM choice] in core/kernels/sgemm_cpu.cc). OpenBLAS follows
+// OPENBLAS_CORETYPE, which oneDNN ignores; the header line says which kernel OpenBLAS loaded.
 //
 // Threads: oneDNN uses OpenMP with omp_get_max_threads() of the calling thread, so each configuration sets
 // omp_set_num_threads(t) and openblas_set_num_threads(t), inside a tbb::task_arena(t) as the engine's CPU

@@ -27,7 +27,9 @@
 //    backward it is as fast or faster (its weight gradient 10 x 512 x 256: 199 against 122).
 //    Below the threshold the primitive's few microseconds per call (cache lookup, memory objects, execute)
 //    lose: tiny-llama's attention scores (64 x 64 x 32, 0.26 MFLOP) ran at 134 GFLOP/s on dnnl_sgemm and 55
-//    on the primitive; at 2e7 FLOP (~80 us on one core) they are under 4% of the product.
+//    on the primitive; at 2e7 FLOP (~80 us on one core) they are under 4% of the product. A shape's first
+//    call builds its primitive (onednn_matmul_cpu.cc caches it): 0.2 ms more than a cached call, averaged
+//    over 30 batch sizes of the MLP's first layer, so changing batch sizes cost little.
 //    bench/matmul_bench prints all of it, with the rule's pick per shape; docs/BENCHMARKS.md has the runs.
 //  - "onednn-sgemm", "onednn-matmul", "openblas": one library for every shape.
 //  - "auto": the first time a (m, n, k, trans_a, trans_b, threads) is seen, every eligible candidate runs it

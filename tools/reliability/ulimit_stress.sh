@@ -2,7 +2,8 @@
 # A soak run, not a test (it takes as long as it is given): dpe_errors_test.sh's `ulimit -v` trainings over and
 # over, to catch what happens once in thousands of runs. A run that outlives 60 s is a hang: every thread's
 # stack goes to DIR/stacks_N.txt (gdb) and its output to DIR/out_N.txt, and the loop goes on. Status 0, 2, 3
-# and 139 (oneDNN's own NULL dereference, tools/dpe/dpe_errors_test.sh) are expected; any other is printed.
+# and 139 (oneDNN's own NULL dereference, tools/dpe/dpe_errors_test.sh) are expected; any other is printed, and
+# the last line counts the runs that ended with each status.
 # Found this way (2026-11-26): a DDP partner waiting in the all-reduce for the timeout because the failed
 # replica's abort was lost out of memory (1 run in 2621; none in 10,270 after the fix).
 #
@@ -23,6 +24,7 @@ while ((hi - lo > 2000)); do
 done
 echo "the tool starts under ulimit -v $hi (KiB)"
 runs=0 hangs=0 end=$((SECONDS + seconds))
+declare -A statuses=()  # exit status -> runs that ended with it
 while ((SECONDS < end)); do
   for extra in 2000 12000 25000 37000 50000 62000 75000 87000 100000 125000 150000 200000 300000; do
     for model in mlp cnn; do
@@ -41,6 +43,7 @@ while ((SECONDS < end)); do
       fi
       wait "$pid" 2>/dev/null
       status=$?
+      statuses[$status]=$((${statuses[$status]:-0} + 1))
       case $status in
         0|2|3|139|137) ;;  # 137: the hang killed above
         *) echo "status $status: ulimit -v $kib, $model: $(tail -1 "$dir/out.txt")" ;;
@@ -48,5 +51,7 @@ while ((SECONDS < end)); do
     done
   done
 done
-echo "$runs runs, $hangs hangs"
+tally=""
+for status in $(printf '%s\n' "${!statuses[@]}" | sort -n); do tally+=", ${statuses[$status]} x status $status"; done
+echo "$runs runs, $hangs hangs$tally"
 ((hangs == 0))
