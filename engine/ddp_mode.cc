@@ -10,6 +10,7 @@
 #include "engine/data_parallel.h"
 #include "engine/ddp_reducer.h"
 #include "engine/gradient_reducer.h"
+#include "engine/replica_error.h"
 #include "engine/worker_pool.h"
 #include "engine/timing.h"
 #include "layers/sync_batchnorm.h"
@@ -77,16 +78,7 @@ void DataParallel::run_replicas(const std::function<void(size_t)>& fn) {
   // The partners may be waiting for a failed replica inside a collective: wake them with the cause. Their
   // "aborted" errors come after it, so the pool reports the failed replica's own error.
   auto abort_group = [&](size_t r, const std::exception_ptr& error) {
-    if (!group_) return;
-    // str_cat_or_empty: out of memory (a likely cause of the failure), an abort without its reason still
-    // wakes them; a bad_alloc from here would be swallowed by the pool and leave them waiting for the timeout.
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      group_->abort(detail::str_cat_or_empty("replica ", r, " on ", device_ids_[r], " failed: ", e.what()));
-    } catch (...) {
-      group_->abort(detail::str_cat_or_empty("replica ", r, " on ", device_ids_[r], " failed"));
-    }
+    if (group_) group_->abort(replica_failure_reason(r, device_ids_[r], error));
   };
   try {
     pool_->run(device_ids_.size(), fn, abort_group);

@@ -45,11 +45,13 @@ void erase_at(std::vector<T>& v, size_t i) {
 
 std::string DataParallel::recover(const ReplicaError& failure, const std::vector<Tensor>& buffers, bool accumulated) {
   size_t r = static_cast<size_t>(failure.replica());
-  // A collective timeout is reported first by a partner that waited; the device to drop is the one that did
-  // not arrive (it failed later, if at all, with the group's abort).
+  // A collective timeout (DDP's all-reduce, DP's reduction in shares) is reported first by a partner that
+  // waited; the device to drop is the one that did not arrive (it failed later, if at all, with the abort).
   std::string cause;
-  if (group_ && std::string(failure.what()).find(" timed out after ") != std::string::npos) {
-    const std::vector<int> missing = group_->missing_at_last_timeout();
+  if (std::string(failure.what()).find(" timed out after ") != std::string::npos) {
+    std::vector<int> missing;
+    if (options_.mode == ParallelMode::DP && reducer_) missing = reducer_->missing_at_last_timeout();
+    if (options_.mode == ParallelMode::DDP && group_) missing = group_->missing_at_last_timeout();
     if (missing.size() == 1) {
       r = static_cast<size_t>(missing[0]);
       cause = "it did not arrive in time: ";

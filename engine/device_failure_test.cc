@@ -29,7 +29,7 @@ using testing::error_of;
 using testing::eventually;
 using testing::Gate;
 
-enum class Phase { None, Forward, Loss, Backward, OutOfMemory, Stall, Hang };
+enum class Phase { None, Forward, Loss, Backward, OutOfMemory, Stall, StallBackward, Hang };
 
 // Where a Phase::Hang replica waits: a kernel that does not return until the test opens the gate.
 Gate* hang_gate = nullptr;
@@ -59,12 +59,14 @@ class Faulty : public nn::Cloneable<Faulty> {
     DPE_CHECK(!(hits(Phase::OutOfMemory, x) && x.size(0) > 3), "out of memory on ", x.device(), ": injected (", x.size(0),
               " samples; at most 3 fit)");
     Tensor h = relu(fc1->forward(x));
-    if (hits(Phase::Backward, x)) {
-      // An identity whose backward throws.
+    if (hits(Phase::Backward, x) || hits(Phase::StallBackward, x)) {
+      // An identity whose backward throws, or takes 1.5 s (as Stall does in forward).
+      const bool stall = hits(Phase::StallBackward, x);
       Tensor out = h.detach();
-      autograd::record(out, {h}, "FailingBackward", [](const Tensor&) -> std::vector<Tensor> {
-        DPE_CHECK(false, "injected failure in backward");
-        return {};
+      autograd::record(out, {h}, "FaultyBackward", [stall](const Tensor& g) -> std::vector<Tensor> {
+        DPE_CHECK(stall, "injected failure in backward");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        return {g};
       });
       h = out;
     }
@@ -153,14 +155,15 @@ TEST(DeviceFailure, ADroppedDeviceChangesNoBitUnderTheDeterministicMode) {
   }
 }
 
-// 6 DDP steps on 3 devices under DropDevice with the group's `timeout`; arm(dp, step == 2) prepares the fault
+// 6 steps of `mode` on 3 devices under DropDevice with the group's `timeout`; arm(dp, step == 2) prepares the fault
 // before each step. Checks that cpu:1 went and that the training is one device's; returns what step 2
 // recovered from.
 std::string train_dropping_in_step_2(std::chrono::milliseconds timeout,
-                                     const std::function<void(DataParallel&, bool)>& arm) {
+                                     const std::function<void(DataParallel&, bool)>& arm,
+                                     ParallelMode mode = ParallelMode::DDP) {
   const std::vector<Tensor> want = one_device();
   manual_seed(91);
-  DataParallel dp(std::make_shared<Faulty>(), {.device_ids = cpu_devices(3), .mode = ParallelMode::DDP,
+  DataParallel dp(std::make_shared<Faulty>(), {.device_ids = cpu_devices(3), .mode = mode,
                                                .timeout = timeout,
                                                .on_device_failure = DeviceFailurePolicy::DropDevice});
   dp.set_optimizer(adamw());
@@ -199,6 +202,18 @@ TEST(DeviceFailure, ADeviceThatDoesNotArriveInTimeIsTheOneDropped) {
   const std::string what = train_dropping_in_step_2(std::chrono::milliseconds(1000), [](DataParallel&, bool now) {
     fault.armed = now;
   });
+  EXPECT_NE(what.find("dropped cpu:1 (replica 1): it did not arrive in time: "), std::string::npos) << what;
+  EXPECT_NE(what.find("waiting for cpu:1 (rank 1), which never called it"), std::string::npos) << what;
+  EXPECT_EQ(parked_lost_threads(), parked);
+}
+
+// The same in DP mode, stalling in backward: the partners wait for it at the reduction into the master, which
+// CPU devices make in shares after every backward (Note [DP reduction in shares] in engine/gradient_reducer.h).
+TEST(DeviceFailure, DpADeviceThatDoesNotReachTheReductionInTimeIsTheOneDropped) {
+  fault.phase = Phase::StallBackward;
+  const int64_t parked = parked_lost_threads();
+  const std::string what = train_dropping_in_step_2(
+      std::chrono::milliseconds(1000), [](DataParallel&, bool now) { fault.armed = now; }, ParallelMode::DP);
   EXPECT_NE(what.find("dropped cpu:1 (replica 1): it did not arrive in time: "), std::string::npos) << what;
   EXPECT_NE(what.find("waiting for cpu:1 (rank 1), which never called it"), std::string::npos) << what;
   EXPECT_EQ(parked_lost_threads(), parked);

@@ -11,6 +11,7 @@
 #include "engine/data_parallel.h"
 #include "engine/ddp_reducer.h"
 #include "engine/gradient_reducer.h"
+#include "engine/replica_error.h"
 #include "engine/worker_pool.h"
 #include "engine/timing.h"
 #include "scatter_gather/scatter_gather.h"
@@ -70,11 +71,15 @@ class DataParallelGatherNode final : public autograd::Node {
     try {
       std::vector<double>& compute_ms = dp_->report_.device_compute_ms;
       compute_ms.resize(dp_->device_ids_.size(), 0.0);
+      auto abort_shares = [&](size_t i, const std::exception_ptr& error) {
+        if (dp_->reducer_) dp_->reducer_->abort_shares(replica_failure_reason(i, dp_->device_ids_[i], error));
+      };
       dp_->pool_->run(used, [&](size_t i) {
         if (!roots[i].empty()) autograd::backward(roots[i], root_grads[i]);
         checkpoint_if_lost();  // before writing into this frame (core/lost_thread.h)
         compute_ms[i] += ms_since(start);  // Note [What the auto split measures]: from the phase's start
-      });
+        if (dp_->reducer_) dp_->reducer_->reduce_share(i);  // Note [DP reduction in shares]; after the timing
+      }, abort_shares);
     } catch (...) {
       if (dp_->reducer_) dp_->reducer_->finish();  // disarm; this step's master gradient is incomplete anyway
       throw;

@@ -1,16 +1,44 @@
 #include "engine/gradient_reducer.h"
 
+#include <algorithm>
+
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/lost_thread.h"
 #include "core/ops.h"
 
 namespace dpe {
 
-GradientReducer::GradientReducer(std::vector<std::vector<Tensor>> replica_params, size_t bucket_bytes)
+namespace {
+
+// [begin, end) of the n elements that worker `rank` of `workers` adds (Note [DP reduction in shares]): an even
+// split with its boundaries on 64-byte lines, so that no two workers write one cache line.
+std::pair<int64_t, int64_t> share_of(int64_t n, size_t element_bytes, size_t workers, size_t rank) {
+  const auto line = std::max<int64_t>(1, 64 / static_cast<int64_t>(element_bytes));
+  auto boundary = [&](size_t r) {
+    if (r == workers) return n;
+    const int64_t even = n * static_cast<int64_t>(r) / static_cast<int64_t>(workers);
+    return std::min(n, (even + line - 1) / line * line);
+  };
+  return {boundary(rank), boundary(rank + 1)};
+}
+
+bool all_cpu(const std::vector<Device>& devices) {
+  return std::all_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_cpu(); });
+}
+
+}  // namespace
+
+GradientReducer::GradientReducer(std::vector<std::vector<Tensor>> replica_params, std::vector<Device> devices,
+                                 size_t bucket_bytes, std::chrono::milliseconds timeout)
     : params_(std::move(replica_params)), bucket_bytes_(bucket_bytes) {
   DPE_CHECK(!params_.empty(), "GradientReducer: no replicas");
+  DPE_INTERNAL_ASSERT(devices.size() == params_.size(), devices.size(), " devices for ", params_.size(), " replicas");
   size_t n = params_[0].size();
   for (const auto& p : params_) DPE_INTERNAL_ASSERT(p.size() == n, "replicas differ in parameter count");
+  if (devices.size() > 1 && all_cpu(devices)) {
+    workers_ = std::make_shared<ProcessGroup>(std::move(devices), ProcessGroupOptions{.timeout = timeout});
+  }
   // Buckets over the master's parameters in reverse registration order: gradients become ready roughly
   // in reverse order of use, so the first bucket completes first.
   std::vector<Tensor> reversed(params_[0].rbegin(), params_[0].rend());
@@ -35,6 +63,8 @@ GradientReducer::~GradientReducer() = default;
 void GradientReducer::prepare(size_t used) {
   DPE_INTERNAL_ASSERT(used >= 1 && used <= params_.size());
   used_ = used;
+  shares_ = workers_ && used == params_.size();
+  if (workers_) workers_->reset();  // after a failed step; no worker is inside reduce_share now
   for (size_t r = 1; r < params_.size(); ++r) {
     for (Tensor& p : params_[r]) p.set_grad({});
   }
@@ -48,7 +78,7 @@ void GradientReducer::prepare(size_t used) {
 }
 
 void GradientReducer::on_gradient_ready(size_t replica, size_t param) {
-  if (!armed_.load() || replica >= used_) return;  // a backward the engine does not manage
+  if (!armed_.load() || shares_ || replica >= used_) return;  // a backward the engine does not manage
   size_t b = bucket_of_[param];
   if (pending_[b]->fetch_sub(1) == 1) {
     reduce_bucket(b);
@@ -57,13 +87,51 @@ void GradientReducer::on_gradient_ready(size_t replica, size_t param) {
   }
 }
 
+bool GradientReducer::in_shares(size_t param) const {
+  const Tensor& master = params_[0][param].grad();
+  if (!master.defined() || !master.is_contiguous()) return false;
+  for (size_t r = 1; r < used_; ++r) {
+    const Tensor& g = params_[r][param].grad();
+    if (!g.defined() || !g.is_contiguous() || g.dtype() != master.dtype()) return false;
+  }
+  return true;
+}
+
+void GradientReducer::reduce_share(size_t replica) {
+  if (!shares_) return;
+  // After the barrier every used replica's backward has finished: its gradients are final.
+  workers_->barrier(static_cast<int>(replica));
+  checkpoint_if_lost();  // a worker declared lost while it waited writes nothing (core/lost_thread.h)
+  NoGradGuard no_grad;
+  for (size_t p = 0; p < params_[0].size(); ++p) {
+    if (!in_shares(p)) continue;
+    Tensor master = params_[0][p].grad().view({-1});
+    auto [begin, end] = share_of(master.numel(), element_size(master.dtype()), used_, replica);
+    if (begin == end) continue;
+    Tensor mine = master.narrow(0, begin, end - begin);
+    for (size_t r = 1; r < used_; ++r) mine.add_(params_[r][p].grad().view({-1}).narrow(0, begin, end - begin));
+  }
+}
+
+void GradientReducer::abort_shares(const std::string& reason) noexcept {
+  if (workers_) workers_->abort(reason);
+}
+
+std::vector<int> GradientReducer::missing_at_last_timeout() const {
+  return workers_ ? workers_->missing_at_last_timeout() : std::vector<int>{};
+}
+
 void GradientReducer::reduce_bucket(size_t b) {
   if (reduced_[b]->exchange(true)) return;
+  reduce_params(buckets_[b]);
+}
+
+void GradientReducer::reduce_params(const std::vector<size_t>& params) {
   if (used_ == 1) return;  // nothing to add: the master's gradient is the whole gradient
   NoGradGuard no_grad;
   std::vector<Tensor> outputs;
   std::vector<std::vector<Tensor>> inputs(used_ - 1);
-  for (size_t p : buckets_[b]) {
+  for (size_t p : params) {
     const Tensor& master = params_[0][p];
     bool any = master.grad().defined();
     for (size_t r = 1; r < used_; ++r) any = any || params_[r][p].grad().defined();
@@ -79,7 +147,24 @@ void GradientReducer::reduce_bucket(size_t b) {
 }
 
 TransferStats GradientReducer::finish() {
-  for (size_t b = 0; b < buckets_.size(); ++b) reduce_bucket(b);
+  if (shares_ && armed_.load()) {
+    // The workers reduced these in shares (reduce_share); count them as reduce_add_coalesced_into would.
+    std::vector<size_t> rest;
+    for (size_t p = 0; p < params_[0].size(); ++p) {
+      if (!in_shares(p)) {
+        rest.push_back(p);
+        continue;
+      }
+      for (size_t r = 1; r < used_; ++r) {
+        stats_.transfers += 1;
+        stats_.bytes += static_cast<int64_t>(params_[r][p].grad().nbytes());
+      }
+    }
+    reduce_params(rest);
+    reduced_early_ = static_cast<int64_t>(buckets_.size());
+  } else {
+    for (size_t b = 0; b < buckets_.size(); ++b) reduce_bucket(b);
+  }
   armed_.store(false);
   return stats_;
 }

@@ -2,6 +2,8 @@
 // DataParallel and DeviceWorkerPool catch to learn which replica failed first.
 #pragma once
 
+#include <cstddef>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -33,5 +35,10 @@ class ReplicaError : public Error {
   std::string message_;
   std::vector<Failure> later_failures_;
 };
+
+// "replica r on d failed: <what the error says>": the reason to abort a failed replica's partners with
+// (ProcessGroup::abort), so that they do not wait for it. Never throws: out of memory (a likely cause of the
+// failure), it is empty, and an abort without its reason still wakes them.
+std::string replica_failure_reason(size_t replica, const Device& device, const std::exception_ptr& error) noexcept;
 
 }  // namespace dpe

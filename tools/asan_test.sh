@@ -15,6 +15,7 @@ targets=(
   //io:safetensors_header_test
   //engine:worker_pool_test
   //engine:data_parallel_test
+  //engine:gradient_reducer_test
   //engine:ddp_test
   //engine:mode_switch_test
   //engine:auto_split_test

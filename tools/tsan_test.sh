@@ -11,6 +11,7 @@ targets=(
   //core:profiler_test
   //engine:worker_pool_test
   //engine:data_parallel_test
+  //engine:gradient_reducer_test
   //engine:ddp_test
   //engine:mode_switch_test
   //engine:auto_split_test
