@@ -39,6 +39,21 @@ void set_random_grads(const std::vector<std::vector<Tensor>>& params) {
   }
 }
 
+// n CPU replicas of make_params' parameters and a reducer over them.
+struct Replicas {
+  Replicas(int n, milliseconds timeout)
+      : devices(cpu_devices(n)), params(make_params(devices)), reducer(params, devices, 10 << 20, timeout) {}
+  // A step over the first `used` replicas, after which every parameter of every replica has a random
+  // gradient (reduce_in_shares and finish() then reduce them).
+  void step(size_t used) {
+    reducer.prepare(used);
+    set_random_grads(params);
+  }
+  std::vector<Device> devices;
+  std::vector<std::vector<Tensor>> params;
+  GradientReducer reducer;
+};
+
 // What the serial path computes: master + replica 1 + replica 2 + ..., in that order.
 std::vector<Tensor> serial_sums(const std::vector<std::vector<Tensor>>& params) {
   std::vector<Tensor> sums;
@@ -68,12 +83,11 @@ std::vector<std::string> reduce_in_shares(GradientReducer& reducer, size_t repli
 
 TEST(GradientReducerShares, EqualTheSerialSumBitForBit) {
   for (int n : {2, 3}) {
-    const std::vector<Device> devices = cpu_devices(n);
-    std::vector<std::vector<Tensor>> params = make_params(devices);
-    GradientReducer reducer(params, devices, 10 << 20, milliseconds(60000));
+    Replicas replicas(n, milliseconds(60000));
+    GradientReducer& reducer = replicas.reducer;
+    const std::vector<std::vector<Tensor>>& params = replicas.params;
     for (int step = 0; step < 2; ++step) {  // a second step reuses the barrier
-      reducer.prepare(static_cast<size_t>(n));
-      set_random_grads(params);
+      replicas.step(static_cast<size_t>(n));
       const std::vector<Tensor> want = serial_sums(params);
       for (const std::string& e : reduce_in_shares(reducer, static_cast<size_t>(n))) EXPECT_EQ(e, "(no error)");
       const TransferStats stats = reducer.finish();
@@ -93,11 +107,10 @@ TEST(GradientReducerShares, EqualTheSerialSumBitForBit) {
 // A parameter some replica has no gradient for (it was not used there) is not in the shares; finish() adds
 // it as the serial path does, the master's missing gradient counting as zeros.
 TEST(GradientReducerShares, MissingGradientsAreLeftToFinish) {
-  const std::vector<Device> devices = cpu_devices(2);
-  std::vector<std::vector<Tensor>> params = make_params(devices);
-  GradientReducer reducer(params, devices, 10 << 20, milliseconds(60000));
-  reducer.prepare(2);
-  set_random_grads(params);
+  Replicas replicas(2, milliseconds(60000));
+  GradientReducer& reducer = replicas.reducer;
+  const std::vector<std::vector<Tensor>>& params = replicas.params;
+  replicas.step(2);
   params[0][2].set_grad({});  // only replica 1 used parameter 2
   params[1][3].set_grad({});  // only the master used parameter 3
   const Tensor replica_grad = params[1][2].grad().clone(), master_grad = params[0][3].grad().clone();
@@ -113,11 +126,10 @@ TEST(GradientReducerShares, MissingGradientsAreLeftToFinish) {
 // A failed partner wakes the others with its reason; the next step's prepare() makes the barrier usable
 // again.
 TEST(GradientReducerShares, AbortWakesThePartners) {
-  const std::vector<Device> devices = cpu_devices(3);
-  std::vector<std::vector<Tensor>> params = make_params(devices);
-  GradientReducer reducer(params, devices, 10 << 20, milliseconds(60000));
-  reducer.prepare(3);
-  set_random_grads(params);
+  Replicas replicas(3, milliseconds(60000));
+  GradientReducer& reducer = replicas.reducer;
+  const std::vector<std::vector<Tensor>>& params = replicas.params;
+  replicas.step(3);
   std::thread failing([&] {
     std::this_thread::sleep_for(milliseconds(50));
     reducer.abort_shares("replica 2 on cpu:2 failed: injected");
@@ -127,8 +139,7 @@ TEST(GradientReducerShares, AbortWakesThePartners) {
   for (size_t r : {0u, 1u}) EXPECT_NE(errors[r].find("replica 2 on cpu:2 failed: injected"), std::string::npos) << errors[r];
   reducer.finish();
 
-  reducer.prepare(3);
-  set_random_grads(params);
+  replicas.step(3);
   const std::vector<Tensor> want = serial_sums(params);
   for (const std::string& e : reduce_in_shares(reducer, 3)) EXPECT_EQ(e, "(no error)");
   reducer.finish();
@@ -137,24 +148,20 @@ TEST(GradientReducerShares, AbortWakesThePartners) {
 
 // A partner that never comes is a timeout naming it.
 TEST(GradientReducerShares, AMissingPartnerTimesOut) {
-  const std::vector<Device> devices = cpu_devices(2);
-  std::vector<std::vector<Tensor>> params = make_params(devices);
-  GradientReducer reducer(params, devices, 10 << 20, milliseconds(200));
-  reducer.prepare(2);
-  set_random_grads(params);
-  const std::vector<std::string> errors = reduce_in_shares(reducer, 2, /*skip=*/1);
+  Replicas replicas(2, milliseconds(200));
+  replicas.step(2);
+  const std::vector<std::string> errors = reduce_in_shares(replicas.reducer, 2, /*skip=*/1);
   EXPECT_NE(errors[0].find("timed out after 200 ms"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("cpu:1 (rank 1)"), std::string::npos) << errors[0];
-  reducer.finish();
+  replicas.reducer.finish();
 }
 
 // Not every replica used this step (a batch smaller than the device count): the hooks' path, no shares.
 TEST(GradientReducerShares, OnlyWhenEveryReplicaIsUsed) {
-  const std::vector<Device> devices = cpu_devices(3);
-  std::vector<std::vector<Tensor>> params = make_params(devices);
-  GradientReducer reducer(params, devices, 10 << 20, milliseconds(200));
-  reducer.prepare(2);
-  set_random_grads(params);
+  Replicas replicas(3, milliseconds(200));
+  GradientReducer& reducer = replicas.reducer;
+  const std::vector<std::vector<Tensor>>& params = replicas.params;
+  replicas.step(2);
   // Without shares this returns at once (with them it would wait for a third worker and time out).
   for (const std::string& e : reduce_in_shares(reducer, 2)) EXPECT_EQ(e, "(no error)");
   const Tensor want = params[0][0].grad().clone().add_(params[1][0].grad());
