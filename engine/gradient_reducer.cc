@@ -78,7 +78,8 @@ void GradientReducer::prepare(size_t used) {
 }
 
 void GradientReducer::on_gradient_ready(size_t replica, size_t param) {
-  if (!armed_.load() || shares_ || replica >= used_) return;  // a backward the engine does not manage
+  // Not armed, or an unused replica: a backward the engine does not manage. In shares, reduce_share adds them.
+  if (!armed_.load() || shares_ || replica >= used_) return;
   size_t b = bucket_of_[param];
   if (pending_[b]->fetch_sub(1) == 1) {
     reduce_bucket(b);
