@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A soak run, not a test (it takes as long as it is given): dpe_errors_test.sh's `ulimit -v` trainings (both
-# models, DDP and DP mode) over and over, to catch what happens once in thousands of runs. A run that outlives 60
-# s is a hang: every thread's stack goes to DIR/stacks_N.txt (gdb) and its output to DIR/out_N.txt, and the loop
-# goes on. Status 0, 2, 3 and 139 (oneDNN's own NULL dereference, tools/dpe/dpe_errors_test.sh) are expected; any
-# other is printed, and the last line counts the runs that ended with each status.
+# models, DDP and DP mode) over and over, to catch what happens once in thousands of runs. A run that outlives
+# 60 s is a hang: every thread's stack goes to DIR/stacks_N.txt (gdb) and its output to DIR/out_N.txt, and the
+# loop goes on. Status 0, 2, 3 and 139 (oneDNN's own NULL dereference, tools/dpe/dpe_errors_test.sh) are
+# expected; any other is printed, and the last line counts the runs that ended with each status.
 # Found this way (2026-11-26): a DDP partner waiting in the all-reduce for the timeout because the failed
 # replica's abort was lost out of memory (1 run in 2621; none in 10,270 after the fix).
 #
