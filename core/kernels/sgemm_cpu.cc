@@ -23,8 +23,9 @@
 //    transposed and at least kMatmulPrimitiveFlops per matrix, dnnl_sgemm for everything else. A @ B^T is
 //    nn::Linear's forward (the weight is (out, in), as in PyTorch), where dnnl_sgemm is slowest: on the
 //    MLP's x @ W^T at batch 256 it reached 226-229 GFLOP/s on one core against the primitive's 246-250 (and
-//    356-381 against 459-495 on two threads for 512 x 512), while on every other product of the MLP's
-//    backward it is as fast or faster (its weight gradient 10 x 512 x 256: 199 against 122).
+//    356-381 against 459-495 on two threads for 512 x 512), while on the MLP's backward products the two are
+//    within 3% of each other, and dnnl_sgemm is far faster on its 10-wide weight gradient (199 against 122);
+//    the primitive everywhere made the backward 2-5% slower (one core, the MLP's step at batch 256).
 //    Below the threshold the primitive's few microseconds per call (cache lookup, memory objects, execute)
 //    lose: tiny-llama's attention scores (64 x 64 x 32, 0.26 MFLOP) ran at 134 GFLOP/s on dnnl_sgemm and 55
 //    on the primitive; at 2e7 FLOP (~80 us on one core) they are under 4% of the product. A shape's first
