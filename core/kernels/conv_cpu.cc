@@ -10,9 +10,10 @@
 // gradient checks, where speed does not matter but exactness does.
 //
 // Note [oneDNN primitive cache]
-// Building a oneDNN primitive JIT-compiles code (milliseconds), so primitives are kept in a map keyed by
-// every field of Conv2dShape plus the pass, behind a mutex; a training loop hits the same few shapes every
-// step. Primitives are immutable and their scratchpad is user-provided (scratchpad_mode::user, taken per call
+// Building a oneDNN primitive JIT-compiles code (milliseconds), so primitives are kept, keyed by every field of
+// Conv2dShape plus the pass, in a PrimitiveCache (core/kernels/primitive_cache.h: the most recently used
+// kPrimitiveCacheCapacity, so shapes that keep changing do not grow it without end); a training loop hits the
+// same few shapes every step. Primitives are immutable and their scratchpad is user-provided (scratchpad_mode::user, taken per call
 // from the calling thread's scratch cache, core/kernels/scratch.h), so one primitive may execute on several
 // threads at once (one per CPU device worker). Each call makes its own dnnl::stream. oneDNN parallelises with
 // OpenMP using the calling thread's omp_get_max_threads() (each device worker sets its share, see
@@ -24,9 +25,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -40,6 +39,7 @@
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/onednn.h"
+#include "core/kernels/primitive_cache.h"
 #include "core/kernels/scratch.h"
 
 namespace dpe::kernels {
@@ -227,21 +227,13 @@ std::string context_of(const Conv2dShape& s) {
                               ", kernel (", s.kh, ", ", s.kw, "), groups ", s.groups);
 }
 
-// Note [oneDNN primitive cache]. Grows without bound; a model has a handful of conv shapes.
+// Note [oneDNN primitive cache]: the most recent kPrimitiveCacheCapacity (core/kernels/primitive_cache.h).
 std::shared_ptr<const CachedPrimitive> primitive_for(const char* what, Pass pass, const Conv2dShape& s) {
-  static std::mutex mutex;
-  static auto* cache = new std::map<Key, std::shared_ptr<const CachedPrimitive>>;  // never destroyed
-  const Key key = key_of(pass, s);
-  {
-    std::lock_guard lock(mutex);
-    auto it = cache->find(key);
-    if (it != cache->end()) return it->second;
-  }
-  // Built outside the lock (JIT compilation is slow); a race builds twice and keeps the first.
-  detail::check_space_for_onednn_build(what, context_of(s));
-  auto built = std::make_shared<const CachedPrimitive>(build(pass, s));
-  std::lock_guard lock(mutex);
-  return cache->emplace(key, std::move(built)).first->second;
+  static auto* cache = new detail::PrimitiveCache<Key, CachedPrimitive>;  // never destroyed
+  return cache->get(key_of(pass, s), [&] {
+    detail::check_space_for_onednn_build(what, context_of(s));
+    return build(pass, s);
+  });
 }
 
 // One argument of a call: its oneDNN id and the caller's pointer (conv.h's plain layout).

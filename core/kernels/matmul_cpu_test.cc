@@ -16,6 +16,8 @@
 
 #include "core/error.h"
 #include "core/kernels/matmul.h"
+#include "core/kernels/onednn.h"
+#include "core/kernels/primitive_cache.h"
 #include "core/kernels/sgemm_choice.h"
 #include "tests/testing/errors.h"
 #include "tests/testing/kernel_test_util.h"
@@ -434,6 +436,23 @@ TEST(SgemmBackends, DefaultPolicyRunsTheRulesLibrary) {
         << "expected " << sgemm_backend_name(c.want) << " for trans_a " << (c.ta == Transpose::Yes) << ", trans_b "
         << (c.tb == Transpose::Yes);
   }
+}
+
+// Shapes that keep changing (here 300 batch sizes through the matmul primitive) keep at most
+// kPrimitiveCacheCapacity primitives, and a shape evicted and met again is built again, with the same bits.
+TEST(SgemmBackends, MatmulPrimitivesAreBounded) {
+  ForcedSgemm forced(SgemmPolicy::OnednnMatmul);
+  Problem<float> first(1, 48, 40, Transpose::No, Transpose::Yes, 1.0, 0.0);
+  gemm_cpu(first.args);
+  for (int64_t m = 2; m < 2 + static_cast<int64_t>(detail::kPrimitiveCacheCapacity) + 44; ++m) {
+    Problem<float> p(m, 48, 40, Transpose::No, Transpose::Yes, 1.0, 0.0);
+    gemm_cpu(p.args);
+    if (m % 50 == 0) p.check("m " + std::to_string(m));
+  }
+  EXPECT_EQ(detail::onednn_matmul_primitives_cached(), detail::kPrimitiveCacheCapacity);
+  Problem<float> again(1, 48, 40, Transpose::No, Transpose::Yes, 1.0, 0.0);  // evicted long ago
+  gemm_cpu(again.args);
+  EXPECT_EQ(again.c, first.c);
 }
 
 // The measured choice is recorded once per (shape, thread share), names every eligible candidate with a

@@ -30,5 +30,7 @@ inline constexpr size_t kOneDnnBuildReserve = size_t{16} << 20;
 // matrix of `g` (its batch fields are ignored), A and B of g.dtype: float32 or bfloat16 (float32
 // accumulation). Arguments already checked by gemm_cpu.
 void onednn_matmul(const GemmArgs& g, const void* a, const void* b, float* c);
+// How many matmul primitives are cached now (tests; at most kPrimitiveCacheCapacity).
+size_t onednn_matmul_primitives_cached();
 
 }  // namespace dpe::kernels::detail

@@ -3,7 +3,7 @@
 // core/amp/autocast.h).
 //
 // One primitive per (operand dtype, shape, strides, scalars, thread share), cached like conv_cpu.cc's (Note
-// [oneDNN primitive cache] there): alpha is the output scale, beta != 0 a sum post-op (beta == 0 writes C
+// [oneDNN primitive cache] there; the most recent kPrimitiveCacheCapacity, core/kernels/primitive_cache.h): alpha is the output scale, beta != 0 a sum post-op (beta == 0 writes C
 // without reading it, NaN included, as BLAS does). Transposed operands are strided memory descriptors, never
 // copies.
 // Threads: the primitive runs on omp_get_max_threads() of the calling thread (its device's share), which is
@@ -12,9 +12,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -22,6 +20,7 @@
 #include "core/error.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/onednn.h"
+#include "core/kernels/primitive_cache.h"
 #include "core/kernels/scratch.h"
 
 namespace dpe::kernels {
@@ -77,9 +76,12 @@ CachedMatmul build_matmul(const GemmArgs& g) {
   return built;
 }
 
+detail::PrimitiveCache<MatmulKey, CachedMatmul>& matmul_cache() {
+  static auto* cache = new detail::PrimitiveCache<MatmulKey, CachedMatmul>;  // never destroyed
+  return *cache;
+}
+
 std::shared_ptr<const CachedMatmul> matmul_for(const GemmArgs& g) {
-  static std::mutex mutex;
-  static auto* cache = new std::map<MatmulKey, std::shared_ptr<const CachedMatmul>>;  // never destroyed
   const MatmulKey key{static_cast<int>(g.dtype),
                       g.m,
                       g.n,
@@ -92,16 +94,10 @@ std::shared_ptr<const CachedMatmul> matmul_for(const GemmArgs& g) {
                       g.alpha,
                       g.beta,
                       omp_get_max_threads()};
-  {
-    std::lock_guard lock(mutex);
-    auto it = cache->find(key);
-    if (it != cache->end()) return it->second;
-  }
-  // Built outside the lock (JIT compilation is slow); a race builds twice and keeps the first.
-  detail::check_space_for_onednn_build("gemm_cpu", context_of(g));
-  auto built = std::make_shared<const CachedMatmul>(build_matmul(g));
-  std::lock_guard lock(mutex);
-  return cache->emplace(key, std::move(built)).first->second;
+  return matmul_cache().get(key, [&] {
+    detail::check_space_for_onednn_build("gemm_cpu", context_of(g));
+    return build_matmul(g);
+  });
 }
 
 }  // namespace
@@ -118,6 +114,8 @@ bool cpu_has_bf16_instructions() {
 }
 
 namespace detail {
+
+size_t onednn_matmul_primitives_cached() { return matmul_cache().size(); }
 
 void onednn_matmul(const GemmArgs& g, const void* a, const void* b, float* c) {
   try {
