@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The concurrent code's tests under ThreadSanitizer (--config=tsan: dbg build, own output tree): the backward
-# profiler, the worker pool, both DataParallel modes and their reducers, the deterministic mode's sums across
-# devices, the collectives, SyncBatchNorm, the data loader's prefetch thread. Ends with the same "N passed, N
-# failed, N skipped" line as tools/test.sh. Extra arguments go to `bazel test` (e.g. --runs_per_test=5 to hunt
-# for a flaky race).
+# profiler, the oneDNN primitive cache, the worker pool, both DataParallel modes and their reducers, the
+# deterministic mode's sums across devices, the collectives, SyncBatchNorm, the data loader's prefetch thread.
+# Ends with the same "N passed, N failed, N skipped" line as tools/test.sh. Extra arguments go to `bazel test`
+# (e.g. --runs_per_test=5 to hunt for a flaky race).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 targets=(
   //core:profiler_test
+  //core:primitive_cache_cpu_test
   //engine:worker_pool_test
   //engine:data_parallel_test
   //engine:gradient_reducer_test
