@@ -3,9 +3,9 @@
 // core/amp/autocast.h).
 //
 // One primitive per (operand dtype, shape, strides, scalars, thread share), cached like conv_cpu.cc's (Note
-// [oneDNN primitive cache] there; the most recent kPrimitiveCacheCapacity, core/kernels/primitive_cache.h): alpha is the output scale, beta != 0 a sum post-op (beta == 0 writes C
-// without reading it, NaN included, as BLAS does). Transposed operands are strided memory descriptors, never
-// copies.
+// [oneDNN primitive cache] there; the most recent kPrimitiveCacheCapacity, core/kernels/primitive_cache.h):
+// alpha is the output scale, beta != 0 a sum post-op (beta == 0 writes C without reading it, NaN included, as
+// BLAS does). Transposed operands are strided memory descriptors, never copies.
 // Threads: the primitive runs on omp_get_max_threads() of the calling thread (its device's share), which is
 // part of the key. Primitives are immutable and their scratchpad is allocated per call
 // (scratchpad_mode::user), so one may run on several workers at once.
