@@ -101,7 +101,8 @@ void DataParallel::build_reducer() {
     ddp_reducer_ = std::make_unique<DdpReducer>(std::move(params), std::move(names), group_, reducer_options);
   } else if (device_ids_.size() > 1) {
     reducer_.reset();
-    reducer_ = std::make_unique<GradientReducer>(std::move(params), device_ids_, options_.bucket_bytes, options_.timeout);
+    reducer_ =
+        std::make_unique<GradientReducer>(std::move(params), device_ids_, options_.bucket_bytes, options_.timeout);
   }
 }
 

@@ -136,7 +136,9 @@ TEST(GradientReducerShares, AbortWakesThePartners) {
   });
   const std::vector<std::string> errors = reduce_in_shares(reducer, 3, /*skip=*/2);
   failing.join();
-  for (size_t r : {0u, 1u}) EXPECT_NE(errors[r].find("replica 2 on cpu:2 failed: injected"), std::string::npos) << errors[r];
+  for (size_t r : {0u, 1u}) {
+    EXPECT_NE(errors[r].find("replica 2 on cpu:2 failed: injected"), std::string::npos) << errors[r];
+  }
   reducer.finish();
 
   replicas.step(3);
