@@ -52,6 +52,10 @@ void gemm_cpu(const GemmArgs& args);
 void prepare_cpu_gemm() noexcept;
 
 namespace detail {
+// 2 m n k: the FLOPs of one matrix of `args` (its batch not counted).
+inline double matrix_flops(const GemmArgs& args) {
+  return 2.0 * static_cast<double>(args.m) * static_cast<double>(args.n) * static_cast<double>(args.k);
+}
 // The OpenMP threads gemm_cpu runs a call on: 1 when its products (every batch entry) add up to less than its
 // threshold (Note [Small GEMMs on one thread] in matmul_cpu.cc), else the calling thread's omp_get_max_threads().
 int gemm_threads(const GemmArgs& args);

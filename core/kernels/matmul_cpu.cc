@@ -131,9 +131,7 @@ class OneOmpThread {
 }  // namespace
 
 int detail::gemm_threads(const GemmArgs& g) {
-  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) *
-                       static_cast<double>(g.batch);
-  return flops < kOneThreadFlops ? 1 : omp_get_max_threads();
+  return matrix_flops(g) * static_cast<double>(g.batch) < kOneThreadFlops ? 1 : omp_get_max_threads();
 }
 
 // For b in [0, batch): C[b] (m, n) = alpha * op(A[b]) (m, k) @ op(B[b]) (k, n) + beta * C[b].

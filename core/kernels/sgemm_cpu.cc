@@ -124,10 +124,9 @@ SgemmPolicy forcing(SgemmBackend backend) {
 }
 
 SgemmBackend onednn_rule(const GemmArgs& g) {
-  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   const bool a_times_b_transposed = g.trans_a == Transpose::No && g.trans_b == Transpose::Yes;
-  return a_times_b_transposed && flops >= kMatmulPrimitiveFlops ? SgemmBackend::OnednnMatmul
-                                                                 : SgemmBackend::OnednnSgemm;
+  return a_times_b_transposed && detail::matrix_flops(g) >= kMatmulPrimitiveFlops ? SgemmBackend::OnednnMatmul
+                                                                                  : SgemmBackend::OnednnSgemm;
 }
 
 SgemmPolicy parse_sgemm_policy(std::string_view text) {
@@ -298,7 +297,7 @@ SgemmChoice measure(const GemmArgs& g, int threads) {
       best[i] = std::min(best[i], t / static_cast<double>(calls));
     }
   }
-  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  const double flops = detail::matrix_flops(g);
   size_t winner = 0;  // candidates[0] is onednn-sgemm
   for (size_t i = 0; i < candidates.size(); ++i) {
     choice.gflops.emplace_back(candidates[i], flops / best[i] * 1e-9);
