@@ -20,8 +20,10 @@ void reduce_buffers_cpu(DType dtype, ReduceOp op, const std::vector<const void*>
 
 // out[m][i] = sum over k, in order, of scales[k] x in[k][i], each product rounded to `dtype` on its own (as a
 // scaled copy followed by a sum rounds it), for float32 and float64 (anything else throws an internal error).
-// Outputs may alias inputs as above.
+// Outputs may alias inputs as above. outputs[local] is the calling member's own, the one this thread's core
+// reads next; with two members the other one is written past the caches (Note [Streaming the partner's
+// sums] in reduce_buffers.cc), and every store is visible to other threads when the call returns.
 void weighted_sum_buffers_cpu(DType dtype, const std::vector<const void*>& inputs, const std::vector<double>& scales,
-                              const std::vector<void*>& outputs, int64_t count);
+                              const std::vector<void*>& outputs, size_t local, int64_t count);
 
 }  // namespace dpe

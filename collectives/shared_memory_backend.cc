@@ -107,7 +107,7 @@ void SharedMemoryBackend::all_reduce_into(int rank, const PostedAll& posted) {
         in[m] = static_cast<const char*>(posted[m]->list[i].data_ptr()) + (lo - piece_begin) * bytes;
         out[m] = static_cast<char*>(posted[m]->tensor.data_ptr()) + lo * bytes;
       }
-      weighted_sum_buffers_cpu(dtype, in, scales, out, hi - lo);
+      weighted_sum_buffers_cpu(dtype, in, scales, out, static_cast<size_t>(rank), hi - lo);
     }
     piece_begin = piece_end;
   }
