@@ -71,17 +71,17 @@ void reduce_plain(ReduceOp op, const std::vector<const void*>& inputs, const std
 }
 
 // Note [Streaming the partner's sums]
-// DDP's all-reduce on CPU devices in one process (all_reduce_into) has each member sum its share of the bucket
-// and write the sums into every member's bucket. The partner's copy is read next by the partner's optimizer,
-// on the partner's core. A plain store first fetches its line for ownership, out of the partner's cache where
-// its last optimizer step left it, and the partner's read then fetches the line back: it crosses between the
-// cores twice. A non-temporal store writes whole lines past the caches without fetching them, and the
-// partner reads them from memory, which its prefetchers stream. On the MLP's DDP step (2 CPU devices, 2.7 MB of
-// gradients) that took the all-reduce from 0.35-0.48 to 0.14-0.25 ms a step (docs/BENCHMARKS.md). The
-// member's own sums stay plain stores: its optimizer reads them next, from this core's cache. The sfence at
-// the end orders the streamed stores before whatever the member stores next, so the rendezvous that tells the
-// partner the sums are there publishes them too. Only the two-member float32 pass streams (the measured case:
-// these VMs have two cores); more members write every output plainly.
+// DDP's all-reduce on CPU devices in one process (all_reduce_into) has each member sum its share of the bucket and
+// write the sums into every member's bucket. The partner's copy is read next by the partner's optimizer, on the
+// partner's core. A plain store first fetches its line for ownership, out of the partner's cache where its last
+// optimizer step left it, and the partner's read then fetches the line back: it crosses between the cores twice. A
+// non-temporal store writes whole lines past the caches without fetching them, and the partner reads them from memory,
+// which its prefetchers stream. On the MLP's DDP step (2 CPU devices, 2.7 MB of gradients) the step got 0.06-0.11 ms
+// shorter in four alternating pairs, the all-reduce taking 0.18-0.26 against 0.18-0.38 ms (docs/BENCHMARKS.md,
+// eighteenth session). The member's own sums stay plain stores: its optimizer reads them next, from this core's cache.
+// The sfence at the end orders the streamed stores before whatever the member stores next, so the rendezvous that tells
+// the partner the sums are there publishes them too. Only the two-member float32 pass streams (the measured case: these
+// VMs have two cores); more members write every output plainly.
 
 // Two members: local[i] = remote[i] = sa x a[i] + sb x b[i], one pass.
 template <typename T>
