@@ -24,7 +24,9 @@
 //     134: 2 of 4,212 runs of tools/reliability/ulimit_stress.sh, 2026-11-26), and a JIT code buffer it failed
 //     to allocate is the SIGSEGV below (`dpe train --model cnn` under `ulimit -v 243930`, 100 runs: 95 SIGSEGV,
 //     2 std::terminate and 3 out-of-memory errors before, 100 errors after). Another thread can take the
-//     space between the check and the build, so it makes those failures unlikely, not impossible. Most
+//     space between the check and the build, so it makes those failures unlikely, not impossible (the largest
+//     such taker, glibc making a thread's malloc arena, the tool rules out under an address-space limit: Note
+//     [One malloc arena under an address-space limit] in tools/dpe/malloc_arenas.h). Most
 //     SIGSEGVs left in the soak (19 in 4,836 runs, against 166 in 4,212 before) were dnnl_sgemm's one-time
 //     JIT initialisation (~6 MB of address space, all float32 kernels at once, inside std::call_once) on one
 //     device's worker while the other device's forward allocated its activations: DeviceWorkerPool now has

@@ -22,6 +22,7 @@
 #include "collectives/process_group.h"
 #include "core/error.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/malloc_arenas.h"
 
 int main(int argc, char** argv) {
   // oneDNN's OpenMP threads spin after every GEMM by default, taking the cores that the next kernels (oneTBB)
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
     }
   }
   if (restart) execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+  dpe::tool::one_malloc_arena_under_address_limit();  // before any thread starts (tools/dpe/malloc_arenas.h)
   // Built inside the try below: building the options allocates, and running out of memory there is reported
   // like anywhere else.
   std::optional<CLI::App> app;
