@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -63,7 +64,10 @@ int in_child(F child) {
 // The child's result: 0 if it limited malloc as `expect_limited` says, else 1; then 10 + the arena count.
 int run_case(bool set_limit, bool expect_limited) {
   if (set_limit) {
-    const rlimit limit{rlim_t{4} << 30, rlim_t{4} << 30};  // 4 GiB: room for every arena glibc would make
+    // 4 GiB, room for every arena glibc would make (or the hard limit, if lower); the hard limit stays.
+    rlimit limit{};
+    if (getrlimit(RLIMIT_AS, &limit) != 0) return 2;
+    limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? rlim_t{4} << 30 : std::min(rlim_t{4} << 30, limit.rlim_max);
     if (setrlimit(RLIMIT_AS, &limit) != 0) return 2;
   }
   if (one_malloc_arena_under_address_limit() != expect_limited) return 1;
