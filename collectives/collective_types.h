@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "collectives/reduce_buffers.h"
 
@@ -21,5 +24,17 @@ enum class Collective {
 };
 inline constexpr size_t kNumCollectives = 11;
 const char* collective_name(Collective c);
+
+namespace collectives {
+
+// [begin, end) of the `count` elements (of element_bytes each) member `rank` of `n` reduces: `shares`
+// (normalised, one per member; empty: 1/n each) of them, boundaries rounded up to 64-byte lines so that no two
+// members write one cache line. Every member computes the same boundaries, so the ranges tile [0, count). The
+// shared-memory backend's split of a reduction among CPU members, and DP's reduction in shares
+// (engine/gradient_reducer.h).
+std::pair<int64_t, int64_t> work_range(int64_t count, size_t element_bytes, int n, int rank,
+                                       const std::vector<double>& shares);
+
+}  // namespace collectives
 
 }  // namespace dpe

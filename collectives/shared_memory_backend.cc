@@ -1,7 +1,6 @@
 #include "collectives/shared_memory_backend.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/copy.h"
 #include "core/dispatch.h"
@@ -9,18 +8,6 @@
 #include "core/kernels/reduce.h"
 
 namespace dpe::collectives {
-
-std::pair<int64_t, int64_t> work_range(int64_t count, size_t element_bytes, int n, int rank,
-                                       const std::vector<double>& shares) {
-  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(element_bytes));
-  auto boundary = [&](int r) {
-    double before = 0;
-    for (int k = 0; k < r; ++k) before += shares.empty() ? 1.0 / n : shares[static_cast<size_t>(k)];
-    const auto at = static_cast<int64_t>(std::llround(before * static_cast<double>(count)));
-    return r == n ? count : std::min(count, (at + align - 1) / align * align);
-  };
-  return {boundary(rank), boundary(rank + 1)};
-}
 
 namespace {
 

@@ -56,10 +56,4 @@ class SharedMemoryBackend : public Backend {
 
 std::unique_ptr<Backend> make_shared_memory_backend(const std::vector<Device>& devices);
 
-// [begin, end) of the `count` elements (of element_bytes each) member `rank` of `n` reduces: `shares`
-// (normalised, one per member; empty: 1/n each) of them, boundaries rounded up to 64-byte lines so that no two
-// members write one cache line. Every member computes the same boundaries, so the ranges tile [0, count).
-std::pair<int64_t, int64_t> work_range(int64_t count, size_t element_bytes, int n, int rank,
-                                       const std::vector<double>& shares);
-
 }  // namespace dpe::collectives

@@ -11,18 +11,6 @@ namespace dpe {
 
 namespace {
 
-// [begin, end) of the n elements that worker `rank` of `workers` adds (Note [DP reduction in shares]): an even
-// split with its boundaries on 64-byte lines, so that no two workers write one cache line.
-std::pair<int64_t, int64_t> share_of(int64_t n, size_t element_bytes, size_t workers, size_t rank) {
-  const auto line = std::max<int64_t>(1, 64 / static_cast<int64_t>(element_bytes));
-  auto boundary = [&](size_t r) {
-    if (r == workers) return n;
-    const int64_t even = n * static_cast<int64_t>(r) / static_cast<int64_t>(workers);
-    return std::min(n, (even + line - 1) / line * line);
-  };
-  return {boundary(rank), boundary(rank + 1)};
-}
-
 bool all_cpu(const std::vector<Device>& devices) {
   return std::all_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_cpu(); });
 }
@@ -107,7 +95,9 @@ void GradientReducer::reduce_share(size_t replica) {
   for (size_t p = 0; p < params_[0].size(); ++p) {
     if (!in_shares(p)) continue;
     Tensor master = params_[0][p].grad().view({-1});
-    auto [begin, end] = share_of(master.numel(), element_size(master.dtype()), used_, replica);
+    // An even split, on 64-byte lines: no two workers write one cache line.
+    auto [begin, end] = collectives::work_range(master.numel(), element_size(master.dtype()), static_cast<int>(used_),
+                                                static_cast<int>(replica), {});
     if (begin == end) continue;
     Tensor mine = master.narrow(0, begin, end - begin);
     for (size_t r = 1; r < used_; ++r) mine.add_(params_[r][p].grad().view({-1}).narrow(0, begin, end - begin));

@@ -16,8 +16,8 @@
 // of the backward, since its one bucket completes last). When every device is a CPU device and every replica
 // is used, the hooks reduce nothing: each worker calls reduce_share(r) after its backward, the workers meet
 // (a barrier of a process group over the devices, so a failed or lost partner is an error, not a hang), and
-// worker r adds its share of every gradient's elements (64-byte aligned ranges, as the in-process all-reduce
-// splits a bucket) of replicas 1..n-1 into the master's .grad, in replica order: the same sum, bit for bit.
+// worker r adds its share of every gradient's elements (collectives::work_range, the in-process all-reduce's
+// split of a bucket) of replicas 1..n-1 into the master's .grad, in replica order: the same sum, bit for bit.
 // Parameters whose gradient is missing on some replica, or not contiguous, are left to finish(), which
 // reduces them as above. The MLP's DP step at batch 512 on two cores: 4.12-4.25 ms against 4.15-4.49 in six
 // alternating pairs, shorter in five (docs/BENCHMARKS.md).
