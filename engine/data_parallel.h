@@ -183,7 +183,8 @@ struct TensorSlots;  // where a step's tensor arguments are (dp_mode.cc)
 
 // DDP's no_sync(): while alive, backward passes accumulate gradients locally without any collective; the
 // next synchronised backward reduces the accumulated gradients. In DP mode gradients always land in the
-// master, so accumulation needs nothing and the guard changes nothing.
+// master, so accumulation needs nothing and the guard changes nothing; in the deterministic mode every
+// backward sums its shards (engine/deterministic_step.cc), so the guard changes nothing there either.
 class NoSyncGuard {
  public:
   explicit NoSyncGuard(DataParallel& dp);

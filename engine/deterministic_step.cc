@@ -15,7 +15,9 @@
 //     shard's forward from S) are averaged in the same tree: statistics are per virtual shard, and the step's
 //     update is the mean of the shards' (integer buffers take shard 0's).
 //  4. DP: the master's .grad gets the sum (accumulating onto a defined one) and its buffers the mean; DDP:
-//     every replica's. The optimizers then do the same arithmetic in either mode.
+//     every replica's. The optimizers then do the same arithmetic in either mode. Inside no_sync too: the
+//     sum is per backward, so accumulated steps end with the same gradients a synchronised backward would
+//     give, and no replica's .grad is ever only its own.
 // CUDA devices: the same, as far as the kernels are deterministic (docs/DATA_PARALLEL.md lists them): cuDNN's
 // convolutions run deterministic algorithms (conv_cuda.cu; a step refuses CUDA devices while
 // backends::cudnn::benchmark is on: it may choose others, per device), cuBLAS repeats its bits on one stream

@@ -2,6 +2,8 @@
 // the CNN (BatchNorm: statistics per virtual shard), SGD with momentum and AdamW, even and uneven batches.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "core/backends.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
@@ -125,6 +127,34 @@ TEST(Deterministic, TheDefaultModeDiffersAcrossDeviceCounts) {
   bool any_differs = false;
   for (size_t k = 0; k < one.size(); ++k) any_differs = any_differs || !equal(one[k].second, two[k].second);
   EXPECT_TRUE(any_differs);
+}
+
+// Inside no_sync every backward still sums its shards into every replica (deterministic_step.cc, step 4):
+// micro-batches accumulated under the guard give each replica the bits of the same backwards without it.
+TEST(Deterministic, NoSyncStillSumsEveryBackwardIntoEveryReplica) {
+  auto gradients = [](bool guarded) {
+    manual_seed(80);
+    DataParallel dp(models::make_model("mlp"),
+                    {.device_ids = cpu_devices(2), .mode = ParallelMode::DDP, .deterministic = true});
+    const auto micro = batches({"mlp", false, 8, 3});
+    {
+      std::optional<NoSyncGuard> guard;
+      if (guarded) guard.emplace(dp);
+      for (int m = 0; m < 2; ++m) dp.forward_backward(micro[m].first, micro[m].second, models::model_loss("mlp"));
+    }
+    dp.forward_backward(micro[2].first, micro[2].second, models::model_loss("mlp"));
+    std::vector<std::vector<Tensor>> grads(2);
+    for (size_t r = 0; r < 2; ++r) {
+      for (const Tensor& p : dp.replica(r).parameters()) grads[r].push_back(p.grad().clone());
+    }
+    return grads;
+  };
+  const auto plain = gradients(false), guarded = gradients(true);
+  for (size_t r = 0; r < 2; ++r) {
+    for (size_t p = 0; p < plain[0].size(); ++p) {
+      EXPECT_TRUE(equal(guarded[r][p], plain[0][p])) << "replica " << r << " parameter " << p;
+    }
+  }
 }
 
 TEST(Deterministic, RefusesWhatItCannotMakeDeterministic) {

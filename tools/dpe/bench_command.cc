@@ -8,7 +8,11 @@
 //
 // "One device" gets one device's share of the machine: on CPU devices, cores / number of devices threads,
 // the share each device has in DP and DDP mode, so the scaling efficiency compares like with like. The
-// "single-all" mode runs one device on every core.
+// "single-all" mode runs one device on every core. The "ddp-no-sync" mode is DDP with every backward inside
+// no_sync() and every replica stepping its own optimizer on its own gradients: the same workers, shards and
+// optimizers with nothing exchanged, so its scaling is the most data parallelism can get from these devices
+// (memory bandwidth and caches shared between the cores included), and dp and ddp are also shown as a share
+// of it, the cost of their exchanges. It trains nothing useful (the replicas drift apart); it is a bound.
 //
 // --profile runs as many steps again after each mode's timed ones with the backward profiled
 // (core/autograd/profiler.h) and prints, per mode, where the backward's time goes by node kind.
@@ -49,6 +53,12 @@
 namespace dpe::tool {
 
 namespace {
+
+// DDP with nothing exchanged (the file's comment says why it exists).
+constexpr const char* kNoSyncMode = "ddp-no-sync";
+
+// Modes whose replicas each take a shard of the batch (so every device needs a sample of it).
+bool shards_per_replica(const std::string& mode) { return needs_ddp_shards(mode) || mode == kNoSyncMode; }
 
 struct BenchArgs {
   std::string model = "mlp", json, csv, png, pytorch_script, data_dir;
@@ -167,7 +177,8 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
   Row row;
   row.config = row.mode = mode;
   row.precision = precision;
-  std::string engine_mode = mode == "single-all" ? "single" : mode;
+  const bool no_sync = mode == kNoSyncMode;
+  const std::string engine_mode = mode == "single-all" ? "single" : no_sync ? "ddp" : mode;
   const std::optional<CollectiveBackend> dist = dist_backend(args.dist, devices);
   const bool across_processes = dist.has_value();
   std::unique_ptr<DataParallel> dp = make_engine(
@@ -201,7 +212,16 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
     auto step = [&](int64_t s) {
       auto [x, y] = batch_at(s);
       PrecisionScope autocast(precision, devices);
-      dp->train_step(x, y, loss);
+      if (!no_sync) {
+        dp->train_step(x, y, loss);
+        return;
+      }
+      dp->zero_grad();
+      {
+        NoSyncGuard local_gradients = dp->no_sync();
+        dp->forward_backward(x, y, loss);
+      }
+      dp->optimizer_step();  // each replica on its own gradients
     };
     for (int64_t s = 0; s < args.warmup || (dp->mode_is_auto() && !chosen()); ++s) step(s);
     for (const Device& d : dp->device_ids()) reset_peak_memory_stats(d);
@@ -370,6 +390,23 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
                   r.samples_per_s, "", r.step_ms);
     }
   }
+  // Each dpe row against the no-sync row of its precision: what its exchanges cost on these devices.
+  for (const Row& bound : rows) {
+    if (bound.framework != "dpe" || bound.mode != kNoSyncMode || !bound.note.empty()) continue;
+    std::string shares;
+    for (const Row& r : rows) {
+      if (r.framework == "dpe" && r.precision == bound.precision && r.devices == bound.devices && &r != &bound) {
+        char share[96];
+        std::snprintf(share, sizeof share, "%s%s %.0f%%", shares.empty() ? "" : ", ", r.config.c_str(),
+                      100 * r.samples_per_s / bound.samples_per_s);
+        shares += share;
+      }
+    }
+    if (!shares.empty()) {
+      std::printf("# %s exchanges nothing, the most data parallelism gets from these devices: %s of it\n",
+                  bound.config.c_str(), shares.c_str());
+    }
+  }
   // The CPU's FMA peak and GEMM choices describe CPU devices: a table of CUDA devices ends with its rows.
   const bool on_cpu = std::ranges::all_of(rows, [](const Row& r) {
     return std::ranges::all_of(r.peak, [](const auto& entry) { return entry.first.is_cpu(); });
@@ -524,13 +561,19 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
   if (args.dist != "none") {
     dist_backend(args.dist, devices);  // its checks
     for (const std::string& mode : args.modes) {
-      DPE_CHECK(mode == "ddp" || mode == "dp", "--modes ", join_commas(args.modes), " with --dist ", args.dist, ": ",
-                mode, mode == "auto" ? " switches modes, which it cannot across processes" : " runs on one device",
-                "; expected ddp and/or dp");
+      DPE_CHECK(mode == "ddp" || mode == "dp" || mode == kNoSyncMode, "--modes ", join_commas(args.modes),
+                " with --dist ", args.dist, ": ", mode,
+                mode == "auto" ? " switches modes, which it cannot across processes" : " runs on one device",
+                "; expected ddp, dp and/or ", kNoSyncMode);
     }
-  } else if (std::ranges::any_of(args.modes, needs_ddp_shards)) {
+  } else if (std::ranges::any_of(args.modes, shards_per_replica)) {
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(devices.size()));
   }
+  // The deterministic step sums every backward's shards whatever no_sync says (engine/deterministic_step.cc,
+  // step 4), so its no-sync row would exchange as much as its ddp row.
+  DPE_CHECK(!args.deterministic || std::ranges::find(args.modes, kNoSyncMode) == args.modes.end(), "--modes ",
+            join_commas(args.modes), " with --deterministic: ", kNoSyncMode,
+            " has no deterministic form (the deterministic step reduces every backward); drop one of them");
   for (const std::string& precision : args.precisions) check_precision(precision, devices);
   if (args.channels_last) check_channels_last(args.model);
   set_cudnn_benchmark(args.cudnn_benchmark, args.deterministic, devices);
@@ -617,8 +660,11 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "Single-device, DP and DDP mode on the same model, data and batch");
   cmd->add_option("--model", args->model, "model")->check(CLI::IsMember(models::kModelNames));
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
-                                            "modes to run; single-all: one device on every core (--dist mpi: dp, ddp)",
-                                            {"single", "single-all", "dp", "ddp", "auto"});
+                                            "modes to run; single-all: one device on every core; ddp-no-sync: ddp "
+                                            "exchanging nothing (every backward in no_sync, every replica stepping on "
+                                            "its own gradients), the most data parallelism gets from these devices "
+                                            "(--dist mpi: dp, ddp, ddp-no-sync)",
+                                            {"single", "single-all", "dp", "ddp", kNoSyncMode, "auto"});
   CLI::Option* deterministic = cmd->add_flag(
       "--deterministic", args->deterministic, "every mode in the deterministic mode (rows single-det, dp-det, ...): "
       "bitwise the same for any device count; compare with a run without it for its cost");

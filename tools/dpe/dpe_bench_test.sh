@@ -6,18 +6,26 @@ tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fail=0
 # --cpu-devices 2 throughout: CPU devices also where there is a GPU (the CPU GEMM choice, CPU device names).
 out=$(DPE_CPU_SGEMM=auto "$bin" bench --model mlp --cpu-devices 2 --batch-size 64 --steps 2 --warmup 1 \
-      --modes single,single-all,dp,ddp,auto \
+      --modes single,single-all,dp,ddp,auto,ddp-no-sync \
       --csv "$tmp/b.csv" --json "$tmp/b.json" 2>&1) || { echo "FAILED: $out"; exit 1; }
 echo "$out"
 # auto's row names the mode it chose
-rows=$(grep -cE '^dpe +(single|single-all|dp|ddp|auto->dp|auto->ddp) ' <<<"$out")
-[[ $rows -eq 5 ]] || { echo "FAILED: $rows table rows (want 5)"; fail=1; }
-[[ $(wc -l < "$tmp/b.csv") -eq 6 ]] || { echo "FAILED: CSV lines"; fail=1; }
+rows=$(grep -cE '^dpe +(single|single-all|dp|ddp|auto->dp|auto->ddp|ddp-no-sync) ' <<<"$out")
+[[ $rows -eq 6 ]] || { echo "FAILED: $rows table rows (want 6)"; fail=1; }
+[[ $(wc -l < "$tmp/b.csv") -eq 7 ]] || { echo "FAILED: CSV lines"; fail=1; }
+# ddp-no-sync bounds the others: each 2-device row as a share of it.
+grep -qE '^# ddp-no-sync exchanges nothing, the most data parallelism gets from these devices: dp [0-9]+%, ddp [0-9]+%, auto->d?dp [0-9]+% of it$' \
+  <<<"$out" || { echo "FAILED: no line of shares of ddp-no-sync"; fail=1; }
 python3 - "$tmp/b.json" <<'PY' || fail=1
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
 assert [r["config"] for r in rows][:4] == ["single", "single-all", "dp", "ddp"], rows
 assert rows[4]["config"] in ("auto->dp", "auto->ddp"), rows
+# ddp-no-sync runs DDP's phases but reduces nothing; ddp does reduce.
+no_sync = rows[5]
+assert no_sync["config"] == "ddp-no-sync" and no_sync["devices"] == 2, no_sync
+assert no_sync["phases_ms"]["backward"] > 0 and no_sync["phases_ms"]["optimizer"] > 0, no_sync
+assert no_sync["phases_ms"]["reduce"] == 0 and rows[3]["phases_ms"]["reduce"] > 0, rows
 for r in rows:
     assert r["samples_per_s"] > 0 and r["step_ms"] > 0, r
 ddp = rows[3]
@@ -202,8 +210,10 @@ expect 2 "--device-ids '': expected at least one device" --device-ids ""
 expect 2 "--device-ids 'cpu:0,,cpu:1': item 2 is empty" --device-ids cpu:0,,cpu:1
 expect 2 "--device-ids: cpu:4096 does not exist" --device-ids cpu:0,cpu:4096
 expect 2 "--device-ids lists cpu:0 more than once (items 1 and 2)" --device-ids cpu:0,cpu:0
-expect 2 "--modes 'frob': item 1 'frob' is not one of single,single-all,dp,ddp,auto" --modes frob
+expect 2 "--modes 'frob': item 1 'frob' is not one of single,single-all,dp,ddp,ddp-no-sync,auto" --modes frob
 expect 105 "--split: frob not in {chunk,balanced,auto}" --split frob
+expect 2 "--modes ddp,ddp-no-sync with --deterministic: ddp-no-sync has no deterministic form (the deterministic step reduces every backward)" \
+  --modes ddp,ddp-no-sync --deterministic
 expect 2 "--modes 'single,,dp': item 2 is empty" --modes single,,dp
 expect 2 "--modes 'single,': item 2 is empty" --modes single,
 expect 105 "--model: resnet not in" --model resnet

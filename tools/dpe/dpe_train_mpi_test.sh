@@ -72,15 +72,16 @@ run "sync-bn, 2 processes" "${mpi[@]}" "${bn[@]}" --device-ids cpu:0 --checkpoin
 run "sync-bn, 1 process" "${one[@]}" "$bin" train "${bn[@]}" --device-ids cpu:0,cpu:1 --checkpoint "$tmp/bn1.ck"
 cmp -s "$tmp/bn2.ck" "$tmp/bn1.ck" || { echo "FAILED: SyncBatchNorm across 2 processes differs from 1 process"; fail=1; }
 
-# dpe bench --dist mpi: a dp-mpi and a ddp-mpi row for both processes' devices, printed and written by process 0
-# alone.
+# dpe bench --dist mpi: a dp-mpi, a ddp-mpi and a ddp-no-sync-mpi row (the group exchanging nothing) for both
+# processes' devices, printed and written by process 0 alone.
 bench=(timeout 120 mpirun -np 2 "${bind[@]}" "$bin" bench --dist mpi --device-ids cpu:0 --model mlp --batch-size 64
        --steps 2 --warmup 1)
-run "bench" "${bench[@]}" --json "$tmp/bench.json"
-rows=$(grep -cE '^dpe *d?dp-mpi *2 ' <<<"$out")
-[[ $rows -eq 2 ]] || { echo "FAILED: $rows dp-mpi and ddp-mpi rows (want 2): $out"; fail=1; }
+run "bench" "${bench[@]}" --modes dp,ddp,ddp-no-sync --json "$tmp/bench.json"
+rows=$(grep -cE '^dpe *(d?dp|ddp-no-sync)-mpi *2 ' <<<"$out")
+[[ $rows -eq 3 ]] || { echo "FAILED: $rows dp-mpi, ddp-mpi and ddp-no-sync-mpi rows (want 3): $out"; fail=1; }
 python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['rows']; sys.exit(not ([x['config'] for x in r] ==
-  ['dp-mpi', 'ddp-mpi'] and all(x['devices'] == 2 and x['samples_per_s'] > 0 for x in r)))" "$tmp/bench.json" ||
+  ['dp-mpi', 'ddp-mpi', 'ddp-no-sync-mpi'] and all(x['devices'] == 2 and x['samples_per_s'] > 0 for x in r) and
+  r[2]['phases_ms']['reduce'] == 0 < r[1]['phases_ms']['reduce']))" "$tmp/bench.json" ||
   { echo "FAILED: the bench --json report"; fail=1; }
 
 # kill -9 of rank 1 mid-training: the job ends at once (no rank waits for it), non-zero, naming rank 1.
@@ -111,7 +112,7 @@ else
   fi
 fi
 
-expect 2 "--modes single,ddp with --dist mpi: single runs on one device; expected ddp and/or dp" \
+expect 2 "--modes single,ddp with --dist mpi: single runs on one device; expected ddp, dp and/or ddp-no-sync" \
   timeout 30 "$bin" bench --dist mpi --modes single,ddp
 expect 2 "--dist mpi needs --mode ddp or dp (--mode single trains one device)" \
   timeout 30 "$bin" train --dist mpi --mode single
