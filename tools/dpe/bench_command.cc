@@ -395,7 +395,8 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
     if (bound.framework != "dpe" || bound.mode != kNoSyncMode || !bound.note.empty()) continue;
     std::string shares;
     for (const Row& r : rows) {
-      if (r.framework == "dpe" && r.precision == bound.precision && r.devices == bound.devices && &r != &bound) {
+      const bool data_parallel = r.mode != "single" && r.mode != "single-all" && r.mode != kNoSyncMode;
+      if (r.framework == "dpe" && data_parallel && r.precision == bound.precision && r.devices == bound.devices) {
         char share[96];
         std::snprintf(share, sizeof share, "%s%s %.0f%%", shares.empty() ? "" : ", ", r.config.c_str(),
                       100 * r.samples_per_s / bound.samples_per_s);
