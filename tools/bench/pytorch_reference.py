@@ -27,6 +27,10 @@ Configurations (--configs, comma-separated):
              Each process takes global_batch / 2 samples of every global batch, strided like
              DistributedSampler (rank r: samples r, r + 2, ...; an odd batch is padded from its start);
              synchronous steps, timed on rank 0 between barriers after the warm-up.
+  ddp-gloo-no-sync
+             ddp-gloo with every forward and backward inside model.no_sync() and every process stepping on
+             its own gradients: nothing exchanged, the bound ddp-gloo's exchanges are measured against (as
+             `dpe bench --modes ddp-no-sync` is dpe's); it trains nothing useful.
 
 --channels-last: every configuration with the model converted by model.to(memory_format=torch.channels_last)
 and each batch of images by .contiguous(memory_format=torch.channels_last) (rows single-2t-cl, ...). `dpe bench
@@ -59,6 +63,7 @@ python3 whose torch has CUDA (`dpe bench --pytorch-python`).
 """
 
 import argparse
+import contextlib
 import gzip
 import json
 import math
@@ -359,16 +364,18 @@ def timed_row(args, config, seconds, processes, threads, final_loss):
     return row
 
 
-def train_loop(args, model, optimizer, batch_fn, sync=None, before_timing=None):
-    """Warm-up, then timed steps; returns (seconds, last loss tensor). batch_fn(step) -> (x, y)."""
+def train_loop(args, model, optimizer, batch_fn, sync=None, before_timing=None, step_context=contextlib.nullcontext):
+    """Warm-up, then timed steps; returns (seconds, last loss tensor). batch_fn(step) -> (x, y); each step's
+    forward and backward run inside step_context() (DDP's no_sync for ddp-gloo-no-sync)."""
     loss, criterion = None, loss_fn(args.model)
 
     def step(s):
         nonlocal loss
         x, y = batch_fn(s)
         optimizer.zero_grad()
-        loss = criterion(model(x), y)
-        loss.backward()
+        with step_context():
+            loss = criterion(model(x), y)
+            loss.backward()
         optimizer.step()
 
     for s in range(args.warmup):
@@ -453,7 +460,7 @@ def run_dp(args, data):
         "devices": torch.cuda.device_count()}
 
 
-def ddp_worker(rank, world, init_file, args, threads, queue):
+def ddp_worker(rank, world, init_file, args, threads, queue, config):
     import torch
     import torch.distributed as dist
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only: no network needed
@@ -475,24 +482,25 @@ def ddp_worker(rank, world, init_file, args, threads, queue):
                 idx = index_cache[start] = torch.tensor(rank_indices(start, args.batch, rank, world))
             return as_input(args, images.index_select(0, idx)), labels.index_select(0, idx)
 
-        seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=dist.barrier)
+        no_sync = model.no_sync if config == "ddp-gloo-no-sync" else contextlib.nullcontext
+        seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=dist.barrier, step_context=no_sync)
         dist.all_reduce(loss)  # after the timing: the mean of the ranks' losses
         if rank == 0:
-            queue.put(timed_row(args, "ddp-gloo", seconds, world, threads, loss.item() / world))
+            queue.put(timed_row(args, config, seconds, world, threads, loss.item() / world))
     finally:
         dist.destroy_process_group()
 
 
-def run_ddp_gloo(args):
+def run_ddp_gloo(args, config):
     import torch.multiprocessing as mp
     threads = max(1, args.threads // DDP_PROCESSES)
     tmp = tempfile.mkdtemp(prefix="dpe_pytorch_ddp_")
     try:
         queue = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(ddp_worker, args=(DDP_PROCESSES, os.path.join(tmp, "rendezvous"), args, threads, queue),
+        mp.spawn(ddp_worker, args=(DDP_PROCESSES, os.path.join(tmp, "rendezvous"), args, threads, queue, config),
                  nprocs=DDP_PROCESSES, join=True)
         if queue.empty():
-            raise RuntimeError("ddp-gloo: rank 0 reported no result")
+            raise RuntimeError(f"{config}: rank 0 reported no result")
         return queue.get()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -512,9 +520,9 @@ def parse_config(name, threads):
         return ("single", threads)
     if name.startswith("single-") and name.endswith("t") and name[7:-1].isdigit() and int(name[7:-1]) > 0:
         return ("single", int(name[7:-1]))
-    if name in ("cuda", "dp", "ddp-gloo"):
+    if name in ("cuda", "dp", "ddp-gloo", "ddp-gloo-no-sync"):
         return (name, None)
-    raise ValueError(f"unknown config {name!r} (known: single, single-Nt, cuda, dp, ddp-gloo)")
+    raise ValueError(f"unknown config {name!r} (known: single, single-Nt, cuda, dp, ddp-gloo, ddp-gloo-no-sync)")
 
 
 def main(argv=None):
@@ -526,7 +534,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
     p.add_argument("--configs", default="single-1t,single-2t,ddp-gloo",
-                   help="comma-separated: single, single-Nt, cuda, dp, ddp-gloo (default single-1t,single-2t,ddp-gloo)")
+                   help="comma-separated: single, single-Nt, cuda, dp, ddp-gloo, ddp-gloo-no-sync (default "
+                   "single-1t,single-2t,ddp-gloo)")
     p.add_argument("--threads", type=int, default=2,
                    help="cores to use: threads of 'single'; ddp-gloo's 2 processes get threads // 2 each (default 2)")
     p.add_argument("--samples", type=int, default=8192, help="first N training images or records (default 8192)")
@@ -598,7 +607,7 @@ def main(argv=None):
         elif kind == "dp":
             row = run_dp(args, data)
         else:
-            row = run_ddp_gloo(args)
+            row = run_ddp_gloo(args, kind)
         emit(row)
     return 0
 

@@ -54,8 +54,9 @@ namespace dpe::tool {
 
 namespace {
 
-// DDP with nothing exchanged (the file's comment says why it exists).
+// DDP with nothing exchanged (the file's comment says why it exists), and PyTorch's (pytorch_reference.py).
 constexpr const char* kNoSyncMode = "ddp-no-sync";
+constexpr const char* kPytorchNoSyncConfig = "ddp-gloo-no-sync";
 
 // Modes whose replicas each take a shard of the batch (so every device needs a sample of it).
 bool shards_per_replica(const std::string& mode) { return needs_ddp_shards(mode) || mode == kNoSyncMode; }
@@ -83,9 +84,10 @@ struct BenchArgs {
 };
 
 // The configurations tools/bench/pytorch_reference.py knows (its parse_config): single, single-Nt (N >= 1
-// threads), cuda, dp, ddp-gloo. Checked here so that a typo fails at start-up, not after dpe's own runs.
+// threads), cuda, dp, ddp-gloo, ddp-gloo-no-sync. Checked here so that a typo fails at start-up, not after
+// dpe's own runs.
 bool is_pytorch_config(const std::string& c) {
-  if (c == "single" || c == "cuda" || c == "dp" || c == "ddp-gloo") return true;
+  if (c == "single" || c == "cuda" || c == "dp" || c == "ddp-gloo" || c == kPytorchNoSyncConfig) return true;
   if (c.size() < 9 || c.rfind("single-", 0) != 0 || c.back() != 't') return false;
   const std::string threads = c.substr(7, c.size() - 8);
   if (threads.size() > 4 || !std::all_of(threads.begin(), threads.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
@@ -390,13 +392,22 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
                   r.samples_per_s, "", r.step_ms);
     }
   }
-  // Each dpe row against the no-sync row of its precision: what its exchanges cost on these devices.
+  // Each data-parallel row against its framework's no-sync row of the same precision and devices: what its
+  // exchanges cost there (PyTorch: ddp-gloo against ddp-gloo-no-sync).
+  auto no_sync_bound = [](const Row& r) {
+    return r.note.empty() && (r.framework == "dpe" ? r.mode == kNoSyncMode : r.config == kPytorchNoSyncConfig);
+  };
+  auto data_parallel = [](const Row& r) {
+    if (!r.note.empty()) return false;
+    return r.framework == "dpe" ? r.mode != "single" && r.mode != "single-all" && r.mode != kNoSyncMode
+                                : r.config == "ddp-gloo";
+  };
   for (const Row& bound : rows) {
-    if (bound.framework != "dpe" || bound.mode != kNoSyncMode || !bound.note.empty()) continue;
+    if (!no_sync_bound(bound)) continue;
     std::string shares;
     for (const Row& r : rows) {
-      const bool data_parallel = r.mode != "single" && r.mode != "single-all" && r.mode != kNoSyncMode;
-      if (r.framework == "dpe" && data_parallel && r.precision == bound.precision && r.devices == bound.devices) {
+      if (data_parallel(r) && r.framework == bound.framework && r.precision == bound.precision &&
+          r.devices == bound.devices) {
         char share[96];
         std::snprintf(share, sizeof share, "%s%s %.0f%%", shares.empty() ? "" : ", ", r.config.c_str(),
                       100 * r.samples_per_s / bound.samples_per_s);
@@ -404,8 +415,8 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
       }
     }
     if (!shares.empty()) {
-      std::printf("# %s exchanges nothing, the most data parallelism gets from these devices: %s of it\n",
-                  bound.config.c_str(), shares.c_str());
+      std::printf("# %s %s exchanges nothing, the most data parallelism gets from these devices: %s of it\n",
+                  bound.framework.c_str(), bound.config.c_str(), shares.c_str());
     }
   }
   // The CPU's FMA peak and GEMM choices describe CPU devices: a table of CUDA devices ends with its rows.
@@ -581,7 +592,8 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
   if (args.compare_pytorch) {
     for (const std::string& c : args.pytorch_configs) {
       DPE_CHECK(is_pytorch_config(c), "--pytorch-configs '", c, "': unknown configuration; expected single, "
-                "single-Nt (N >= 1 threads), cuda, dp or ddp-gloo (the ones tools/bench/pytorch_reference.py knows)");
+                "single-Nt (N >= 1 threads), cuda, dp, ddp-gloo or ddp-gloo-no-sync (the ones "
+                "tools/bench/pytorch_reference.py knows)");
     }
     DPE_CHECK(!args.pytorch_configs.empty(), "--pytorch-configs: expected at least one configuration");
     check_input_file("--pytorch-script", pytorch_script_path(args));
@@ -700,7 +712,8 @@ void add_bench_command(CLI::App& app) {
   CLI::Option* compare = cmd->add_flag("--compare-pytorch", args->compare_pytorch,
                                        "also run tools/bench/pytorch_reference.py (Debian python3-torch)");
   add_name_list_option(*cmd, "--pytorch-configs", args->pytorch_configs,
-                       "PyTorch configurations: single, single-Nt, cuda, dp, ddp-gloo (with --compare-pytorch)")
+                       "PyTorch configurations: single, single-Nt, cuda, dp, ddp-gloo, ddp-gloo-no-sync (with "
+                       "--compare-pytorch)")
       ->needs(compare);
   cmd->add_option("--pytorch-python", args->pytorch_python,
                   "the python3 whose torch runs the PyTorch side (an executable path, run directly; default "

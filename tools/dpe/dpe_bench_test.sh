@@ -14,7 +14,7 @@ rows=$(grep -cE '^dpe +(single|single-all|dp|ddp|auto->dp|auto->ddp|ddp-no-sync)
 [[ $rows -eq 6 ]] || { echo "FAILED: $rows table rows (want 6)"; fail=1; }
 [[ $(wc -l < "$tmp/b.csv") -eq 7 ]] || { echo "FAILED: CSV lines"; fail=1; }
 # ddp-no-sync bounds the others: each 2-device row as a share of it.
-grep -qE '^# ddp-no-sync exchanges nothing, the most data parallelism gets from these devices: dp [0-9]+%, ddp [0-9]+%, auto->d?dp [0-9]+% of it$' \
+grep -qE '^# dpe ddp-no-sync exchanges nothing, the most data parallelism gets from these devices: dp [0-9]+%, ddp [0-9]+%, auto->d?dp [0-9]+% of it$' \
   <<<"$out" || { echo "FAILED: no line of shares of ddp-no-sync"; fail=1; }
 python3 - "$tmp/b.json" <<'PY' || fail=1
 import json, sys
@@ -136,6 +136,15 @@ if [[ -x /usr/bin/python3 ]]; then
     --json "$tmp/p.json"
   python3 -c 'import json, sys; c = [r["config"] for r in json.load(open(sys.argv[1]))["rows"]]; assert "a\"b" in c, c' \
     "$tmp/p.json" || { echo "FAILED: the --json report of a configuration with a quote"; fail=1; }
+  # PyTorch's ddp-gloo against its own no-sync row, as dpe's rows against theirs.
+  bound="$tmp/bound.py"
+  cat > "$bound" <<'PY'
+import json
+for config, rate in (("ddp-gloo", 50.0), ("ddp-gloo-no-sync", 200.0)):
+    print(json.dumps({"framework": "pytorch", "config": config, "processes": 2, "samples_per_s": rate, "step_ms": 1.0}))
+PY
+  expect 0 "# pytorch ddp-gloo-no-sync exchanges nothing, the most data parallelism gets from these devices: ddp-gloo 25% of it" \
+    "${quick[@]}" --compare-pytorch --pytorch-script "$bound" --pytorch-configs ddp-gloo,ddp-gloo-no-sync
   # --pytorch-python: the interpreter is run directly, whatever its path holds.
   python_link="$tmp/py \$(touch pwned9)"
   ln -s /usr/bin/python3 "$python_link"
@@ -146,7 +155,7 @@ fi
 expect 2 "--pytorch-python $tmp/none: not an executable file" "${quick[@]}" --compare-pytorch \
   --pytorch-script "$script" --pytorch-python "$tmp/none"
 # Bad PyTorch configurations are refused at start-up, naming the value and the known ones.
-expect 2 "--pytorch-configs 'frob': unknown configuration; expected single, single-Nt (N >= 1 threads), cuda, dp or ddp-gloo" \
+expect 2 "--pytorch-configs 'frob': unknown configuration; expected single, single-Nt (N >= 1 threads), cuda, dp, ddp-gloo or ddp-gloo-no-sync" \
   "${quick[@]}" --compare-pytorch --pytorch-configs single-1t,frob
 expect 2 "--pytorch-configs 'single-0t': unknown configuration" "${quick[@]}" --compare-pytorch --pytorch-configs single-0t
 expect 2 "--pytorch-configs 'ddp-gloo;touch pwned7': unknown configuration" "${quick[@]}" --compare-pytorch \
@@ -161,6 +170,8 @@ if [[ -f "$reference" ]] && /usr/bin/python3 -c 'import torch, numpy' 2>/dev/nul
     expect 0 "pytorch  single-1t" --model "$model" --cpu-devices 1 --batch-size 16 --steps 1 --warmup 0 --modes single \
       --compare-pytorch --pytorch-script "$reference" --pytorch-configs single-1t
   done
+  expect 0 "pytorch  ddp-gloo-no-sync" --model mlp --cpu-devices 1 --batch-size 16 --steps 1 --warmup 0 --modes single \
+    --compare-pytorch --pytorch-script "$reference" --pytorch-configs ddp-gloo-no-sync
 else
   echo "note: pytorch_reference.py itself not run (no $reference, or no torch for /usr/bin/python3)"
 fi
