@@ -509,8 +509,9 @@ EOF
     # Mixed precision (docs/MIXED_PRECISION.md): autocast's 16-bit GEMMs and fp16 with its gradient scaler.
     run_bench "dpe_bench_mlp_precisions" "" "$dpe_tool" bench --model mlp --modes single,ddp \
       --precision fp32,bf16,fp16 --json "$results/bench/dpe_bench_mlp_precisions.json"
+    # ddp-no-sync: the two logical devices exchanging nothing, the bound dp and ddp are shown against.
     run_bench "dpe_bench_mlp@2dev" "DPE_CUDA_LOGICAL_DEVICES=0,0" "$dpe_tool" bench --model mlp \
-      --modes single,dp,ddp --json "$results/bench/dpe_bench_mlp@2dev.json"
+      --modes single,dp,ddp,ddp-no-sync --json "$results/bench/dpe_bench_mlp@2dev.json"
     run_bench "dpe_collectives@2dev" "DPE_CUDA_LOGICAL_DEVICES=0,0" "$dpe_tool" collectives \
       --json "$results/bench/dpe_collectives@2dev.json"
   elif [[ -x "$dpe_tool" ]]; then
