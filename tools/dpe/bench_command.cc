@@ -12,7 +12,8 @@
 // no_sync() and every replica stepping its own optimizer on its own gradients: the same workers, shards and
 // optimizers with nothing exchanged, so its scaling is the most data parallelism can get from these devices
 // (memory bandwidth and caches shared between the cores included), and dp and ddp are also shown as a share
-// of it, the cost of their exchanges. It trains nothing useful (the replicas drift apart); it is a bound.
+// of it, the cost of their exchanges (fp16 still combines the gradient scaler's skip flags). It trains nothing
+// useful (the replicas drift apart); it is a bound.
 //
 // --profile runs as many steps again after each mode's timed ones with the backward profiled
 // (core/autograd/profiler.h) and prints, per mode, where the backward's time goes by node kind.
@@ -364,6 +365,34 @@ void print_sgemm_choices() {
   }
 }
 
+// Each data-parallel row against its framework's no-sync row of the same precision and devices: what its
+// exchanges cost there (PyTorch: ddp-gloo against ddp-gloo-no-sync).
+void print_exchange_costs(const std::vector<Row>& rows) {
+  auto no_sync_bound = [](const Row& r) {
+    return r.note.empty() && (r.framework == "dpe" ? r.mode == kNoSyncMode : r.config == kPytorchNoSyncConfig);
+  };
+  auto data_parallel = [](const Row& r) {
+    if (!r.note.empty()) return false;
+    return r.framework == "dpe" ? r.mode != "single" && r.mode != "single-all" && r.mode != kNoSyncMode
+                                : r.config == "ddp-gloo";
+  };
+  for (const Row& bound : rows) {
+    if (!no_sync_bound(bound)) continue;
+    std::string shares;
+    for (const Row& r : rows) {
+      if (data_parallel(r) && r.framework == bound.framework && r.precision == bound.precision &&
+          r.devices == bound.devices) {
+        shares += (shares.empty() ? "" : ", ") + r.config + " " +
+                  std::to_string(std::llround(100 * r.samples_per_s / bound.samples_per_s)) + "%";
+      }
+    }
+    if (!shares.empty()) {
+      std::printf("# %s %s exchanges nothing, the most data parallelism gets from these devices: %s of it\n",
+                  bound.framework.c_str(), bound.config.c_str(), shares.c_str());
+    }
+  }
+}
+
 void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   std::printf("\n# dpe bench: %s, global batch %lld, %lld timed steps after %lld warm-up, ms per step and phase\n",
               args.model.c_str(), static_cast<long long>(args.batch_size), static_cast<long long>(args.steps),
@@ -392,33 +421,7 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
                   r.samples_per_s, "", r.step_ms);
     }
   }
-  // Each data-parallel row against its framework's no-sync row of the same precision and devices: what its
-  // exchanges cost there (PyTorch: ddp-gloo against ddp-gloo-no-sync).
-  auto no_sync_bound = [](const Row& r) {
-    return r.note.empty() && (r.framework == "dpe" ? r.mode == kNoSyncMode : r.config == kPytorchNoSyncConfig);
-  };
-  auto data_parallel = [](const Row& r) {
-    if (!r.note.empty()) return false;
-    return r.framework == "dpe" ? r.mode != "single" && r.mode != "single-all" && r.mode != kNoSyncMode
-                                : r.config == "ddp-gloo";
-  };
-  for (const Row& bound : rows) {
-    if (!no_sync_bound(bound)) continue;
-    std::string shares;
-    for (const Row& r : rows) {
-      if (data_parallel(r) && r.framework == bound.framework && r.precision == bound.precision &&
-          r.devices == bound.devices) {
-        char share[96];
-        std::snprintf(share, sizeof share, "%s%s %.0f%%", shares.empty() ? "" : ", ", r.config.c_str(),
-                      100 * r.samples_per_s / bound.samples_per_s);
-        shares += share;
-      }
-    }
-    if (!shares.empty()) {
-      std::printf("# %s %s exchanges nothing, the most data parallelism gets from these devices: %s of it\n",
-                  bound.framework.c_str(), bound.config.c_str(), shares.c_str());
-    }
-  }
+  print_exchange_costs(rows);
   // The CPU's FMA peak and GEMM choices describe CPU devices: a table of CUDA devices ends with its rows.
   const bool on_cpu = std::ranges::all_of(rows, [](const Row& r) {
     return std::ranges::all_of(r.peak, [](const auto& entry) { return entry.first.is_cpu(); });
