@@ -127,8 +127,13 @@ int main(int argc, char** argv) {
   for (const dpe::bench::FmaPeak& p : peaks) std::printf(" %s %.1f GFLOP/s", p.isa.c_str(), p.gflops);
   const dpe::bench::FmaPeak widest = dpe::bench::widest(peaks);
   const double peak = widest.gflops;
-  std::printf("\n  -> single-core FP32 peak used below: %.1f GFLOP/s (%s; %d threads: %.1f GFLOP/s = threads x peak)\n",
-              peak, widest.isa.c_str(), all_threads, peak * all_threads);
+  // Every CPU at once (Note [Every CPU at once]): what t threads can do is t of its CPUs' shares.
+  const dpe::bench::MachinePeak machine = dpe::bench::probe_fma_peak_every_cpu();
+  const double per_cpu_together = machine.gflops / static_cast<double>(machine.cpus.size());
+  std::printf("\n  -> single-core FP32 peak used below: %.1f GFLOP/s (%s); with %zu CPUs at once %.1f GFLOP/s (%s), "
+              "%.1f per CPU for the %d-thread rows\n",
+              peak, widest.isa.c_str(), machine.cpus.size(), machine.gflops, machine.isa.c_str(), per_cpu_together,
+              all_threads);
   std::printf("OpenBLAS core: %s (OPENBLAS_CORETYPE=%s); oneDNN picks its own ISA\n\n", openblas_get_corename(),
               std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset");
 
@@ -158,7 +163,7 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts = {1};
   if (all_threads > 1) thread_counts.push_back(all_threads);
   using dpe::kernels::SgemmBackend;
-  std::printf("GF/s (%% of threads x peak); auto: the measured choice, then each library forced\n");
+  std::printf("GF/s (%% of the peak of that many CPUs); auto: the measured choice, then each library forced\n");
   std::printf("%-36s %7s %-14s %23s %16s %16s %16s\n", "shape (m x k @ k x n)", "threads", "default",
               "auto [choice]", "onednn-sgemm", "onednn-matmul", "openblas");
   for (int threads : thread_counts) {
@@ -167,7 +172,7 @@ int main(int argc, char** argv) {
       omp_set_num_threads(threads);
       openblas_set_num_threads(threads);
       for (const Shape& s : shapes) {
-        const double full = peak * threads / 100.0;
+        const double full = (threads == 1 ? peak : per_cpu_together * threads) / 100.0;
         const double automatic = time_gemm(dpe::kernels::SgemmPolicy::Auto, s, min_seconds);
         dpe::kernels::GemmArgs shape;
         shape.m = s.m, shape.n = s.n, shape.k = s.k, shape.trans_a = s.ta, shape.trans_b = s.tb;

@@ -327,19 +327,20 @@ struct PeakFlops {
   std::string source;  // how it was found, for the table
 };
 
-// The FMA peak of the machine: DPE_PEAK_GFLOPS, else one core's measured peak with the widest vectors it has
-// (bench/fma_peak.h: AVX-512 where the CPU has it, though dpe is compiled for AVX2) times the cores.
+// The FMA peak of the machine: DPE_PEAK_GFLOPS, else every CPU of the affinity mask probed at once with the
+// widest vectors it has (bench/fma_peak.h: AVX-512 where the CPU has it, though dpe is compiled for AVX2).
 PeakFlops machine_peak() {
-  char text[160];
+  char text[200];
   if (std::optional<double> gflops = peak_override()) {
     std::snprintf(text, sizeof text, "%.1f GFLOP/s from DPE_PEAK_GFLOPS", *gflops);
     return {*gflops, text};
   }
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const bench::FmaPeak core = bench::widest(bench::probe_fma_peaks());
-  std::snprintf(text, sizeof text, "%s FMA probe: %.1f GFLOP/s per core x %d cores = %.1f GFLOP/s", core.isa.c_str(),
-                core.gflops, cores, core.gflops * cores);
-  return {core.gflops * cores, text};
+  const bench::MachinePeak peak = bench::probe_fma_peak_every_cpu();
+  const auto [slowest, fastest] = std::minmax_element(peak.per_cpu.begin(), peak.per_cpu.end());
+  std::snprintf(text, sizeof text, "%s FMA probe on %zu CPU%s at once: %.1f-%.1f GFLOP/s each, %.1f GFLOP/s",
+                peak.isa.c_str(), peak.cpus.size(), peak.cpus.size() == 1 ? "" : "s", *slowest, *fastest,
+                peak.gflops);
+  return {peak.gflops, text};
 }
 
 // Which library ran each float32 GEMM shape of this process's devices (Note [float32 GEMM choice] in
