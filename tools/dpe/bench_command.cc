@@ -121,6 +121,7 @@ struct Row {
   std::vector<std::pair<Device, int64_t>> peak;  // peak allocated bytes per device during the timed steps
   std::string note;
   bool reports = true;  // --dist mpi: only process 0's rows are shown and written
+  int64_t processes = 1;  // --dist mpi: the processes whose devices the row counts
   std::vector<double> split_weights, ms_per_sample;  // --split auto: after the last timed step
   std::vector<autograd::NodeTime> backward_profile;  // --profile: summed over its steps and devices
   int64_t profiled_steps = 0;
@@ -195,6 +196,7 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
   const ProcessSlice slice = process_slice(*dp, across_processes, args.batch_size);
   row.devices = static_cast<int>(slice.devices);
   row.reports = slice.reports();
+  row.processes = slice.count;
   if (across_processes) row.config = mode + "-" + args.dist;  // ddp-mpi, ddp-mpi-nccl
   if (args.deterministic) row.config += "-det";
   if (args.channels_last) row.config += "-cl";
@@ -329,18 +331,25 @@ struct PeakFlops {
 
 // The FMA peak of the machine: DPE_PEAK_GFLOPS, else every CPU of the affinity mask probed at once with the
 // widest vectors it has (bench/fma_peak.h: AVX-512 where the CPU has it, though dpe is compiled for AVX2).
-PeakFlops machine_peak() {
-  char text[200];
+// --dist mpi: process 0 prints, so its CPUs times the processes, each taken to have as many and as fast.
+PeakFlops machine_peak(int64_t processes) {
+  char text[240];
   if (std::optional<double> gflops = peak_override()) {
     std::snprintf(text, sizeof text, "%.1f GFLOP/s from DPE_PEAK_GFLOPS", *gflops);
     return {*gflops, text};
   }
   const bench::MachinePeak peak = bench::probe_fma_peak_every_cpu();
   const auto [slowest, fastest] = std::minmax_element(peak.per_cpu.begin(), peak.per_cpu.end());
-  std::snprintf(text, sizeof text, "%s FMA probe on %zu CPU%s at once: %.1f-%.1f GFLOP/s each, %.1f GFLOP/s",
-                peak.isa.c_str(), peak.cpus.size(), peak.cpus.size() == 1 ? "" : "s", *slowest, *fastest,
-                peak.gflops);
-  return {peak.gflops, text};
+  const int n = peak.cpus.size() == 1
+                    ? std::snprintf(text, sizeof text, "%s FMA probe on 1 CPU: %.1f GFLOP/s", peak.isa.c_str(),
+                                    peak.gflops)
+                    : std::snprintf(text, sizeof text, "%s FMA probe on %zu CPUs at once: %.1f-%.1f GFLOP/s each, "
+                                    "%.1f GFLOP/s", peak.isa.c_str(), peak.cpus.size(), *slowest, *fastest, peak.gflops);
+  if (processes > 1 && n > 0 && static_cast<size_t>(n) < sizeof text) {
+    std::snprintf(text + n, sizeof text - n, ", x %lld processes (process 0's) = %.1f GFLOP/s",
+                  static_cast<long long>(processes), peak.gflops * static_cast<double>(processes));
+  }
+  return {peak.gflops * static_cast<double>(processes), text};
 }
 
 // Which library ran each float32 GEMM shape of this process's devices (Note [float32 GEMM choice] in
@@ -434,7 +443,9 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
     return;
   }
   const double flops = models::train_flops_per_sample(args.model);
-  const PeakFlops peak = machine_peak();
+  int64_t processes = 1;
+  for (const Row& r : rows) processes = std::max(processes, r.processes);
+  const PeakFlops peak = machine_peak(processes);
   std::printf("# FMA-peak limit: %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
               peak.source.c_str(), flops / 1e6);
   for (const Row& r : rows) {

@@ -32,7 +32,7 @@ ddp = rows[3]
 assert ddp["phases_ms"]["backward"] > 0 and ddp["devices"] == 2, ddp
 PY
 # The FMA-peak limit: measured with the widest vectors the CPU has (the ISA is named), or DPE_PEAK_GFLOPS.
-grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe on [0-9]+ CPUs? at once: [0-9.]+-[0-9.]+ GFLOP/s each, [0-9.]+ GFLOP/s' \
+grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe on ([0-9]+ CPUs at once: [0-9.]+-[0-9.]+ GFLOP/s each, |1 CPU: )[0-9.]+ GFLOP/s' \
   <<<"$out" || { echo "FAILED: no measured FMA-peak limit line"; fail=1; }
 # Which library ran each float32 GEMM shape, measured under DPE_CPU_SGEMM=auto (core/kernels/sgemm_choice.h).
 grep -qE '^#   m 64 n 512 k 784 B\^T, [0-9]+ threads?: (onednn-sgemm|onednn-matmul|openblas) \(onednn-sgemm [0-9]+, ' <<<"$out" ||
@@ -40,7 +40,7 @@ grep -qE '^#   m 64 n 512 k 784 B\^T, [0-9]+ threads?: (onednn-sgemm|onednn-matm
 # Every CPU of the affinity mask at once, and only those: under taskset one CPU is probed, whatever the machine has.
 out=$(taskset -c "$(python3 -c 'import os; print(min(os.sched_getaffinity(0)))')" "$bin" bench --model mlp \
       --cpu-devices 1 --batch-size 16 --steps 1 --warmup 0 --modes single 2>&1) || { echo "FAILED: taskset: $out"; fail=1; }
-grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe on 1 CPU at once: ' <<<"$out" ||
+grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe on 1 CPU: [0-9.]+ GFLOP/s / ' <<<"$out" ||
   { echo "FAILED: under taskset, the FMA probe did not run on exactly one CPU: $out"; fail=1; }
 # On a CUDA device the table ends with its rows: the CPU's FMA peak and GEMM choices say nothing about a GPU.
 if "$bin" devices 2>/dev/null | grep -qE '^ +cuda:0 '; then

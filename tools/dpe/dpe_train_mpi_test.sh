@@ -83,6 +83,9 @@ python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['rows']; sys.exit
   ['dp-mpi', 'ddp-mpi', 'ddp-no-sync-mpi'] and all(x['devices'] == 2 and x['samples_per_s'] > 0 for x in r) and
   r[2]['phases_ms']['reduce'] == 0 < r[1]['phases_ms']['reduce']))" "$tmp/bench.json" ||
   { echo "FAILED: the bench --json report"; fail=1; }
+# The FMA-peak limit is the group's: process 0's CPUs times the processes (the rows count every process's devices).
+grep -qE '^# FMA-peak limit: [0-9]+ samples/s \(.* FMA probe on .*, x 2 processes \(process 0.s\) = [0-9.]+ GFLOP/s' <<<"$out" ||
+  { echo "FAILED: the FMA-peak limit is not 2 processes': $out"; fail=1; }
 
 # kill -9 of rank 1 mid-training: the job ends at once (no rank waits for it), non-zero, naming rank 1.
 "${mpi[@]}" "${common[@]}" --batch-size 64 --device-ids cpu:0 --epochs 100000 > "$tmp/kill.log" 2>&1 &
