@@ -66,11 +66,11 @@ __attribute__((target("avx512f"), noinline)) double fma_gflops_avx512(int64_t it
   return iterations * kAccumulators * 16.0 * 2.0 / t * 1e-9;
 }
 
-// Best of 10 runs of ~30 ms each (the first also warms the clock up): the best, because anything else
-// running on the core only ever lowers the figure (with 5 runs, a busy machine gave 199 instead of 259).
 constexpr int kRuns = 10;
 constexpr int64_t kIterations = 20'000'000;
 
+// Best of 10 runs of ~30 ms each (the first also warms the clock up): the best, because anything else
+// running on the core only ever lowers the figure (with 5 runs, a busy machine gave 199 instead of 259).
 double best_of(double (*probe)(int64_t)) {
   double best = 0;
   for (int r = 0; r < kRuns; ++r) best = std::max(best, probe(kIterations));
