@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/cpu_cores.h"
 #include "core/ops.h"
 #include "core/stream.h"
 #include "engine/worker_pool.h"
@@ -268,9 +269,11 @@ void run_collectives(CollectivesArgs args) {
   }
   if (!prints) return;
   if (args.stream) {
-    double gbs = stream_triad_gbs(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    // A thread per CPU this process may run on (its affinity mask, as mpirun's --bind-to or taskset set it).
+    const int threads = usable_cores();
+    double gbs = stream_triad_gbs(threads);
     double limit = gbs / 4.0;
-    std::printf("# host memory bandwidth (STREAM triad, %u threads): %.2f GB/s\n", std::thread::hardware_concurrency(), gbs);
+    std::printf("# host memory bandwidth (STREAM triad, %d threads): %.2f GB/s\n", threads, gbs);
     if (largest_allreduce_bytes > 0 && devices[0].is_cpu()) {
       std::printf("# all_reduce %s: %.2f GB/s algbw = %.0f%% of the memory-bandwidth limit %.2f GB/s "
                   "(STREAM / 4 bytes moved per byte reduced)\n",

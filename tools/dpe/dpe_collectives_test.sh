@@ -26,6 +26,15 @@ expect() {
     fail=1
   fi
 }
+# --stream: STREAM triad with a thread per CPU of the affinity mask (under taskset, one), and the all-reduce
+# against the bandwidth limit it gives.
+cpu=$(python3 -c 'import os; print(min(os.sched_getaffinity(0)))')
+out=$(timeout 60 taskset -c "$cpu" "$bin" collectives --device-ids cpu:0,cpu:1 -b 1M -e 1M -n 2 -w 1 --ops all_reduce \
+      --stream 2>&1) || { echo "FAILED: --stream: $out"; fail=1; }
+grep -qE '^# host memory bandwidth \(STREAM triad, 1 threads\): [0-9.]+ GB/s$' <<<"$out" ||
+  { echo "FAILED: --stream under taskset -c $cpu: $out"; fail=1; }
+grep -qE '^# all_reduce 1 ?Mi?B?: [0-9.]+ GB/s algbw = [0-9]+% of the memory-bandwidth limit' <<<"$out" ||
+  { echo "FAILED: no all_reduce line against the STREAM limit: $out"; fail=1; }
 expect 2 "--ops 'frobnicate': item 1 'frobnicate' is not one of all_reduce,broadcast" --ops frobnicate
 expect 2 "--ops 'all_reduce,,broadcast': item 2 is empty" --ops all_reduce,,broadcast
 expect 105 "--backend: mpi not in" --backend mpi
