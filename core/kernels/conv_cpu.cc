@@ -11,16 +11,20 @@
 //
 // Note [oneDNN primitive cache]
 // Building a oneDNN primitive JIT-compiles code (milliseconds), so primitives are kept, keyed by every field
-// of Conv2dShape plus the pass, in a PrimitiveCache (core/kernels/primitive_cache.h: the most recently used
+// of Conv2dShape plus the pass and the calling thread's omp_get_max_threads(), in a PrimitiveCache (core/kernels/primitive_cache.h: the most recently used
 // kPrimitiveCacheCapacity, so shapes that keep changing do not grow it without end); a training loop hits the
 // same few shapes every step. Primitives are immutable and their scratchpad is user-provided
 // (scratchpad_mode::user, taken per call from the calling thread's scratch cache, core/kernels/scratch.h), so
 // one primitive may execute on several threads at once (one per CPU device worker). Each call makes its own
 // dnnl::stream. oneDNN parallelises with OpenMP using the calling thread's omp_get_max_threads() (each device
-// worker sets its share, see docs/DESIGN.md, "Threads, streams, errors").
+// worker sets its share, see docs/DESIGN.md, "Threads, streams, errors"), and a primitive keeps the work split
+// of the thread count it was built for: without the count in the key, a backward-weights primitive built on a
+// one-core device worker ran on one of the two cores of a later caller that had both (the CNN's `single-all`
+// row after `single`: 112% of `single` where alone it gives ~165%), as the matmul cache already knew.
 //
 // Contract: outputs are overwritten, as conv.h says. Results do not depend on the number of threads for
 // float64 (GEMMs in a fixed order); oneDNN's float32 kernels are deterministic for a fixed thread count.
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -53,8 +57,9 @@ namespace {
 enum class Pass : int { Forward, ForwardNoBias, BackwardData, BackwardWeights, BackwardWeightsBias };
 
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int64_t, int64_t, int64_t, int64_t>;
+                       int64_t, int64_t, int64_t, int64_t, int64_t, int>;
 
+// The calling thread's omp_get_max_threads() is part of the key (Note [oneDNN primitive cache]).
 Key key_of(Pass pass, const Conv2dShape& s) {
   return {((static_cast<int>(pass) * 16 + static_cast<int>(s.dtype)) * 2 + (s.f32_activations ? 1 : 0)) * 2 +
               (s.channels_last ? 1 : 0),
@@ -71,7 +76,8 @@ Key key_of(Pass pass, const Conv2dShape& s) {
           s.pad_w,
           s.dil_h,
           s.dil_w,
-          s.groups};
+          s.groups,
+          omp_get_max_threads()};
 }
 
 dnnl::engine& cpu_engine() {
@@ -228,9 +234,13 @@ std::string context_of(const Conv2dShape& s) {
 }
 
 // Note [oneDNN primitive cache]: the most recent kPrimitiveCacheCapacity (core/kernels/primitive_cache.h).
-std::shared_ptr<const CachedPrimitive> primitive_for(const char* what, Pass pass, const Conv2dShape& s) {
+detail::PrimitiveCache<Key, CachedPrimitive>& primitive_cache() {
   static auto* cache = new detail::PrimitiveCache<Key, CachedPrimitive>;  // never destroyed
-  return cache->get(key_of(pass, s), [&] {
+  return *cache;
+}
+
+std::shared_ptr<const CachedPrimitive> primitive_for(const char* what, Pass pass, const Conv2dShape& s) {
+  return primitive_cache().get(key_of(pass, s), [&] {
     detail::check_space_for_onednn_build(what, context_of(s));
     return build(pass, s);
   });
@@ -578,5 +588,9 @@ void conv2d_backward_cpu(const Conv2dShape& s, const void* x, const void* w, con
                {{DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_DIFF_WEIGHTS, dw}}, &reordered);
   }
 }
+
+namespace detail {
+size_t onednn_conv_primitives_cached() { return primitive_cache().size(); }
+}  // namespace detail
 
 }  // namespace dpe::kernels

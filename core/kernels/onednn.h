@@ -32,5 +32,7 @@ inline constexpr size_t kOneDnnBuildReserve = size_t{16} << 20;
 void onednn_matmul(const GemmArgs& g, const void* a, const void* b, float* c);
 // How many matmul primitives are cached now (tests; at most kPrimitiveCacheCapacity).
 size_t onednn_matmul_primitives_cached();
+// How many convolution primitives are cached now (tests; at most kPrimitiveCacheCapacity).
+size_t onednn_conv_primitives_cached();
 
 }  // namespace dpe::kernels::detail
