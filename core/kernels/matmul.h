@@ -57,7 +57,9 @@ inline double matrix_flops(const GemmArgs& args) {
   return 2.0 * static_cast<double>(args.m) * static_cast<double>(args.n) * static_cast<double>(args.k);
 }
 // The OpenMP threads gemm_cpu runs a call on: 1 when its products (every batch entry) add up to less than its
-// threshold (Note [Small GEMMs on one thread] in matmul_cpu.cc), else the calling thread's omp_get_max_threads().
+// threshold (Note [Small GEMMs on one thread] in matmul_cpu.cc), else the calling thread's omp_get_max_threads()
+// (a batch of matrices each under the threshold: that many threads of the caller's TBB arena, a whole matrix on
+// one at a time, Note [Small matrices of a batch in parallel]).
 int gemm_threads(const GemmArgs& args);
 }  // namespace detail
 // Whether oneDNN runs bfloat16 products with this CPU's own instructions (avx512_core_bf16 or better, as

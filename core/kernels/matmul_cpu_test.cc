@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <cblas.h>
+#include <tbb/task_arena.h>
 
 #include <cmath>
 #include <limits>
@@ -514,6 +515,36 @@ TEST(GemmCpu, SmallProductsRunOnTheCallingThreadAlone) {
     small.check("a small product on one thread");
     EXPECT_EQ(omp_get_max_threads(), 2);
   }).join();
+}
+
+// Note [Small matrices of a batch in parallel]: on a two-thread share, each small matrix of a batch is one
+// thread's work, so its bits are those of the same matrix on a one-thread share. 1 x 64 x 50000 (6.4 MFLOP
+// each, 26 MFLOP in all) is a shape oneDNN 2.6's sgemm sums differently on two threads than on one (checked
+// outside dpe): run matrix by matrix on the two-thread share, as before the note, this test fails.
+TEST(GemmCpu, SmallMatricesOfABatchRunWholeOnOneThreadEach) {
+  constexpr int64_t kBatch = 4;
+  Problem<float> batched(1, 64, 50000, Transpose::No, Transpose::No, 1.0, 0.0, 0, kBatch);
+  std::thread([&] {
+    omp_set_num_threads(2);
+    tbb::task_arena(2).execute([&] { gemm_cpu(batched.args); });
+    EXPECT_EQ(omp_get_max_threads(), 2) << "the caller's OpenMP setting survives";
+  }).join();
+  batched.check("a batch of small matrices on two threads");
+  for (int64_t p = 0; p < kBatch; ++p) {
+    GemmArgs one = batched.args;
+    one.batch = 1;
+    one.a = batched.a.data() + p * one.stride_a;
+    one.b = batched.b.data() + p * one.stride_b;
+    std::vector<float> c(static_cast<size_t>(one.m * one.ldc));
+    one.c = c.data();
+    std::thread([&] {
+      omp_set_num_threads(1);
+      gemm_cpu(one);
+    }).join();
+    for (size_t i = 0; i < c.size(); ++i) {
+      EXPECT_EQ(c[i], batched.c[static_cast<size_t>(p * one.stride_c) + i]) << "matrix " << p << " element " << i;
+    }
+  }
 }
 
 }  // namespace
