@@ -8,6 +8,10 @@
 // Aliasing: an output may be the same array as an input (y == x, out == a); partial overlap is not allowed.
 // Thread-safety: only the output is written. Large arrays run under tbb::parallel_for in the caller's
 // task_arena; every element is computed independently, so results do not depend on the split.
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -31,6 +35,60 @@ using detail::dispatch_float;
 
 template <auto V>
 using Const = std::integral_constant<decltype(V), V>;
+
+// Note [Eight exps at once]
+// SiLU and sigmoid (tiny-llama's feed-forward) spend their time in expf, which GCC does not vectorize without
+// -ffast-math: SiLU's backward took 3.6 ms of a 50 ms tiny-llama step on one core. For float32 they call glibc's
+// vector expf (libmvec's _ZGVdN8v_expf, AVX2: 8 lanes; within 3 ulp of the scalar expf over [-100, 100],
+// measured on 4M values), about 6x faster on 1M elements. Every element goes through it, the last few of a
+// range too (padded to 8 lanes), so an element's bits do not depend on where a parallel split falls. The rest
+// of the formula is math.h's, operation for operation (no FMA contraction). float64 and CUDA keep the scalar
+// math.
+#if defined(__AVX2__)
+extern "C" __m256 _ZGVdN8v_expf(__m256);
+
+constexpr bool vector_exp_op(UnaryOp op) { return op == UnaryOp::Silu || op == UnaryOp::Sigmoid; }
+constexpr bool vector_exp_op(ActivationOp op) { return op == ActivationOp::Silu || op == ActivationOp::Sigmoid; }
+
+// 1 / (1 + exp(-x)), as math.h's sigmoid_of.
+inline __m256 sigmoid8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, _ZGVdN8v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+template <UnaryOp Op>
+__m256 unary8(__m256 x) {
+  const __m256 s = sigmoid8(x);
+  return Op == UnaryOp::Silu ? _mm256_mul_ps(x, s) : s;
+}
+
+template <ActivationOp Op>
+__m256 activation_backward8(__m256 x, __m256 dy) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 s = sigmoid8(x);
+  const __m256 one_minus_s = _mm256_sub_ps(one, s);
+  // math.h: dy * (s * (1 + x * (1 - s))) for SiLU, dy * (s * (1 - s)) for sigmoid.
+  const __m256 slope = Op == ActivationOp::Silu ? _mm256_mul_ps(s, _mm256_add_ps(one, _mm256_mul_ps(x, one_minus_s)))
+                                                : _mm256_mul_ps(s, one_minus_s);
+  return _mm256_mul_ps(dy, slope);
+}
+
+// out[i] = f(a[i], b[i]) for i in [begin, end) (b may be null: f gets zeros), 8 at a time; the last partial
+// group through a padded copy.
+template <typename F>
+void map8(const float* a, const float* b, float* out, int64_t begin, int64_t end, const F& f) {
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    _mm256_storeu_ps(out + i, f(_mm256_loadu_ps(a + i), b ? _mm256_loadu_ps(b + i) : _mm256_setzero_ps()));
+  }
+  if (i == end) return;
+  alignas(32) float pa[8] = {}, pb[8] = {}, po[8];
+  std::copy(a + i, a + end, pa);
+  if (b) std::copy(b + i, b + end, pb);
+  _mm256_store_ps(po, f(_mm256_load_ps(pa), _mm256_load_ps(pb)));
+  std::copy(po, po + (end - i), out + i);
+}
+#endif
 
 template <typename F>
 void dispatch_unary(UnaryOp op, const F& f) {
@@ -105,6 +163,14 @@ void unary_cpu(UnaryOp op, DType dtype, int64_t n, const void* x, void* y) {
     const T* xs = static_cast<const T*>(x);
     T* ys = static_cast<T*>(y);
     dispatch_unary(op, [&](auto op_c) {
+#if defined(__AVX2__)
+      if constexpr (std::is_same_v<T, float> && vector_exp_op(op_c())) {  // Note [Eight exps at once]
+        parallel_range(n, [&](int64_t begin, int64_t end) {
+          map8(xs, nullptr, ys, begin, end, [](__m256 x, __m256) { return unary8<decltype(op_c)::value>(x); });
+        });
+        return;
+      }
+#endif
       parallel_range(n, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) ys[i] = apply_unary(op_c(), xs[i]);
       });
@@ -122,6 +188,15 @@ void activation_backward_cpu(ActivationOp op, DType dtype, int64_t n, const void
     const T* dys = static_cast<const T*>(dy);
     T* dxs = static_cast<T*>(dx);
     dispatch_activation(op, [&](auto op_c) {
+#if defined(__AVX2__)
+      if constexpr (std::is_same_v<T, float> && vector_exp_op(op_c())) {  // Note [Eight exps at once]
+        parallel_range(n, [&](int64_t begin, int64_t end) {
+          map8(xs, dys, dxs, begin, end,
+               [](__m256 x, __m256 dy) { return activation_backward8<decltype(op_c)::value>(x, dy); });
+        });
+        return;
+      }
+#endif
       parallel_range(n, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) dxs[i] = activation_backward(op_c(), xs[i], dys[i]);
       });

@@ -285,5 +285,54 @@ TEST(ElementwiseCpuErrors, RejectsBadArguments) {
                Error);  // out not contiguous
 }
 
+// Note [Eight exps at once]: float32 SiLU and sigmoid, forward and backward, give an element the same bits
+// wherever it sits in the array (in a group of 8, in the padded last group, on either side of a parallel split),
+// and special values what math.h's formula gives them.
+TEST(ElementwiseCpuVectorExp, AnElementsBitsDoNotDependOnItsPlace) {
+  const int64_t n = 100003;  // the parallel path, and a last group of 3
+  const std::vector<float> x = random_vector<float>(n, -12.0, 12.0, 21), dy = random_vector<float>(n, -2.0, 2.0, 22);
+  for (UnaryOp op : {UnaryOp::Silu, UnaryOp::Sigmoid}) {
+    std::vector<float> whole(n);
+    unary_cpu(op, DType::Float32, n, x.data(), whole.data());
+    for (int64_t offset : {1, 3, 8, 13}) {
+      std::vector<float> shifted(n - offset);
+      unary_cpu(op, DType::Float32, n - offset, x.data() + offset, shifted.data());
+      for (int64_t i = 0; i < n - offset; ++i) {
+        ASSERT_EQ(shifted[i], whole[i + offset]) << "op " << int(op) << " offset " << offset << " x " << x[i + offset];
+      }
+    }
+  }
+  for (ActivationOp op : {ActivationOp::Silu, ActivationOp::Sigmoid}) {
+    std::vector<float> whole(n);
+    activation_backward_cpu(op, DType::Float32, n, x.data(), dy.data(), whole.data());
+    for (int64_t offset : {1, 5, 8}) {
+      std::vector<float> shifted(n - offset);
+      activation_backward_cpu(op, DType::Float32, n - offset, x.data() + offset, dy.data() + offset, shifted.data());
+      for (int64_t i = 0; i < n - offset; ++i) {
+        ASSERT_EQ(shifted[i], whole[i + offset]) << "op " << int(op) << " offset " << offset << " x " << x[i + offset];
+      }
+    }
+  }
+}
+
+TEST(ElementwiseCpuVectorExp, SpecialValuesAsTheScalarFormula) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x = {-inf, inf, nan, -0.0f, 0.0f, -100.0f, 100.0f, -88.8f, 88.8f, -104.0f, 1e-30f};
+  auto same = [](float got, float want) { return (std::isnan(got) && std::isnan(want)) || got == want; };
+  std::vector<float> silu(x.size()), sigmoid(x.size()), d_silu(x.size()), dy(x.size(), 1.0f);
+  unary_cpu(UnaryOp::Silu, DType::Float32, static_cast<int64_t>(x.size()), x.data(), silu.data());
+  unary_cpu(UnaryOp::Sigmoid, DType::Float32, static_cast<int64_t>(x.size()), x.data(), sigmoid.data());
+  activation_backward_cpu(ActivationOp::Silu, DType::Float32, static_cast<int64_t>(x.size()), x.data(), dy.data(),
+                          d_silu.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    // At these values expf is exact or saturates (0, 1, inf), so the formula's bits are determined.
+    const float s = 1.0f / (1.0f + std::exp(-x[i]));
+    EXPECT_TRUE(same(sigmoid[i], s)) << "sigmoid(" << x[i] << ") = " << sigmoid[i] << ", want " << s;
+    EXPECT_TRUE(same(silu[i], x[i] * s)) << "silu(" << x[i] << ") = " << silu[i] << ", want " << x[i] * s;
+    const float slope = s * (1.0f + x[i] * (1.0f - s));
+    EXPECT_TRUE(same(d_silu[i], slope)) << "silu'(" << x[i] << ") = " << d_silu[i] << ", want " << slope;
+  }
+}
+
 }  // namespace
 }  // namespace dpe::kernels
