@@ -242,7 +242,7 @@ is_cuda_lib() {
 }
 is_base_lib() {
   case "$1" in
-    linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | \
+    linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libmvec.so* | libpthread.so* | libdl.so* | librt.so* | \
       libresolv.so* | libutil.so*) return 0 ;;
   esac
   return 1
