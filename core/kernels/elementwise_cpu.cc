@@ -8,10 +8,6 @@
 // Aliasing: an output may be the same array as an input (y == x, out == a); partial overlap is not allowed.
 // Thread-safety: only the output is written. Large arrays run under tbb::parallel_for in the caller's
 // task_arena; every element is computed independently, so results do not depend on the split.
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -23,6 +19,7 @@
 #include "core/kernels/dtype_dispatch.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/math.h"
+#include "core/kernels/vector_exp.h"
 
 namespace dpe::kernels {
 namespace {
@@ -36,16 +33,10 @@ using detail::dispatch_float;
 template <auto V>
 using Const = std::integral_constant<decltype(V), V>;
 
-// Note [Eight exps at once]
-// SiLU and sigmoid (tiny-llama's feed-forward) spend their time in expf, which GCC does not vectorize without
-// -ffast-math: SiLU's backward took 3.6 ms of a 50 ms tiny-llama step on one core. For float32 they call glibc's
-// vector expf (libmvec's _ZGVdN8v_expf, AVX2: 8 lanes; within 3 ulp of the scalar expf over [-100, 100],
-// measured on 4M values), about 6x faster on 1M elements. Every element goes through it, the last few of a
-// range too (padded to 8 lanes), so an element's bits do not depend on where a parallel split falls. The rest
-// of the formula is math.h's, operation for operation (no FMA contraction). float64 and CUDA keep the scalar
-// math.
 #if defined(__AVX2__)
-extern "C" __m256 _ZGVdN8v_expf(__m256);
+// Note [Eight exps at once] (core/kernels/vector_exp.h): float32 SiLU and sigmoid.
+using detail::exp8;
+using detail::map8;
 
 constexpr bool vector_exp_op(UnaryOp op) { return op == UnaryOp::Silu || op == UnaryOp::Sigmoid; }
 constexpr bool vector_exp_op(ActivationOp op) { return op == ActivationOp::Silu || op == ActivationOp::Sigmoid; }
@@ -53,7 +44,7 @@ constexpr bool vector_exp_op(ActivationOp op) { return op == ActivationOp::Silu 
 // 1 / (1 + exp(-x)), as math.h's sigmoid_of.
 inline __m256 sigmoid8(__m256 x) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  return _mm256_div_ps(one, _mm256_add_ps(one, _ZGVdN8v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
 }
 
 template <UnaryOp Op>
@@ -71,22 +62,6 @@ __m256 activation_backward8(__m256 x, __m256 dy) {
   const __m256 slope = Op == ActivationOp::Silu ? _mm256_mul_ps(s, _mm256_add_ps(one, _mm256_mul_ps(x, one_minus_s)))
                                                 : _mm256_mul_ps(s, one_minus_s);
   return _mm256_mul_ps(dy, slope);
-}
-
-// out[i] = f(a[i], b[i]) for i in [begin, end) (b may be null: f gets zeros), 8 at a time; the last partial
-// group through a padded copy.
-template <typename F>
-void map8(const float* a, const float* b, float* out, int64_t begin, int64_t end, const F& f) {
-  int64_t i = begin;
-  for (; i + 8 <= end; i += 8) {
-    _mm256_storeu_ps(out + i, f(_mm256_loadu_ps(a + i), b ? _mm256_loadu_ps(b + i) : _mm256_setzero_ps()));
-  }
-  if (i == end) return;
-  alignas(32) float pa[8] = {}, pb[8] = {}, po[8];
-  std::copy(a + i, a + end, pa);
-  if (b) std::copy(b + i, b + end, pb);
-  _mm256_store_ps(po, f(_mm256_load_ps(pa), _mm256_load_ps(pb)));
-  std::copy(po, po + (end - i), out + i);
 }
 #endif
 
