@@ -2,15 +2,15 @@
 // time (core/kernels/*_cpu.cc only).
 //
 // Note [Eight exps at once]
-// SiLU, sigmoid and log-softmax spend their time in expf, which GCC does not vectorize without -ffast-math
-// (SiLU's backward took 3.6 ms of a 50 ms tiny-llama step on one core). They call glibc's vector expf instead
-// (libmvec's _ZGVdN8v_expf, AVX2: 8 lanes; core/BUILD links -lmvec): within 3 ulp of the scalar expf over
-// [-100, 100] (4M values measured), about 6x faster on 1M elements. map8 puts every element through it, the
-// last few of a range too (padded to 8 lanes), so an element's bits do not depend on where a parallel split
-// falls. Callers keep the rest of their formula operation for operation (math.h's; no FMA contraction).
-// float64 and CUDA keep the scalar math; a build without AVX2 (kVectorExp false) too. Against CUDA's expf (about
-// 2 ulp), kernels_parity_test allows 8 eps of |y| + |x| (16 eps of the backward's terms): an exp error of 3 ulp
-// enters sigmoid scaled by s (1 - s) <= 1/4 and SiLU by |x| times that, well inside it.
+// SiLU, sigmoid and softmax / log-softmax (rows of 32 or more: softmax_cpu.cc says why) spend their time in expf,
+// which GCC does not vectorize without -ffast-math (SiLU's backward took 3.6 ms of a 50 ms tiny-llama step on one
+// core). They call glibc's vector expf instead (libmvec's _ZGVdN8v_expf, AVX2: 8 lanes; core/BUILD links -lmvec):
+// within 3 ulp of the scalar expf over [-100, 100] (4M values measured), about 6x faster on 1M elements. map8 puts
+// every element through it, the last few of a range too (padded to 8 lanes), so an element's bits do not depend on
+// where a parallel split falls. Callers keep the rest of their formula operation for operation (math.h's; no FMA
+// contraction). float64 and CUDA keep the scalar math; a build without AVX2 (kVectorExp false) too. Against CUDA's
+// expf (about 2 ulp), kernels_parity_test allows 8 eps of |y| + |x| (16 eps of the backward's terms): an exp error
+// of 3 ulp enters sigmoid scaled by s (1 - s) <= 1/4 and SiLU by |x| times that, well inside it.
 #pragma once
 
 #include <algorithm>
