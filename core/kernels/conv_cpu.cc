@@ -10,17 +10,18 @@
 // gradient checks, where speed does not matter but exactness does.
 //
 // Note [oneDNN primitive cache]
-// Building a oneDNN primitive JIT-compiles code (milliseconds), so primitives are kept, keyed by every field
-// of Conv2dShape plus the pass and the calling thread's omp_get_max_threads(), in a PrimitiveCache (core/kernels/primitive_cache.h: the most recently used
-// kPrimitiveCacheCapacity, so shapes that keep changing do not grow it without end); a training loop hits the
-// same few shapes every step. Primitives are immutable and their scratchpad is user-provided
-// (scratchpad_mode::user, taken per call from the calling thread's scratch cache, core/kernels/scratch.h), so
-// one primitive may execute on several threads at once (one per CPU device worker). Each call makes its own
-// dnnl::stream. oneDNN parallelises with OpenMP using the calling thread's omp_get_max_threads() (each device
-// worker sets its share, see docs/DESIGN.md, "Threads, streams, errors"), and a primitive keeps the work split
-// of the thread count it was built for: without the count in the key, a backward-weights primitive built on a
-// one-core device worker ran on one of the two cores of a later caller that had both (the CNN's `single-all`
-// row after `single`: 112% of `single` where alone it gives ~165%), as the matmul cache already knew.
+// Building a oneDNN primitive JIT-compiles code (milliseconds), so primitives are kept, keyed by every field of
+// Conv2dShape plus the pass and the calling thread's omp_get_max_threads(), in a PrimitiveCache
+// (core/kernels/primitive_cache.h: the most recently used kPrimitiveCacheCapacity, so shapes that keep changing do
+// not grow it without end); a training loop hits the same few shapes every step. Primitives are immutable and
+// their scratchpad is user-provided (scratchpad_mode::user, taken per call from the calling thread's scratch
+// cache, core/kernels/scratch.h), so one primitive may execute on several threads at once (one per CPU device
+// worker). Each call makes its own dnnl::stream. oneDNN parallelises with OpenMP using the calling thread's
+// omp_get_max_threads() (each device worker sets its share, see docs/DESIGN.md, "Threads, streams, errors"), and a
+// primitive keeps the work split of the thread count it was built for: without the count in the key, a
+// backward-weights primitive built on a one-core device worker ran on one of the two cores of a later caller that
+// had both (the CNN's `single-all` row after `single`: 112% of `single` where alone it gives ~165%), as the matmul
+// cache already knew.
 //
 // Contract: outputs are overwritten, as conv.h says. Results do not depend on the number of threads for
 // float64 (GEMMs in a fixed order); oneDNN's float32 kernels are deterministic for a fixed thread count.

@@ -8,7 +8,7 @@
 // within 3 ulp of the scalar expf over [-100, 100] (4M values measured), about 6x faster on 1M elements. map8 puts
 // every element through it, the last few of a range too (padded to 8 lanes), so an element's bits do not depend on
 // where a parallel split falls. Callers keep the rest of their formula operation for operation (math.h's; no FMA
-// contraction). float64 and CUDA keep the scalar math; a build without AVX2 (kVectorExp false) too. Against CUDA's
+// contraction). float64 and CUDA keep the scalar math; a build without AVX2 too. Against CUDA's
 // expf (about 2 ulp), kernels_parity_test allows 8 eps of |y| + |x| (16 eps of the backward's terms): an exp error
 // of 3 ulp enters sigmoid scaled by s (1 - s) <= 1/4 and SiLU by |x| times that, well inside it.
 #pragma once
@@ -25,8 +25,6 @@ extern "C" __m256 _ZGVdN8v_expf(__m256);
 namespace dpe::kernels::detail {
 
 #if defined(__AVX2__)
-inline constexpr bool kVectorExp = true;
-
 inline __m256 exp8(__m256 x) { return _ZGVdN8v_expf(x); }
 
 // out[i] = f(a[i], b[i]) for i in [begin, end), eight at a time (b may be null: f gets zeros); the last
@@ -44,8 +42,6 @@ void map8(const float* a, const float* b, float* out, int64_t begin, int64_t end
   _mm256_store_ps(po, f(_mm256_load_ps(pa), _mm256_load_ps(pb)));
   std::copy(po, po + (end - i), out + i);
 }
-#else
-inline constexpr bool kVectorExp = false;
 #endif
 
 }  // namespace dpe::kernels::detail
