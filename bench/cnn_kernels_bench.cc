@@ -170,6 +170,28 @@ void bench_conv_backward(double min_seconds, dpe::DType dtype) {
          0);
 }
 
+// The CNN's first convolution's weight gradient (1 -> 32 channels, 3x3, padding 1, 28 x 28; its input needs no
+// gradient), NCHW and channels last, with its GFLOP/s: a reduction over N * H * W = 100,352 positions into 32 x 9
+// weights.
+void bench_conv1_backward_weight(double min_seconds, int64_t n, bool channels_last) {
+  k::Conv2dShape s;
+  s.n = n;
+  s.c_in = 1;
+  s.h = s.w = 28;
+  s.c_out = 32;
+  s.kh = s.kw = 3;
+  s.pad_h = s.pad_w = 1;
+  s.channels_last = channels_last;
+  std::vector<float> x = random_floats(s.n * 784, 11), dy = random_floats(s.n * 32 * 784, 12), dw(32 * 9), db(32);
+  const double ms = best_ms(min_seconds, [&] {
+    k::conv2d_backward_cpu(s, x.data(), nullptr, dy.data(), nullptr, dw.data(), db.data());
+  });
+  const double flops = 2.0 * static_cast<double>(s.n) * 784 * 32 * 9;
+  std::printf("%-44s %8.3f ms %7.1f GFLOP/s\n",
+              ("conv1 backward weights+bias " + std::to_string(n) + (channels_last ? "x28x28x1 (cl)" : "x1x28x28")).c_str(),
+              ms, flops / ms * 1e-6);
+}
+
 void bench_copy_rate(double min_seconds) {
   const int64_t numel = int64_t{1} << 22;
   std::vector<float> x = random_floats(numel, 7), y(numel);
@@ -205,6 +227,8 @@ int main(int argc, char** argv) {
     bench_bias_grad(min_seconds, 64, 64, 14);
     bench_conv_backward(min_seconds, dpe::DType::Float32);
     bench_conv_backward(min_seconds, dpe::DType::BFloat16);
+    bench_conv1_backward_weight(min_seconds, 128, false);
+    bench_conv1_backward_weight(min_seconds, 128, true);
   });
   return 0;
 }
