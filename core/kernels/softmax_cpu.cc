@@ -34,61 +34,48 @@ void for_each_slice(int64_t outer, int64_t size, int64_t inner, const F& body) {
                         [&](int64_t o, int64_t c0, int64_t w) { body(o * size * inner + c0, w); });
 }
 
-#if defined(__AVX2__)
 // Rows shorter than this keep the scalar exp: a padded group of 8 gains nothing on the MLP's and CNN's 10
 // classes, and their training runs keep the bits of their documented curves (with libmvec's exp there, the
 // MLP's 10-epoch DDP accuracy moved from 0.8861 to 0.8843: the same noise, on the wrong side of a floor).
 constexpr int64_t kVectorExpMinRow = 32;
 
-// A float row (Note [Eight exps at once]): the same steps as softmax_row below, its exps eight at a time; the
-// sum still adds them one by one in index order, in double.
-void softmax_row_float(SoftmaxKind kind, int64_t size, const float* x, float* y) {
-  float m = x[0];
-  for (int64_t i = 1; i < size; ++i) m = x[i] > m ? x[i] : m;
-  const __m256 mv = _mm256_set1_ps(m);
-  auto exp_shifted = [&](__m256 v, __m256) { return detail::exp8(_mm256_sub_ps(v, mv)); };
-  double sum = 0;
-  if (kind == SoftmaxKind::Softmax) {
-    detail::map8(x, nullptr, y, 0, size, exp_shifted);
-    for (int64_t i = 0; i < size; ++i) sum += y[i];
-    const float total = static_cast<float>(sum);
-    for (int64_t i = 0; i < size; ++i) y[i] /= total;
-    return;
+// e[i] = exp(x[i] - m) for i in [0, n): eight at a time where `vector` (float rows of kVectorExpMinRow or more,
+// Note [Eight exps at once]), else std::exp. e may be x.
+template <typename T>
+void exp_shifted(const T* x, T m, T* e, int64_t n, bool vector) {
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (vector) {
+      const __m256 mv = _mm256_set1_ps(m);
+      detail::map8(x, nullptr, e, 0, n, [&](__m256 v, __m256) { return detail::exp8(_mm256_sub_ps(v, mv)); });
+      return;
+    }
   }
-  // log_softmax: the exps go through a small buffer (y may be x, which the last pass reads).
-  constexpr int64_t kChunk = 256;
-  alignas(32) float e[kChunk];
-  for (int64_t c = 0; c < size; c += kChunk) {
-    const int64_t len = std::min(kChunk, size - c);
-    detail::map8(x + c, nullptr, e, 0, len, exp_shifted);
-    for (int64_t i = 0; i < len; ++i) sum += e[i];
-  }
-  const float log_total = static_cast<float>(std::log(sum));
-  for (int64_t i = 0; i < size; ++i) y[i] = (x[i] - m) - log_total;
-}
 #endif
+  for (int64_t i = 0; i < n; ++i) e[i] = std::exp(x[i] - m);
+}
 
 // x, y: (size) contiguous.
 template <typename T>
 void softmax_row(SoftmaxKind kind, int64_t size, const T* x, T* y) {
-#if defined(__AVX2__)
-  if constexpr (std::is_same_v<T, float>) {
-    if (size >= kVectorExpMinRow) return softmax_row_float(kind, size, x, y);
-  }
-#endif
+  const bool vector = std::is_same_v<T, float> && size >= kVectorExpMinRow;
   T m = x[0];
   for (int64_t i = 1; i < size; ++i) m = x[i] > m ? x[i] : m;
-  double sum = 0;
+  double sum = 0;  // the exps added one by one in index order
   if (kind == SoftmaxKind::Softmax) {
-    for (int64_t i = 0; i < size; ++i) {
-      const T e = std::exp(x[i] - m);
-      y[i] = e;
-      sum += e;
-    }
+    exp_shifted(x, m, y, size, vector);
+    for (int64_t i = 0; i < size; ++i) sum += y[i];
     const T total = static_cast<T>(sum);
     for (int64_t i = 0; i < size; ++i) y[i] /= total;
   } else {
-    for (int64_t i = 0; i < size; ++i) sum += std::exp(x[i] - m);
+    // The exps go through a small buffer: y may be x, which the last pass reads.
+    constexpr int64_t kChunk = 256;
+    alignas(32) T e[kChunk];
+    for (int64_t c = 0; c < size; c += kChunk) {
+      const int64_t len = std::min(kChunk, size - c);
+      exp_shifted(x + c, m, e, len, vector);
+      for (int64_t i = 0; i < len; ++i) sum += e[i];
+    }
     const T log_total = static_cast<T>(std::log(sum));
     for (int64_t i = 0; i < size; ++i) y[i] = (x[i] - m) - log_total;
   }
