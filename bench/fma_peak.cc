@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <thread>
 
+#include "core/cpu_cores.h"
+
 namespace dpe::bench {
 namespace {
 
@@ -111,19 +113,6 @@ std::vector<double> best_round_together(double (*probe)(int64_t), const std::vec
                            [&](const auto& a, const auto& b) { return sum(a) < sum(b); });
 }
 
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-    }
-  }
-  if (cpus.empty()) cpus.push_back(0);  // no mask to read: one probe, wherever it runs
-  return cpus;
-}
-
 }  // namespace
 
 std::vector<FmaPeak> probe_fma_peaks() {
@@ -133,7 +122,7 @@ std::vector<FmaPeak> probe_fma_peaks() {
 }
 
 MachinePeak probe_fma_peak_every_cpu() {
-  const std::vector<int> cpus = allowed_cpus();
+  const std::vector<int> cpus = usable_cpus();  // this thread's affinity mask
   MachinePeak best;
   auto consider = [&](const char* isa, double (*probe)(int64_t)) {
     MachinePeak m{.isa = isa, .cpus = cpus, .per_cpu = best_round_together(probe, cpus)};

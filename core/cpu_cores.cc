@@ -7,11 +7,23 @@
 
 namespace dpe {
 
-int usable_cores() {
+std::vector<int> usable_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+    }
+  }
+  if (cpus.empty()) {
+    for (int cpu = 0; cpu < std::max(1, static_cast<int>(std::thread::hardware_concurrency())); ++cpu) {
+      cpus.push_back(cpu);
+    }
+  }
+  return cpus;
 }
+
+int usable_cores() { return static_cast<int>(usable_cpus().size()); }
 
 }  // namespace dpe

@@ -1,10 +1,16 @@
 // The cores this process may run on.
 #pragma once
 
+#include <vector>
+
 namespace dpe {
 
-// The cores this process may run on: its affinity mask (taskset, a cgroup cpuset, mpirun's --bind-to), so
-// that two processes bound to a core each do not both size their pools for the whole machine.
+// The CPUs the calling thread may run on, in increasing order: its affinity mask (taskset, a cgroup cpuset,
+// mpirun's --bind-to, a pinned worker's own); where the mask cannot be read, 0 .. hardware_concurrency() - 1.
+std::vector<int> usable_cpus();
+
+// How many there are, so that two processes bound to a core each do not both size their pools for the whole
+// machine.
 int usable_cores();
 
 }  // namespace dpe

@@ -19,7 +19,6 @@
 // (core/autograd/profiler.h) and prints, per mode, where the backward's time goes by node kind.
 #include <cblas.h>
 #include <omp.h>
-#include <sched.h>
 #include <tbb/task_arena.h>
 #include <unistd.h>
 
@@ -41,6 +40,7 @@
 #include "core/allocator.h"
 #include "core/autograd/profiler.h"
 #include "core/backends.h"
+#include "core/cpu_cores.h"
 #include "core/kernels/sgemm_choice.h"
 #include "engine/worker_pool.h"
 #include "models/models.h"
@@ -139,13 +139,8 @@ void with_threads(int threads, const std::vector<int>& cores, const std::functio
         DPE_CHECK(rc == 0, "dpe bench: could not pin the single row's thread to DPE_CPU_DEVICE_CORES's cores: ",
                   std::strerror(rc));
         // Read back, not echoed: what the thread's mask now is.
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        sched_getaffinity(0, sizeof set, &set);
         std::string on;
-        for (int core = 0; core < CPU_SETSIZE; ++core) {
-          if (CPU_ISSET(core, &set)) on += (on.empty() ? "" : ",") + std::to_string(core);
-        }
+        for (int core : usable_cpus()) on += (on.empty() ? "" : ",") + std::to_string(core);
         std::fprintf(stderr, "bench: single runs on core(s) %s (DPE_CPU_DEVICE_CORES), %zu intra-op thread(s)\n",
                      on.c_str(), cores.size());
       }
