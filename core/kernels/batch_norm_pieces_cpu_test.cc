@@ -47,7 +47,8 @@ TEST(BatchNormPieces, BlocksVisitEveryValueOfTheirChannelOnce) {
 }
 
 // Enough blocks for a GPU where the channels are few, never pieces below 4096 values, one piece for small M.
-TEST(BatchNormPieces, TheSplitFillsTheGpuWithoutTinyPieces) {
+// (Named without "Gpu": run_suite.sh picks the CUDA tests by name, and this one makes no CUDA call.)
+TEST(BatchNormPieces, TheSplitFillsTheDeviceWithoutTinyPieces) {
   EXPECT_EQ(batch_norm_split(64, 256 * 196).pieces, 8);  // the CNN's BatchNorm: 512 blocks
   EXPECT_EQ(batch_norm_split(1, 4096).pieces, 1);
   EXPECT_EQ(batch_norm_split(1, 1 << 20).pieces, 256);

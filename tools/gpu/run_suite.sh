@@ -253,6 +253,8 @@ sanitizer_errors() {
   grep -oE '^========= (ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ error)' "$1" |
     grep -oE '[0-9]+ error' | awk '{s += $1} END {print s + 0}'
 }
+# What compute-sanitizer says (exit status 255, no summary) when the program it ran never called CUDA.
+san_no_cuda_call='^========= Error: Target application terminated before first instrumented API call'
 gpu_unusable_skip() { grep -qiE 'no CUDA device|no CUDA support|has no CUDA|no GPU' <<<"$1"; }
 
 # run_one LABEL KIND TIMEOUT ENV_ASSIGNMENTS -- CMD...   (KIND: gtest | san: GoogleTest XML; sh | exe: exit status)
@@ -304,6 +306,11 @@ run_one() {
   fi
   if ((rc == 124 || rc == 137)); then
     status="TIMEOUT after ${limit}s"; f=$((f + 1)); fail_cases+=("$label: timed out after ${limit}s")
+  elif [[ "$kind" == san ]] && ((f == 0)) && grep -q "$san_no_cuda_call" "$log"; then
+    # The selected tests passed without one CUDA call (a host-side test whose name matches the CUDA filter):
+    # compute-sanitizer checked nothing, which is neither a pass nor a failure of the sanitizer.
+    status="NOTHING TO CHECK (no CUDA call)"; s=$((s + p)) p=0
+    skip_cases+=("$label: its tests made no CUDA call, so compute-sanitizer checked nothing")
   elif [[ "$kind" == san ]] && ! grep -qE '^========= (ERROR|RACECHECK) SUMMARY' "$log"; then
     status="NO SANITIZER SUMMARY (rc $rc)"; f=$((f + 1)); fail_cases+=("$label: compute-sanitizer printed no summary (rc $rc)")
   elif [[ "$kind" == san ]] && (($(sanitizer_errors "$log") > 0)); then
