@@ -19,6 +19,7 @@
 
 #include "core/amp/autocast.h"
 #include "core/autograd/grad_mode.h"
+#include "core/cpu_cores.h"
 #include "core/error.h"
 #include "core/lost_thread.h"
 #include "core/kernels/matmul.h"
@@ -31,9 +32,7 @@
 namespace dpe {
 
 std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  const bool known = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
+  const std::vector<int> allowed = usable_cpus();
   std::vector<std::vector<int>> cores;
   size_t begin = 0;
   while (true) {
@@ -50,9 +49,9 @@ std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text) {
       DPE_CHECK(ec == std::errc() && ptr == last && core >= 0 && core < CPU_SETSIZE, "DPE_CPU_DEVICE_CORES='", text,
                 "': entry ", cores.size() - 1, " ('", entry, "', for cpu:", cores.size() - 1,
                 ") is not a comma list of core numbers; expected e.g. 0;0;0;1");
-      DPE_CHECK(!known || CPU_ISSET(core, &allowed), "DPE_CPU_DEVICE_CORES='", text, "': core ", core, " (for cpu:",
-                cores.size() - 1, ") is not one this process may run on (its affinity mask has ", CPU_COUNT(&allowed),
-                " cores)");
+      DPE_CHECK(std::binary_search(allowed.begin(), allowed.end(), core), "DPE_CPU_DEVICE_CORES='", text, "': core ",
+                core, " (for cpu:", cores.size() - 1, ") is not one this process may run on (its affinity mask has ",
+                allowed.size(), " CPUs, from ", allowed.front(), " to ", allowed.back(), ")");
       mine.push_back(core);
       item = comma + 1;
     }

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "core/autograd/grad_mode.h"
+#include "core/cpu_cores.h"
 #include "core/lost_thread.h"
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
@@ -271,7 +272,8 @@ TEST(WorkerPoolTest, PinsCpuDevicesToTheCoresDpeCpuDeviceCoresNames) {
                 .find("DPE_CPU_DEVICE_CORES='0;x': entry 1 ('x', for cpu:1) is not a comma list of core numbers"),
             std::string::npos);
   EXPECT_NE(testing::error_of([] { parse_cpu_device_cores("0,1000"); })
-                .find("core 1000 (for cpu:0) is not one this process may run on"),
+                .find("core 1000 (for cpu:0) is not one this process may run on (its affinity mask has " +
+                      std::to_string(usable_cpus().size()) + " CPUs, from "),
             std::string::npos);
   ::setenv("DPE_CPU_DEVICE_CORES", ";0", 1);
   // What the pool pins each device to, and what `dpe bench`'s one-device row pins its thread to.
