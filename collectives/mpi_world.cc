@@ -198,16 +198,15 @@ void MpiAbortChannel::announce(const std::string& reason) {
   // Kept alive past this call: the sends complete when MPI moves them, and the process may end first. Out of
   // memory (often why a replica failed), a fixed text still tells the peers, so that they do not wait for
   // their timeouts.
-  static const std::string kLost = "the reason was lost (out of memory while recording it)";
-  const std::string* text = &kLost;
+  std::string_view text = detail::kReasonLost;
   try {
-    if (!reason.empty()) text = new std::string(reason);
+    if (!reason.empty()) text = *new std::string(reason);
   } catch (...) {
   }
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     MPI_Request request = MPI_REQUEST_NULL;
-    if (MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_CHAR, peer, kFailureTag, comm_, &request) ==
+    if (MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, peer, kFailureTag, comm_, &request) ==
         MPI_SUCCESS) {
       MPI_Request_free(&request);
     }

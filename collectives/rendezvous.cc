@@ -74,8 +74,7 @@ void Rendezvous::abort(const std::string& reason) noexcept {
 }
 
 const char* Rendezvous::reason() const {
-  return abort_reason_.empty() ? "a member failed, and the reason was lost (out of memory while recording it)"
-                               : abort_reason_.c_str();
+  return abort_reason_.empty() ? detail::kReasonLost : abort_reason_.c_str();
 }
 
 void Rendezvous::reset() {

@@ -42,6 +42,9 @@ std::string str_cat_or_empty(const Args&... args) noexcept {
   }
 }
 
+// What a failure reads where its reason was empty or could not be kept (out of memory while recording it).
+inline constexpr char kReasonLost[] = "a member failed, and the reason was lost (out of memory while recording it)";
+
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 [[noreturn]] void throw_internal_error(const char* file, int line, const char* condition,
                                        const std::string& message);
