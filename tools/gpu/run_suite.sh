@@ -173,11 +173,22 @@ fi
 # missing (the device machine runs commands as root and is discarded after the session). Never overwrites.
 if [[ -d "$bundle/sysdata" ]]; then
   present=0 installed=0 failed_sys=0
+  # install_sysdata FILE DEST: a copy, or for NAME.gz.gunzipped (package.sh stores .gz files decompressed) the
+  # file gzipped again; nothing left behind on failure.
+  install_sysdata() {
+    mkdir -p "$(dirname "$2")" 2>/dev/null || return 1
+    if [[ "$1" == *.gz.gunzipped ]]; then
+      gzip -n -c "$1" >"$2" 2>/dev/null || { rm -f "$2"; return 1; }
+    else
+      cp -a "$1" "$2" 2>/dev/null
+    fi
+  }
   while IFS= read -r -d '' f; do
     dest="/${f#"$bundle"/sysdata/}"
+    [[ "$dest" == *.gz.gunzipped ]] && dest="${dest%.gunzipped}"
     if [[ -e "$dest" || -L "$dest" ]]; then
       present=$((present + 1))
-    elif mkdir -p "$(dirname "$dest")" 2>/dev/null && cp -a "$f" "$dest" 2>/dev/null; then
+    elif install_sysdata "$f" "$dest"; then
       installed=$((installed + 1))
     else
       failed_sys=$((failed_sys + 1))
