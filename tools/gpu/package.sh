@@ -214,7 +214,6 @@ log "$(wc -l <"$tests_tsv") tests listed in tests.tsv; $(find "$stage/runfiles" 
 # (sysdata/usr/share/...), which run_suite.sh copies to / where missing. Open MPI too (the tests across
 # processes run under mpirun): its launcher, its components (dlopen'ed from its own directories), PMIx, the
 # help texts and configuration; the libraries they link come with lib/ like every other.
-gunzipped=".gunzipped"  # a .gz file of sysdata/, stored decompressed (run_suite.sh gzips it back)
 sysdata_packages=(dataset-fashion-mnist fortunes-min openmpi-bin openmpi-common libopenmpi3 libpmix2)
 n_sys=0
 for pkg in "${sysdata_packages[@]}"; do
@@ -229,7 +228,7 @@ for pkg in "${sysdata_packages[@]}"; do
     if [[ "$f" == *.gz && ! -L "$f" ]]; then
       # Stored decompressed, which the payload's xz compresses further than gzip did (Fashion-MNIST's 30.9 MB
       # of .gz files: 4 MB less), and gzipped back into place by run_suite.sh.
-      gzip -dc "$f" >"$stage/sysdata$f$gunzipped"
+      gzip -dc "$f" >"$stage/sysdata$f.gunzipped"
     else
       cp -a "$f" "$stage/sysdata$f"
     fi
