@@ -418,9 +418,9 @@ if ((bench)); then
   # @2dev rows run two logical devices on it: the multi-device code paths and their overhead, not scaling.
   if ((gpus > 0)) && [[ -x "$dpe_tool" ]]; then
     mkdir -p "$results/bench"
-    # First, what has never run on a GPU (issue 20, items 5 and 4). PyTorch on the same GPU, models, data and
-    # batch (item 5): the machine's own torch, run by dpe bench --compare-pytorch through a wrapper that gives it
-    # the machine's library path, not the bundle's. Its rows hold dpe's own.
+    # First, issue 20's items 5 and 4: dpe beside PyTorch, and training to an accuracy. PyTorch on the same GPU,
+    # models, data and batch (item 5): the machine's own torch, run by dpe bench --compare-pytorch through a
+    # wrapper that gives it the machine's library path, not the bundle's. Its rows hold dpe's own.
     dpe_only_models=()
     torch_py=""
     for py in /opt/torch/.venv/bin/python3 "$(command -v python3)"; do
