@@ -1,9 +1,10 @@
 // Normalisation ops (PyTorch semantics): batch_norm, layer_norm, rms_norm.
 //
 // batch_norm runs on fused kernels (core/kernels/batch_norm.h: two passes over x forward, two backward, its
-// backward written out, including the batch statistics' dependence on x in training mode); layer_norm and
-// rms_norm are compositions of differentiable ops of core/ops.h (sum/mean, sub, mul, rsqrt) whose backward
-// autograd derives. docs/LAYERS.md "Normalization, dropout, embedding" says why.
+// backward written out, including the batch statistics' dependence on x in training mode); so does rms_norm on
+// CPU devices (core/kernels/rms_norm.h: one pass each way, one rstd per row kept for the backward). layer_norm,
+// and rms_norm on CUDA devices, are compositions of differentiable ops of core/ops.h (sum/mean, sub, mul,
+// rsqrt) whose backward autograd derives. docs/LAYERS.md "Normalization, dropout, embedding" says why.
 // Optional tensors (weight, bias, running stats) are passed as undefined Tensor() when absent.
 #pragma once
 
