@@ -196,8 +196,14 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
   return y;
 }
 
-// x: (*, D)  weight: (D)  ->  x's shape
 namespace {
+
+// dispatch() for a kernel only CPU devices have (the caller has checked the device): keeps its lost-thread
+// checkpoint.
+template <typename F>
+void dispatch_cpu_only(const Device& device, const F& cpu) {
+  dispatch(device, cpu, [](auto) { DPE_INTERNAL_ASSERT(false, "a CPU-only kernel on a CUDA device"); });
+}
 
 // rms_norm on a CPU device: kernels/rms_norm.h's one pass each way; its node keeps x and one rstd per row.
 Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
@@ -206,25 +212,19 @@ Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
   const Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
   Tensor y = Tensor::empty(x.shape(), options_of(x));
   Tensor rstd = Tensor::empty({rows}, options_of(x));
-  dispatch(
-      x.device(),
-      [&] {
-        kernels::rms_norm_forward_cpu(x.dtype(), rows, d, xc.data_ptr(), data_or_null(w), eps, y.data_ptr(),
-                                      rstd.data_ptr());
-      },
-      [](auto) { DPE_INTERNAL_ASSERT(false, "rms_norm_cpu on a CUDA device"); });
+  dispatch_cpu_only(x.device(), [&] {
+    kernels::rms_norm_forward_cpu(x.dtype(), rows, d, xc.data_ptr(), data_or_null(w), eps, y.data_ptr(),
+                                  rstd.data_ptr());
+  });
   const bool grad_x = x.requires_grad(), grad_w = weight.defined() && weight.requires_grad();
   autograd::record(y, {x, weight}, "RmsNormBackward", [xc, w, rstd, rows, d, grad_x, grad_w](const Tensor& g) {
     const Tensor gc = g.contiguous();
     Tensor dx = grad_x ? Tensor::empty(xc.shape(), options_of(xc)) : Tensor();
     Tensor dw = grad_w ? Tensor::empty({d}, options_of(xc)) : Tensor();
-    dispatch(
-        xc.device(),
-        [&] {
-          kernels::rms_norm_backward_cpu(xc.dtype(), rows, d, xc.data_ptr(), data_or_null(w), rstd.data_ptr(),
-                                         gc.data_ptr(), data_or_null(dx), data_or_null(dw));
-        },
-        [](auto) { DPE_INTERNAL_ASSERT(false, "rms_norm_cpu on a CUDA device"); });
+    dispatch_cpu_only(xc.device(), [&] {
+      kernels::rms_norm_backward_cpu(xc.dtype(), rows, d, xc.data_ptr(), data_or_null(w), rstd.data_ptr(),
+                                     gc.data_ptr(), data_or_null(dx), data_or_null(dw));
+    });
     return std::vector<Tensor>{dx, dw};
   });
   return y;
@@ -232,6 +232,7 @@ Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
 
 }  // namespace
 
+// x: (*, D)  weight: (D)  ->  x's shape
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   detail::check_compute_dtype(x, "rms_norm");
   DPE_CHECK(x.dim() >= 1 && x.size(-1) > 0, "rms_norm: expected input (*, D) with D > 0, got ", shape_str(x.shape()));
