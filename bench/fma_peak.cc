@@ -1,7 +1,6 @@
 #include "bench/fma_peak.h"
 
 #include <immintrin.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <barrier>
@@ -92,11 +91,8 @@ std::vector<double> best_round_together(double (*probe)(int64_t), const std::vec
   std::vector<std::thread> threads;
   for (size_t i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(cpus[i], &set);
       // Unpinned (a mask that refuses it), the thread still runs, and the round measures what it got.
-      (void)sched_setaffinity(0, sizeof set, &set);
+      (void)pin_this_thread({cpus[i]});
       for (int r = 0; r < kRuns; ++r) {
         start.arrive_and_wait();
         rounds[r][i] = probe(kIterations);

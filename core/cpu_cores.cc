@@ -1,5 +1,6 @@
 #include "core/cpu_cores.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -25,5 +26,12 @@ std::vector<int> usable_cpus() {
 }
 
 int usable_cores() { return static_cast<int>(usable_cpus().size()); }
+
+int pin_this_thread(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
 
 }  // namespace dpe

@@ -13,4 +13,9 @@ std::vector<int> usable_cpus();
 // machine.
 int usable_cores();
 
+// Pins the calling thread to `cpus` (non-empty); returns pthread_setaffinity_np's status (0: pinned). A CPU
+// device worker pins itself with it, `dpe bench`'s one-device row to run as that worker would, and the FMA
+// probe's threads one per CPU.
+int pin_this_thread(const std::vector<int>& cpus);
+
 }  // namespace dpe

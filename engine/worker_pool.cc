@@ -4,8 +4,6 @@
 #include <sched.h>
 #include <tbb/task_arena.h>
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <atomic>
 #include <charconv>
@@ -67,13 +65,6 @@ std::vector<int> pinned_cpu_device_cores(const Device& device) {
   std::vector<std::vector<int>> pinned = parse_cpu_device_cores(env);
   return static_cast<size_t>(device.index) < pinned.size() ? pinned[static_cast<size_t>(device.index)]
                                                            : std::vector<int>{};
-}
-
-int pin_this_thread(const std::vector<int>& cores) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int core : cores) CPU_SET(core, &set);
-  return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
 namespace {

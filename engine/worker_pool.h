@@ -53,9 +53,6 @@ std::vector<std::vector<int>> parse_cpu_device_cores(const std::string& text);
 // The cores $DPE_CPU_DEVICE_CORES pins `device` to: empty when the variable is unset or empty, has no entry
 // for it, or `device` is not a CPU device. Throws as parse_cpu_device_cores does.
 std::vector<int> pinned_cpu_device_cores(const Device& device);
-// Pins the calling thread to `cores` (non-empty); returns pthread_setaffinity_np's status (0: pinned). A CPU
-// worker pins itself with it, and so does `dpe bench`'s one-device row, to run as that worker would.
-int pin_this_thread(const std::vector<int>& cores);
 
 class DeviceWorkerPool {
  public:
