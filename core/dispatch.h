@@ -35,4 +35,11 @@ void dispatch(const Device& device, CpuFn&& cpu, CudaFn&& cuda) {
 #endif
 }
 
+// dispatch() for a kernel only CPU devices have, the caller having checked the device (a fused CPU kernel whose
+// op composes tensor ops elsewhere): keeps the lost-thread checkpoint.
+template <typename CpuFn>
+void dispatch_cpu_only(const Device& device, CpuFn&& cpu) {
+  dispatch(device, cpu, [&](auto) { DPE_INTERNAL_ASSERT(false, "a CPU-only kernel on ", device); });
+}
+
 }  // namespace dpe

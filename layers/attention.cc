@@ -30,19 +30,6 @@ RotaryTables rotary_tables(int64_t seq_len, int64_t head_dim, double theta, Tens
   return {Tensor::from_vector(c, {seq_len, head_dim}, opts), Tensor::from_vector(s, {seq_len, head_dim}, opts)};
 }
 
-Tensor apply_rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  // x: (..., T, d)  cos, sin: (T, d)  ->  x * cos + rotate_half(x) * sin
-  DPE_CHECK(x.dim() >= 2, "apply_rotary_emb: expected x of shape (..., T, head_dim), got ", shape_str(x.shape()));
-  const int64_t T = x.size(-2), d = x.size(-1);
-  DPE_CHECK(d % 2 == 0, "apply_rotary_emb: head_dim must be even, got x ", shape_str(x.shape()));
-  DPE_CHECK(cos.shape() == (Shape{T, d}) && sin.shape() == (Shape{T, d}), "apply_rotary_emb: x ", shape_str(x.shape()),
-            " needs cos and sin of shape [", T, ", ", d, "], got ", shape_str(cos.shape()), " and ",
-            shape_str(sin.shape()));
-  const int64_t half = d / 2;
-  Tensor rotated = cat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
-}
-
 AttentionMasks attention_masks(int64_t T, const Tensor& key_padding_mask, TensorOptions options) {
   // key_padding_mask: (B, T) or undefined  ->  additive: (B, 1, T, T) or (T, T); keep: (B, 1, T, 1) or undefined
   const double neg_inf = -std::numeric_limits<double>::infinity();

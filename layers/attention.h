@@ -17,6 +17,7 @@
 
 #include <memory>
 
+#include "core/ops/rotary.h"
 #include "layers/linear.h"
 #include "layers/module.h"
 
@@ -32,8 +33,9 @@ struct RotaryTables {
 // cos/sin tables for positions 0..seq_len-1 (see the file comment), in `options`' dtype and device.
 RotaryTables rotary_tables(int64_t seq_len, int64_t head_dim, double theta, TensorOptions options = {});
 
-// x: (..., T, head_dim)  cos, sin: (T, head_dim)  ->  (..., T, head_dim). Differentiable in x.
-Tensor apply_rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin);
+// x: (..., T, head_dim)  cos, sin: (T, head_dim)  ->  (..., T, head_dim) (core/ops/rotary.h: one fused pass
+// each way on CPU devices).
+using dpe::apply_rotary_emb;
 
 // The additive attention mask and the row mask described in the file comment, built on the host.
 //   key_padding_mask: (B, T) any dtype, nonzero = real token; may be undefined (causal only).

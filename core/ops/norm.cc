@@ -198,13 +198,6 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
 
 namespace {
 
-// dispatch() for a kernel only CPU devices have (the caller has checked the device): keeps its lost-thread
-// checkpoint.
-template <typename F>
-void dispatch_cpu_only(const Device& device, const F& cpu) {
-  dispatch(device, cpu, [](auto) { DPE_INTERNAL_ASSERT(false, "a CPU-only kernel on a CUDA device"); });
-}
-
 // rms_norm on a CPU device: kernels/rms_norm.h's one pass each way; its node keeps x and one rstd per row.
 Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
   const int64_t d = x.size(-1), rows = x.numel() / d;

@@ -1,0 +1,112 @@
+// CPU rotary embeddings (core/kernels/rotary_emb.h): one pass over x forward and one over dy backward, where the
+// composition (narrow, neg, cat, two muls and an add) made six passes forward and more backward, the muls over
+// a permuted view in runs of one head's d elements; on tiny-llama its backward nodes took 8% of a step's
+// backward on one core (docs/BENCHMARKS.md).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "core/error.h"
+#include "core/kernels/cpu_parallel.h"
+#include "core/kernels/dtype_dispatch.h"
+#include "core/kernels/rotary_emb.h"
+
+namespace dpe::kernels {
+namespace {
+
+void check_layout(const char* what, const Layout& x) {
+  DPE_CHECK(x.ndim >= 2 && x.ndim <= kMaxDims, what, ": the strided operand has ", x.ndim,
+            " dims; expected (..., T, d)");
+  const int64_t d = x.sizes[x.ndim - 1];
+  DPE_CHECK(d > 0 && d % 2 == 0 && x.strides[x.ndim - 1] == 1, what, ": the strided operand's last dim has size ", d,
+            " and stride ", x.strides[x.ndim - 1], "; expected an even size > 0 and stride 1");
+}
+
+constexpr int64_t kRowsPerTask = 64;
+
+// Calls rows(strided, contiguous, t0, count) for blocks of `count` consecutive rows (..., t0 .. t0 + count - 1, :)
+// of `strided` covering every row once: `strided` is the block's first element offset through the layout (its
+// rows are strides[ndim - 2] apart) and `contiguous` the same in a contiguous tensor of the same sizes (rows d
+// apart). Blocks run in parallel. One call per block, not per row: a head's row is only d elements.
+template <typename F>
+void for_each_row_block(const Layout& strided, const F& rows) {
+  const int64_t d = strided.sizes[strided.ndim - 1], T = strided.sizes[strided.ndim - 2];
+  Layout planes;  // the leading dims: one (T, d) plane per index
+  planes.ndim = strided.ndim - 2;
+  for (int i = 0; i < planes.ndim; ++i) {
+    planes.sizes[i] = strided.sizes[i];
+    planes.strides[i] = strided.strides[i];
+  }
+  const int64_t blocks = (T + kRowsPerTask - 1) / kRowsPerTask;
+  detail::parallel_tasks(planes.numel() * blocks, kRowsPerTask * d, [&](int64_t task) {
+    const int64_t plane = task / blocks, t0 = task % blocks * kRowsPerTask;
+    rows(planes.offset_of(plane) + t0 * strided.strides[strided.ndim - 2], (plane * T + t0) * d, t0,
+         std::min(kRowsPerTask, T - t0));
+  });
+}
+
+// a * b rounded once, never contracted with the add or subtract that uses it (fma(a, b, 0) is the rounded
+// product; GCC would otherwise fuse a * b + c * e into one fused multiply-add).
+template <typename T>
+T product(T a, T b) {
+  return std::fma(a, b, T(0));
+}
+
+// One row each way (see the header's formulas); h = d / 2.
+template <typename T>
+void rotate_row(const T* __restrict x, const T* __restrict c, const T* __restrict s, T* __restrict y, int64_t h) {
+  for (int64_t i = 0; i < h; ++i) y[i] = product(x[i], c[i]) - product(x[i + h], s[i]);
+  for (int64_t i = h; i < 2 * h; ++i) y[i] = product(x[i], c[i]) + product(x[i - h], s[i]);
+}
+
+template <typename T>
+void rotate_row_backward(const T* __restrict g, const T* __restrict c, const T* __restrict s, T* __restrict dx,
+                         int64_t h) {
+  for (int64_t i = 0; i < h; ++i) dx[i] = product(g[i], c[i]) + product(g[i + h], s[i + h]);
+  for (int64_t i = h; i < 2 * h; ++i) dx[i] = product(g[i], c[i]) - product(g[i - h], s[i - h]);
+}
+
+}  // namespace
+
+void rotary_emb_forward_cpu(DType dtype, const Layout& x_layout, const void* x, const void* cos, const void* sin,
+                            void* y) {
+  check_layout("rotary_emb_forward_cpu", x_layout);
+  if (x_layout.numel() == 0) return;
+  detail::dispatch_float(dtype, "rotary_emb_forward_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t d = x_layout.sizes[x_layout.ndim - 1], h = d / 2;
+    const T* xs = static_cast<const T*>(x);
+    const T* cs = static_cast<const T*>(cos);
+    const T* ss = static_cast<const T*>(sin);
+    T* ys = static_cast<T*>(y);
+    const int64_t row_stride = x_layout.strides[x_layout.ndim - 2];
+    for_each_row_block(x_layout, [&](int64_t strided, int64_t contiguous, int64_t t0, int64_t count) {
+      for (int64_t k = 0; k < count; ++k) {
+        rotate_row(xs + strided + k * row_stride, cs + (t0 + k) * d, ss + (t0 + k) * d, ys + contiguous + k * d, h);
+      }
+    });
+  });
+}
+
+void rotary_emb_backward_cpu(DType dtype, const Layout& dx_layout, const void* dy, const void* cos, const void* sin,
+                             void* dx) {
+  check_layout("rotary_emb_backward_cpu", dx_layout);
+  if (dx_layout.numel() == 0) return;
+  detail::dispatch_float(dtype, "rotary_emb_backward_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t d = dx_layout.sizes[dx_layout.ndim - 1], h = d / 2;
+    const T* gs = static_cast<const T*>(dy);
+    const T* cs = static_cast<const T*>(cos);
+    const T* ss = static_cast<const T*>(sin);
+    T* dxs = static_cast<T*>(dx);
+    const int64_t row_stride = dx_layout.strides[dx_layout.ndim - 2];
+    for_each_row_block(dx_layout, [&](int64_t strided, int64_t contiguous, int64_t t0, int64_t count) {
+      for (int64_t k = 0; k < count; ++k) {
+        rotate_row_backward(gs + contiguous + k * d, cs + (t0 + k) * d, ss + (t0 + k) * d,
+                            dxs + strided + k * row_stride, h);
+      }
+    });
+  });
+}
+
+}  // namespace dpe::kernels

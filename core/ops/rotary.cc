@@ -1,0 +1,80 @@
+// apply_rotary_emb (core/ops/rotary.h): kernels/rotary_emb.h on CPU devices, composed from tensor ops elsewhere.
+#include "core/ops/rotary.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "core/autograd/function.h"
+#include "core/copy.h"
+#include "core/dispatch.h"
+#include "core/kernels/rotary_emb.h"
+#include "core/ops.h"
+#include "core/ops/op_checks.h"
+
+namespace dpe {
+
+using detail::options_of;
+
+namespace {
+
+// A fresh tensor of `shape` with `strides` when they lay its elements out as a permutation of one contiguous
+// block (a permuted view, such as attention's heads), else a contiguous one. The backward writes dx through
+// this tensor's layout, so that dx needs no copy on its way back through the permute and the view before it.
+Tensor empty_strided_if_dense(const Shape& shape, const Shape& strides, TensorOptions options) {
+  std::vector<size_t> order(shape.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] > strides[b]; });
+  Shape sizes;
+  std::vector<int64_t> inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    sizes.push_back(shape[order[i]]);
+    inverse[order[i]] = static_cast<int64_t>(i);
+  }
+  Tensor t = Tensor::empty(sizes, options).permute(inverse);
+  return t.strides() == strides ? t : Tensor::empty(shape, options);
+}
+
+// The CPU kernels. The node keeps the (T, d) tables and x's shape and strides, not x (the op is linear in x).
+Tensor rotary_emb_cpu(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const Tensor xs = x.strides().back() == 1 ? x.detach() : x.detach().contiguous();
+  const Tensor c = cos.contiguous(), s = sin.contiguous();
+  Tensor y = Tensor::empty(x.shape(), options_of(x));
+  dispatch_cpu_only(x.device(), [&] {
+    kernels::rotary_emb_forward_cpu(x.dtype(), layout_of(xs), xs.data_ptr(), c.data_ptr(), s.data_ptr(),
+                                    y.data_ptr());
+  });
+  autograd::record(y, {x}, "RotaryEmbBackward", [shape = xs.shape(), strides = xs.strides(), c, s](const Tensor& g) {
+    const Tensor gc = g.contiguous();
+    Tensor dx = empty_strided_if_dense(shape, strides, options_of(gc));
+    dispatch_cpu_only(dx.device(), [&] {
+      kernels::rotary_emb_backward_cpu(dx.dtype(), layout_of(dx), gc.data_ptr(), c.data_ptr(), s.data_ptr(),
+                                       dx.data_ptr());
+    });
+    return std::vector<Tensor>{dx};
+  });
+  return y;
+}
+
+}  // namespace
+
+// x: (..., T, d)  cos, sin: (T, d)  ->  x's shape
+Tensor apply_rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  detail::check_compute_dtype(x, "apply_rotary_emb");
+  DPE_CHECK(x.dim() >= 2, "apply_rotary_emb: expected x of shape (..., T, head_dim), got ", shape_str(x.shape()));
+  const int64_t T = x.size(-2), d = x.size(-1);
+  DPE_CHECK(d % 2 == 0, "apply_rotary_emb: head_dim must be even, got x ", shape_str(x.shape()));
+  DPE_CHECK(cos.defined() && sin.defined() && cos.shape() == (Shape{T, d}) && sin.shape() == (Shape{T, d}),
+            "apply_rotary_emb: x ", shape_str(x.shape()), " needs cos and sin of shape [", T, ", ", d, "], got ",
+            cos.defined() ? shape_str(cos.shape()) : "undefined", " and ",
+            sin.defined() ? shape_str(sin.shape()) : "undefined");
+  detail::check_same_device_and_dtype(x, cos, "apply_rotary_emb (x and cos)");
+  detail::check_same_device_and_dtype(x, sin, "apply_rotary_emb (x and sin)");
+  if (x.device().is_cpu() && !cos.requires_grad() && !sin.requires_grad()) return rotary_emb_cpu(x, cos, sin);
+  // Elsewhere each op is a launch; with differentiable tables autograd derives their gradients too.
+  const int64_t half = d / 2;
+  Tensor rotated = cat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace dpe
