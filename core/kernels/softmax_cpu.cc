@@ -1,8 +1,8 @@
 // CPU softmax / log-softmax over the middle axis of (outer, size, inner), and their backward.
 //
 // Numerics: the row maximum is subtracted before exp, so no exp overflows; sums along the axis (sum of exp,
-// sum of dy * y, sum of dy) accumulate in double for both dtypes, sequentially in a fixed order, so results
-// do not depend on threads. A NaN in a row makes the whole row NaN; a row of all -inf gives NaN (as
+// sum of dy * y, sum of dy) accumulate in double for both dtypes, in a fixed order (Note [Row sums in lanes]),
+// so results do not depend on threads. A NaN in a row makes the whole row NaN; a row of all -inf gives NaN (as
 // PyTorch does).
 // Aliasing: y may be x, and dx may be y or dy (each element is read before it is written).
 // Thread-safety: independent rows / column tiles run under tbb::parallel_for in the caller's task_arena.
@@ -39,6 +39,55 @@ void for_each_slice(int64_t outer, int64_t size, int64_t inner, const F& body) {
 // MLP's 10-epoch DDP accuracy moved from 0.8861 to 0.8843: the same noise, on the wrong side of a floor).
 constexpr int64_t kVectorExpMinRow = 32;
 
+// Note [Row sums in lanes]
+// A contiguous row's sums added one by one in index order are one dependent double add per element: with the
+// max and the divide, tiny-llama's attention softmax (16,384 rows of 64) took 3.3 ms and its log-softmax over
+// the vocabulary (4,096 rows of 259) 3.6 ms, a third of its forward on one core. Rows of kVectorExpMinRow or
+// more (the rows whose exps go eight at a time) take their maximum and sums in kLanes interleaved lanes instead,
+// folded pairwise at the end (log-softmax's exps per chunk of 256, the chunks' sums added in order): still one
+// fixed order for a given length, whatever the threads, and it vectorizes: 4-5x faster forward, 1.5-2.5x
+// backward on those shapes (docs/BENCHMARKS.md). The maximum is exact in any order (a NaN, whichever lane keeps it, makes its exp and so the row
+// NaN). Shorter rows keep index order, so the MLP's and CNN's 10 classes keep their bits.
+constexpr int kLanes = 8;
+
+template <typename T>
+T row_max(const T* x, int64_t n) {
+  T m = x[0];
+  if (n < kVectorExpMinRow) {
+    for (int64_t i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+  }
+  T lane[kLanes];
+  for (int j = 0; j < kLanes; ++j) lane[j] = m;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  }
+  for (int j = 0; i + j < n; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  for (int j = 1; j < kLanes; ++j) m = lane[j] > m ? lane[j] : m;
+  return m;
+}
+
+// The sum over i in [0, n) of term(i) (a double), in Note [Row sums in lanes]'s order.
+template <typename F>
+double row_sum(int64_t n, const F& term) {
+  if (n < kVectorExpMinRow) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += term(i);
+    return sum;
+  }
+  double lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lane[j] += term(i + j);
+  }
+  for (int j = 0; i + j < n; ++j) lane[j] += term(i + j);
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
+  }
+  return lane[0];
+}
+
 // e[i] = exp(x[i] - m) for i in [0, n): eight at a time where `vector` (float rows of kVectorExpMinRow or more,
 // Note [Eight exps at once]), else std::exp. e may be x.
 template <typename T>
@@ -59,22 +108,21 @@ void exp_shifted(const T* x, T m, T* e, int64_t n, bool vector) {
 template <typename T>
 void softmax_row(SoftmaxKind kind, int64_t size, const T* x, T* y) {
   const bool vector = std::is_same_v<T, float> && size >= kVectorExpMinRow;
-  T m = x[0];
-  for (int64_t i = 1; i < size; ++i) m = x[i] > m ? x[i] : m;
-  double sum = 0;  // the exps added one by one in index order
+  const T m = row_max(x, size);
   if (kind == SoftmaxKind::Softmax) {
     exp_shifted(x, m, y, size, vector);
-    for (int64_t i = 0; i < size; ++i) sum += y[i];
-    const T total = static_cast<T>(sum);
+    const T total = static_cast<T>(row_sum(size, [&](int64_t i) { return static_cast<double>(y[i]); }));
     for (int64_t i = 0; i < size; ++i) y[i] /= total;
   } else {
-    // The exps go through a small buffer: y may be x, which the last pass reads.
+    // The exps go through a small buffer, each chunk summed by row_sum and the chunks' sums added in order: y
+    // may be x, which the last pass reads.
     constexpr int64_t kChunk = 256;
     alignas(32) T e[kChunk];
+    double sum = 0;
     for (int64_t c = 0; c < size; c += kChunk) {
       const int64_t len = std::min(kChunk, size - c);
       exp_shifted(x + c, m, e, len, vector);
-      for (int64_t i = 0; i < len; ++i) sum += e[i];
+      sum += row_sum(len, [&](int64_t i) { return static_cast<double>(e[i]); });
     }
     const T log_total = static_cast<T>(std::log(sum));
     for (int64_t i = 0; i < size; ++i) y[i] = (x[i] - m) - log_total;
@@ -159,14 +207,12 @@ void softmax_backward_columns(SoftmaxKind kind, int64_t size, int64_t inner, int
 // A contiguous row's sums, without the kTile-wide scratch arrays.
 template <typename T>
 void softmax_backward_row(SoftmaxKind kind, int64_t size, const T* y, const T* dy, T* dx) {
-  double sum = 0;
   if (kind == SoftmaxKind::Softmax) {
-    for (int64_t i = 0; i < size; ++i) sum += static_cast<double>(dy[i]) * static_cast<double>(y[i]);
-    const T total = static_cast<T>(sum);
+    const T total = static_cast<T>(
+        row_sum(size, [&](int64_t i) { return static_cast<double>(dy[i]) * static_cast<double>(y[i]); }));
     for (int64_t i = 0; i < size; ++i) dx[i] = y[i] * (dy[i] - total);
   } else {
-    for (int64_t i = 0; i < size; ++i) sum += dy[i];
-    const T total = static_cast<T>(sum);
+    const T total = static_cast<T>(row_sum(size, [&](int64_t i) { return static_cast<double>(dy[i]); }));
 #if defined(__AVX2__)
     if constexpr (std::is_same_v<T, float>) {
       if (size >= kVectorExpMinRow) {  // Note [Eight exps at once]

@@ -104,6 +104,31 @@ TYPED_TEST(SoftmaxCpu, ExactValuesAndStability) {
   EXPECT_EQ(out, (std::vector<T>{T(0), T(0)}));
 }
 
+// Rows of 32 or more take their maximum and sums in lanes (Note [Row sums in lanes]): the maximum in the tail
+// after the last whole group of lanes, in a lane other than the first, a NaN in the middle and a row of -inf.
+TYPED_TEST(SoftmaxCpu, LongRowsInLanes) {
+  using T = TypeParam;
+  constexpr int64_t n = 37;
+  const T inf = std::numeric_limits<T>::infinity();
+  std::vector<T> uniform(n, T(2)), peak(n, T(-3)), nan_row(n, T(1)), minus_inf(n, -inf), y(n);
+  peak[36] = T(1000);  // missed by the maximum, exp(1000 - (-3)) would overflow
+  nan_row[13] = std::numeric_limits<T>::quiet_NaN();
+  softmax_cpu(SoftmaxKind::Softmax, dtype_of<T>(), 1, n, 1, uniform.data(), y.data());
+  EXPECT_EQ(y, std::vector<T>(n, T(1) / T(n)));
+  softmax_cpu(SoftmaxKind::Softmax, dtype_of<T>(), 1, n, 1, peak.data(), y.data());
+  EXPECT_EQ(y[36], T(1));
+  EXPECT_EQ(y[35], T(0));
+  softmax_cpu(SoftmaxKind::LogSoftmax, dtype_of<T>(), 1, n, 1, peak.data(), y.data());
+  EXPECT_EQ(y[36], T(0));
+  EXPECT_NEAR(y[0], -1003.0, tolerance<T>() * 1e3);
+  for (SoftmaxKind kind : kKinds) {
+    softmax_cpu(kind, dtype_of<T>(), 1, n, 1, nan_row.data(), y.data());
+    for (int64_t i = 0; i < n; ++i) EXPECT_TRUE(std::isnan(y[i])) << "kind " << int(kind) << " NaN row at " << i;
+    softmax_cpu(kind, dtype_of<T>(), 1, n, 1, minus_inf.data(), y.data());
+    for (int64_t i = 0; i < n; ++i) EXPECT_TRUE(std::isnan(y[i])) << "kind " << int(kind) << " -inf row at " << i;
+  }
+}
+
 TYPED_TEST(SoftmaxCpu, InPlace) {
   using T = TypeParam;
   for (SoftmaxKind kind : kKinds) {
