@@ -69,6 +69,10 @@ Tensor reciprocal(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x);  // exact (erf) form
 Tensor silu(const Tensor& x);
+// silu(gate) * up (SwiGLU's gating, Llama's feed-forward). On CPU devices, for contiguous operands of one shape,
+// one fused pass each way (kernels/elementwise.h: the composition's numbers, silu(gate) not kept for the
+// backward); elsewhere, and with broadcasting, the composition.
+Tensor silu_mul(const Tensor& gate, const Tensor& up);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 

@@ -62,6 +62,17 @@ TEST(GradcheckTest, Activations) {
   EXPECT_GRADCHECK([](auto& in) { return sigmoid(in[0]); }, x);
 }
 
+// silu_mul: the fused CPU kernel (one shape, contiguous), with one operand differentiable, and the composition
+// it falls back to (broadcasting, a transposed view).
+TEST(GradcheckTest, SiluMul) {
+  Tensor gate = randn_leaf({4, 5}, 20), up = randn_leaf({4, 5}, 21), row = randn_leaf({5}, 22);
+  EXPECT_GRADCHECK([](auto& in) { return silu_mul(in[0], in[1]); }, gate, up);
+  EXPECT_GRADCHECK([&](auto& in) { return silu_mul(in[0], up.detach()); }, gate);
+  EXPECT_GRADCHECK([&](auto& in) { return silu_mul(gate.detach(), in[0]); }, up);
+  EXPECT_GRADCHECK([](auto& in) { return silu_mul(in[0], in[1]); }, gate, row);
+  EXPECT_GRADCHECK([](auto& in) { return silu_mul(in[0].t(), in[1].t()); }, gate, up);
+}
+
 TEST(GradcheckTest, Reductions) {
   Tensor x = randn_leaf({3, 4, 2}, 9);
   EXPECT_GRADCHECK([](auto& in) { return sum(in[0]); }, x);

@@ -55,6 +55,26 @@ TEST(OpsTest, UnaryAndActivations) {
   EXPECT_THROW(relu(zeros({2}, DType::Int64)), Error);
 }
 
+// silu_mul's fused CPU kernel gives the numbers of mul(silu(gate), up), forward and backward (float32, both
+// operands differentiable), and its errors name the operands.
+TEST(OpsTest, SiluMulIsTheComposition) {
+  Tensor gate = randn({6, 37}) * 4.0, up = randn({6, 37}), dy = randn({6, 37});
+  Tensor g1 = gate.detach().set_requires_grad(true), u1 = up.detach().set_requires_grad(true);
+  Tensor g2 = gate.detach().set_requires_grad(true), u2 = up.detach().set_requires_grad(true);
+  Tensor fused = silu_mul(g1, u1), composed = mul(silu(g2), u2);
+  EXPECT_TRUE(equal(fused, composed));
+  fused.backward(dy);
+  composed.backward(dy);
+  EXPECT_TRUE(equal(g1.grad(), g2.grad()));
+  EXPECT_TRUE(equal(u1.grad(), u2.grad()));
+  try {
+    silu_mul(gate, up.to(DType::Float64));
+    ADD_FAILURE() << "no error for mixed dtypes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("silu_mul: dtypes differ (float32 and float64)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(OpsTest, Reductions) {
   Tensor a = vec({1, 5, 3, 4, 2, 6}, {2, 3});
   EXPECT_EQ(sum(a).item(), 21);

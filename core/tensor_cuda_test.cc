@@ -73,6 +73,20 @@ TEST_F(TensorCudaTest, BackwardOnCudaMatchesCpu) {
   EXPECT_TRUE(allclose(w_gpu.grad().to(Device::cpu(0)), w_cpu.grad(), 1e-12, 1e-12));
 }
 
+// Ops with a fused CPU kernel and a composition on CUDA (silu_mul: SwiGLU's gating), forward and backward.
+TEST_F(TensorCudaTest, FusedCpuOpsMatchTheirCudaComposition) {
+  Device g = Device::cuda(0);
+  Tensor gate = sample({37, 53}, 6), up = sample({37, 53}, 7), dy = sample({37, 53}, 8);
+  Tensor gc = gate.detach().set_requires_grad(true), uc = up.detach().set_requires_grad(true);
+  Tensor gg = gate.to(g).set_requires_grad(true), ug = up.to(g).set_requires_grad(true);
+  Tensor yc = silu_mul(gc, uc), yg = silu_mul(gg, ug);
+  EXPECT_TRUE(allclose(yg.to(Device::cpu(0)), yc, 1e-5, 1e-6));
+  yc.backward(dy);
+  yg.backward(dy.to(g));
+  EXPECT_TRUE(allclose(gg.grad().to(Device::cpu(0)), gc.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(ug.grad().to(Device::cpu(0)), uc.grad(), 1e-5, 1e-6));
+}
+
 TEST_F(TensorCudaTest, GradientsFlowAcrossDevices) {
   Tensor w = sample({4}, 6, DType::Float64).set_requires_grad(true);  // on cpu:0
   Tensor y = sum(square(w.to(Device::cuda(0))));

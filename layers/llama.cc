@@ -22,7 +22,7 @@ Tensor LlamaMLP::forward(const Tensor& x) {
   // x: (..., dim) -> gate, up: (..., hidden_dim) -> (..., dim)
   DPE_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "LlamaMLP(", dim_, ", ", hidden_dim_, "): expected x of shape (..., ",
             dim_, "), got ", shape_str(x.shape()));
-  return w2->forward(silu(w1->forward(x)) * w3->forward(x));
+  return w2->forward(silu_mul(w1->forward(x), w3->forward(x)));
 }
 
 // ---- LlamaBlock ----

@@ -179,6 +179,77 @@ void activation_backward_cpu(ActivationOp op, DType dtype, int64_t n, const void
   });
 }
 
+// gate, up, y: (n)
+void silu_mul_cpu(DType dtype, int64_t n, const void* gate, const void* up, void* y) {
+  check_n("silu_mul_cpu", n);
+  if (n == 0) return;
+  dispatch_float(dtype, "silu_mul_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* gs = static_cast<const T*>(gate);
+    const T* us = static_cast<const T*>(up);
+    T* ys = static_cast<T*>(y);
+#if defined(__AVX2__)
+    if constexpr (std::is_same_v<T, float>) {  // Note [Eight exps at once]
+      parallel_range(n, [&](int64_t begin, int64_t end) {
+        map8(gs, us, ys, begin, end, [](__m256 g, __m256 u) { return _mm256_mul_ps(unary8<UnaryOp::Silu>(g), u); });
+      });
+      return;
+    }
+#endif
+    parallel_range(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) ys[i] = apply_unary(UnaryOp::Silu, gs[i]) * us[i];
+    });
+  });
+}
+
+// gate, up, dy, dgate, dup: (n)
+void silu_mul_backward_cpu(DType dtype, int64_t n, const void* gate, const void* up, const void* dy, void* dgate,
+                           void* dup) {
+  check_n("silu_mul_backward_cpu", n);
+  if (n == 0) return;
+  dispatch_float(dtype, "silu_mul_backward_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* gs = static_cast<const T*>(gate);
+    const T* us = static_cast<const T*>(up);
+    const T* dys = static_cast<const T*>(dy);
+    T* dgs = static_cast<T*>(dgate);
+    T* dus = static_cast<T*>(dup);
+#if defined(__AVX2__)
+    if constexpr (std::is_same_v<T, float>) {  // Note [Eight exps at once]
+      // Eight at a time, the last partial group through padded copies (as map8).
+      auto group = [&](const float* g, const float* u, const float* d, float* dg, float* du) {
+        const __m256 gv = _mm256_loadu_ps(g), dv = _mm256_loadu_ps(d);
+        if (du != nullptr) _mm256_storeu_ps(du, _mm256_mul_ps(dv, unary8<UnaryOp::Silu>(gv)));
+        if (dg != nullptr) {
+          _mm256_storeu_ps(dg, activation_backward8<ActivationOp::Silu>(gv, _mm256_mul_ps(dv, _mm256_loadu_ps(u))));
+        }
+      };
+      parallel_range(n, [&](int64_t begin, int64_t end) {
+        int64_t i = begin;
+        for (; i + 8 <= end; i += 8) {
+          group(gs + i, us + i, dys + i, dgs != nullptr ? dgs + i : nullptr, dus != nullptr ? dus + i : nullptr);
+        }
+        if (i == end) return;
+        alignas(32) float pg[8] = {}, pu[8] = {}, pd[8] = {}, pdg[8], pdu[8];
+        std::copy(gs + i, gs + end, pg);
+        std::copy(us + i, us + end, pu);
+        std::copy(dys + i, dys + end, pd);
+        group(pg, pu, pd, pdg, pdu);
+        if (dgs != nullptr) std::copy(pdg, pdg + (end - i), dgs + i);
+        if (dus != nullptr) std::copy(pdu, pdu + (end - i), dus + i);
+      });
+      return;
+    }
+#endif
+    parallel_range(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (dus != nullptr) dus[i] = dys[i] * apply_unary(UnaryOp::Silu, gs[i]);
+        if (dgs != nullptr) dgs[i] = activation_backward(ActivationOp::Silu, gs[i], dys[i] * us[i]);
+      }
+    });
+  });
+}
+
 // out: out_layout (contiguous)  a: a_layout  b: b_layout, all with out's sizes (stride 0 broadcasts).
 void binary_cpu(BinaryOp op, DType dtype, const Layout& out_layout, const void* a, const Layout& a_layout,
                 const void* b, const Layout& b_layout, void* out) {

@@ -285,6 +285,33 @@ TEST(ElementwiseCpuErrors, RejectsBadArguments) {
                Error);  // out not contiguous
 }
 
+// silu_mul and its backward give every element the bits of the composition they replace (unary_cpu's SiLU, then
+// binary_cpu's mul; binary_cpu's mul, then activation_backward_cpu's SiLU), on the vector body, the padded last
+// group and both sides of a parallel split; a null output is not written.
+TYPED_TEST(ElementwiseCpu, SiluMulIsTheComposition) {
+  using T = TypeParam;
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE(n);
+    const std::vector<T> gate = random_vector<T>(n, -12.0, 12.0, 31), up = random_vector<T>(n, -3.0, 3.0, 32),
+                         dy = random_vector<T>(n, -2.0, 2.0, 33);
+    const Layout flat = contiguous({n});
+    std::vector<T> silu(n), y(n), want_y(n), dy_up(n), want_dgate(n), want_dup(n), dgate(n), dup(n, T(-7));
+    unary_cpu(UnaryOp::Silu, dtype_of<T>(), n, gate.data(), silu.data());
+    binary_cpu(BinaryOp::Mul, dtype_of<T>(), flat, silu.data(), flat, up.data(), flat, want_y.data());
+    binary_cpu(BinaryOp::Mul, dtype_of<T>(), flat, dy.data(), flat, up.data(), flat, dy_up.data());
+    activation_backward_cpu(ActivationOp::Silu, dtype_of<T>(), n, gate.data(), dy_up.data(), want_dgate.data());
+    binary_cpu(BinaryOp::Mul, dtype_of<T>(), flat, dy.data(), flat, silu.data(), flat, want_dup.data());
+
+    silu_mul_cpu(dtype_of<T>(), n, gate.data(), up.data(), y.data());
+    EXPECT_EQ(y, want_y);
+    silu_mul_backward_cpu(dtype_of<T>(), n, gate.data(), up.data(), dy.data(), dgate.data(), nullptr);
+    EXPECT_EQ(dgate, want_dgate);
+    EXPECT_EQ(dup, std::vector<T>(n, T(-7)));
+    silu_mul_backward_cpu(dtype_of<T>(), n, gate.data(), up.data(), dy.data(), nullptr, dup.data());
+    EXPECT_EQ(dup, want_dup);
+  }
+}
+
 // Note [Eight exps at once]: float32 SiLU and sigmoid, forward and backward, give an element the same bits
 // wherever it sits in the array (in a group of 8, in the padded last group, on either side of a parallel split),
 // and special values what math.h's formula gives them.
