@@ -71,7 +71,8 @@ TEST(OpsTest, SiluMulIsTheComposition) {
     silu_mul(gate, up.to(DType::Float64));
     ADD_FAILURE() << "no error for mixed dtypes";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("silu_mul: dtypes differ (float32 and float64)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("silu_mul: dtypes differ (float32 and float64)"), std::string::npos)
+        << e.what();
   }
 }
 

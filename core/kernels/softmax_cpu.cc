@@ -46,8 +46,9 @@ constexpr int64_t kVectorExpMinRow = 32;
 // more (the rows whose exps go eight at a time) take their maximum and sums in kLanes interleaved lanes instead,
 // folded pairwise at the end (log-softmax's exps per chunk of 256, the chunks' sums added in order): still one
 // fixed order for a given length, whatever the threads, and it vectorizes: 4-5x faster forward, 1.5-2.5x
-// backward on those shapes (docs/BENCHMARKS.md). The maximum is exact in any order (a NaN, whichever lane keeps it, makes its exp and so the row
-// NaN). Shorter rows keep index order, so the MLP's and CNN's 10 classes keep their bits.
+// backward on those shapes (docs/BENCHMARKS.md). The maximum is exact in any order (a NaN, whichever lane keeps
+// it, makes its exp and so the row NaN). Shorter rows keep index order, so the MLP's and CNN's 10 classes keep
+// their bits.
 constexpr int kLanes = 8;
 
 template <typename T>

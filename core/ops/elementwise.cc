@@ -228,8 +228,9 @@ Tensor silu_mul(const Tensor& gate, const Tensor& up) {
   }
   const Tensor g = gate.detach(), u = up.detach();
   Tensor y = Tensor::empty(gate.shape(), options_of(gate));
-  dispatch_cpu_only(gate.device(),
-                    [&] { kernels::silu_mul_cpu(gate.dtype(), gate.numel(), g.data_ptr(), u.data_ptr(), y.data_ptr()); });
+  dispatch_cpu_only(gate.device(), [&] {
+    kernels::silu_mul_cpu(gate.dtype(), gate.numel(), g.data_ptr(), u.data_ptr(), y.data_ptr());
+  });
   const bool grad_gate = gate.requires_grad(), grad_up = up.requires_grad();
   autograd::record(y, {gate, up}, "SiluMulBackward", [g, u, grad_gate, grad_up](const Tensor& dy) {
     const Tensor dyc = dy.contiguous();

@@ -70,8 +70,11 @@ Tensor apply_rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin) {
             sin.defined() ? shape_str(sin.shape()) : "undefined");
   detail::check_same_device_and_dtype(x, cos, "apply_rotary_emb (x and cos)");
   detail::check_same_device_and_dtype(x, sin, "apply_rotary_emb (x and sin)");
-  if (x.device().is_cpu() && !cos.requires_grad() && !sin.requires_grad()) return rotary_emb_cpu(x, cos, sin);
-  // Elsewhere each op is a launch; with differentiable tables autograd derives their gradients too.
+  if (x.device().is_cpu() && !cos.requires_grad() && !sin.requires_grad() && x.numel() > 0) {
+    return rotary_emb_cpu(x, cos, sin);
+  }
+  // Elsewhere each op is a launch; with differentiable tables autograd derives their gradients too. (No
+  // elements, and d = 0 with them, come here as well: nothing to compute.)
   const int64_t half = d / 2;
   Tensor rotated = cat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;

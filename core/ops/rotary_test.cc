@@ -37,7 +37,8 @@ TEST(RotaryEmbTest, GradcheckOnAPermutedViewAndContiguous) {
 }
 
 TEST(RotaryEmbTest, GradcheckInTheTables) {
-  Tensor x = testing::randn_leaf({2, 4, 4}, 3), cos = testing::randn_leaf({4, 4}, 4), sin = testing::randn_leaf({4, 4}, 5);
+  Tensor x = testing::randn_leaf({2, 4, 4}, 3);
+  Tensor cos = testing::randn_leaf({4, 4}, 4), sin = testing::randn_leaf({4, 4}, 5);
   EXPECT_EQ(testing::gradcheck([](const std::vector<Tensor>& in) { return apply_rotary_emb(in[0], in[1], in[2]); },
                                {x, cos, sin}),
             "");
@@ -56,6 +57,16 @@ TEST(RotaryEmbTest, FusedMatchesTheComposition) {
   fused.backward(dy);
   reference.backward(dy);
   EXPECT_EQ(max_abs_diff(a.grad(), b.grad()), 0.0);
+}
+
+// No elements: an empty result of x's shape (no head elements, or no positions).
+TEST(RotaryEmbTest, EmptyInputs) {
+  EXPECT_EQ(apply_rotary_emb(zeros({3, 0}), zeros({3, 0}), zeros({3, 0})).shape(), (Shape{3, 0}));
+  Tensor x = zeros({2, 0, 4}).set_requires_grad(true);
+  Tensor y = apply_rotary_emb(x, zeros({0, 4}), zeros({0, 4}));
+  EXPECT_EQ(y.shape(), (Shape{2, 0, 4}));
+  sum(y).backward();
+  EXPECT_EQ(x.grad().shape(), (Shape{2, 0, 4}));
 }
 
 TEST(RotaryEmbTest, NoGraphWithoutGrad) {
