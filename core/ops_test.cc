@@ -67,6 +67,7 @@ TEST(OpsTest, SiluMulIsTheComposition) {
   composed.backward(dy);
   EXPECT_TRUE(equal(g1.grad(), g2.grad()));
   EXPECT_TRUE(equal(u1.grad(), u2.grad()));
+  EXPECT_EQ(silu_mul(zeros({0, 3}), zeros({0, 3})).shape(), (Shape{0, 3}));
   try {
     silu_mul(gate, up.to(DType::Float64));
     ADD_FAILURE() << "no error for mixed dtypes";
