@@ -66,47 +66,45 @@ void rotate_row_backward(const T* __restrict g, const T* __restrict c, const T* 
   for (int64_t i = h; i < 2 * h; ++i) dx[i] = product(g[i], c[i]) - product(g[i - h], s[i - h]);
 }
 
-}  // namespace
-
-void rotary_emb_forward_cpu(DType dtype, const Layout& x_layout, const void* x, const void* cos, const void* sin,
-                            void* y) {
-  check_layout("rotary_emb_forward_cpu", x_layout);
-  if (x_layout.numel() == 0) return;
-  detail::dispatch_float(dtype, "rotary_emb_forward_cpu", [&](auto tag) {
+// Both passes over every row: the forward reads x through `strided` and writes y contiguous, the backward reads
+// dy contiguous and writes dx through `strided`.
+template <bool kBackward>
+void rotate(const char* what, DType dtype, const Layout& strided, const void* in, const void* cos, const void* sin,
+            void* out) {
+  check_layout(what, strided);
+  if (strided.numel() == 0) return;
+  detail::dispatch_float(dtype, what, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const int64_t d = x_layout.sizes[x_layout.ndim - 1], h = d / 2;
-    const T* xs = static_cast<const T*>(x);
+    const int64_t d = strided.sizes[strided.ndim - 1], h = d / 2, row_stride = strided.strides[strided.ndim - 2];
+    const T* ins = static_cast<const T*>(in);
     const T* cs = static_cast<const T*>(cos);
     const T* ss = static_cast<const T*>(sin);
-    T* ys = static_cast<T*>(y);
-    const int64_t row_stride = x_layout.strides[x_layout.ndim - 2];
-    for_each_row_block(x_layout, [&](int64_t strided, int64_t contiguous, int64_t t0, int64_t count) {
+    T* outs = static_cast<T*>(out);
+    for_each_row_block(strided, [&](int64_t first_strided, int64_t first_contiguous, int64_t t0, int64_t count) {
       for (int64_t k = 0; k < count; ++k) {
-        rotate_row(xs + strided + k * row_stride, cs + (t0 + k) * d, ss + (t0 + k) * d, ys + contiguous + k * d, h);
+        const int64_t at = first_strided + k * row_stride, at_contiguous = first_contiguous + k * d;
+        const T* c = cs + (t0 + k) * d;
+        const T* s = ss + (t0 + k) * d;
+        if constexpr (kBackward) {
+          rotate_row_backward(ins + at_contiguous, c, s, outs + at, h);
+        } else {
+          rotate_row(ins + at, c, s, outs + at_contiguous, h);
+        }
       }
     });
   });
 }
 
+}  // namespace
+
+void rotary_emb_forward_cpu(DType dtype, const Layout& x_layout, const void* x, const void* cos, const void* sin,
+                            void* y) {
+  rotate<false>("rotary_emb_forward_cpu", dtype, x_layout, x, cos, sin, y);
+}
+
 void rotary_emb_backward_cpu(DType dtype, const Layout& dx_layout, const void* dy, const void* cos, const void* sin,
                              void* dx) {
-  check_layout("rotary_emb_backward_cpu", dx_layout);
-  if (dx_layout.numel() == 0) return;
-  detail::dispatch_float(dtype, "rotary_emb_backward_cpu", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const int64_t d = dx_layout.sizes[dx_layout.ndim - 1], h = d / 2;
-    const T* gs = static_cast<const T*>(dy);
-    const T* cs = static_cast<const T*>(cos);
-    const T* ss = static_cast<const T*>(sin);
-    T* dxs = static_cast<T*>(dx);
-    const int64_t row_stride = dx_layout.strides[dx_layout.ndim - 2];
-    for_each_row_block(dx_layout, [&](int64_t strided, int64_t contiguous, int64_t t0, int64_t count) {
-      for (int64_t k = 0; k < count; ++k) {
-        rotate_row_backward(gs + contiguous + k * d, cs + (t0 + k) * d, ss + (t0 + k) * d,
-                            dxs + strided + k * row_stride, h);
-      }
-    });
-  });
+  rotate<true>("rotary_emb_backward_cpu", dtype, dx_layout, dy, cos, sin, dx);
 }
 
 }  // namespace dpe::kernels
