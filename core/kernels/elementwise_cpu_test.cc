@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/kernels/elementwise.h"
+#include "core/kernels/vector_exp.h"
 #include "tests/testing/kernel_test_util.h"
 
 namespace dpe::kernels {
@@ -360,6 +361,34 @@ TEST(ElementwiseCpuVectorExp, SpecialValuesAsTheScalarFormula) {
     EXPECT_TRUE(same(d_silu[i], slope)) << "silu'(" << x[i] << ") = " << d_silu[i] << ", want " << slope;
   }
 }
+
+#if defined(__AVX2__)
+// Note [Lanes libmvec sends to the scalar expf]: exp8 answers the lanes beyond its thresholds itself, with the
+// scalar expf's bits, whatever the other lanes of the vector hold; NaN and the values in between go to libmvec.
+TEST(ElementwiseCpuVectorExp, OutOfRangeLanesAsTheScalarExp) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x = {-inf, -1e30f, -200.0f, -104.5f, std::nextafter(detail::kExpZeroBelow, -inf),
+                                detail::kExpZeroBelow, -103.98f, -103.9f, -100.0f, -87.5f, -87.0f, -1.0f, 0.0f,
+                                -0.0f, 1.0f, 87.0f, 88.7f, 88.75f, detail::kExpInfAbove,
+                                std::nextafter(detail::kExpInfAbove, inf), 100.0f, 1e30f, inf, nan};
+  for (size_t first = 0; first < x.size(); ++first) {
+    alignas(32) float in[8], out[8];
+    for (int j = 0; j < 8; ++j) in[j] = x[(first + static_cast<size_t>(j)) % x.size()];  // every neighbour mix
+    _mm256_store_ps(out, detail::exp8(_mm256_load_ps(in)));
+    for (int j = 0; j < 8; ++j) {
+      const float want = std::exp(in[j]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(out[j])) << "exp8(" << in[j] << ") = " << out[j];
+      } else if (in[j] < detail::kExpZeroBelow || in[j] > detail::kExpInfAbove || std::fabs(in[j]) > 87.3f) {
+        EXPECT_EQ(out[j], want) << "exp8(" << in[j] << ")";  // exact: answered by exp8 or by the scalar expf
+        EXPECT_EQ(std::signbit(out[j]), std::signbit(want)) << "exp8(" << in[j] << ")";
+      } else {
+        EXPECT_NEAR(out[j], want, 4 * std::numeric_limits<float>::epsilon() * want) << "exp8(" << in[j] << ")";
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace dpe::kernels
