@@ -53,15 +53,18 @@ __m256 unary8(__m256 x) {
   return Op == UnaryOp::Silu ? _mm256_mul_ps(x, s) : s;
 }
 
+// f'(x) from s = sigmoid8(x), as math.h: s * (1 + x * (1 - s)) for SiLU, s * (1 - s) for sigmoid.
+template <ActivationOp Op>
+__m256 slope8(__m256 x, __m256 s) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 one_minus_s = _mm256_sub_ps(one, s);
+  return Op == ActivationOp::Silu ? _mm256_mul_ps(s, _mm256_add_ps(one, _mm256_mul_ps(x, one_minus_s)))
+                                  : _mm256_mul_ps(s, one_minus_s);
+}
+
 template <ActivationOp Op>
 __m256 activation_backward8(__m256 x, __m256 dy) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 s = sigmoid8(x);
-  const __m256 one_minus_s = _mm256_sub_ps(one, s);
-  // math.h: dy * (s * (1 + x * (1 - s))) for SiLU, dy * (s * (1 - s)) for sigmoid.
-  const __m256 slope = Op == ActivationOp::Silu ? _mm256_mul_ps(s, _mm256_add_ps(one, _mm256_mul_ps(x, one_minus_s)))
-                                                : _mm256_mul_ps(s, one_minus_s);
-  return _mm256_mul_ps(dy, slope);
+  return _mm256_mul_ps(dy, slope8<Op>(x, sigmoid8(x)));
 }
 #endif
 
@@ -217,11 +220,12 @@ void silu_mul_backward_cpu(DType dtype, int64_t n, const void* gate, const void*
 #if defined(__AVX2__)
     if constexpr (std::is_same_v<T, float>) {  // Note [Eight exps at once]
       // Eight at a time, the last partial group through padded copies (as map8).
+      // One sigmoid for both: unary8<Silu> is x * s, activation_backward8<Silu> is dy * slope8(x, s).
       auto group = [&](const float* g, const float* u, const float* d, float* dg, float* du) {
-        const __m256 gv = _mm256_loadu_ps(g), dv = _mm256_loadu_ps(d);
-        if (du != nullptr) _mm256_storeu_ps(du, _mm256_mul_ps(dv, unary8<UnaryOp::Silu>(gv)));
+        const __m256 gv = _mm256_loadu_ps(g), dv = _mm256_loadu_ps(d), s = sigmoid8(gv);
+        if (du != nullptr) _mm256_storeu_ps(du, _mm256_mul_ps(dv, _mm256_mul_ps(gv, s)));
         if (dg != nullptr) {
-          _mm256_storeu_ps(dg, activation_backward8<ActivationOp::Silu>(gv, _mm256_mul_ps(dv, _mm256_loadu_ps(u))));
+          _mm256_storeu_ps(dg, _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_loadu_ps(u)), slope8<ActivationOp::Silu>(gv, s)));
         }
       };
       parallel_range(n, [&](int64_t begin, int64_t end) {
