@@ -28,13 +28,13 @@ namespace dpe::kernels::detail {
 // Note [Lanes libmvec sends to the scalar expf]
 // libmvec's vector expf hands every lane beyond |x| ~ 87.3 to the scalar expf, one call per lane: 3.3 ms per 1M
 // elements of -inf and 7.5 of -200, against 0.26 in range (measured). A causal softmax feeds it -inf for half of
-// every row (the masked scores minus the row maximum): tiny-llama's attention softmax took 2.6 ms a layer instead
-// of 0.7. exp8 answers the lanes whose result is known without it: +0 below kExpZeroBelow (expf rounds to +0
-// there: e^x < 2^-150 below -103.97), +inf above kExpInfAbove (beyond ln(FLT_MAX) = 88.72); the same bits as
-// expf, and libmvec computes those lanes as exp(0) in the meantime: 0.37 ms per 1M elements of -inf or -200. A
-// vector with every lane within |x| <= 87 skips the blends after one compare, which costs in-range vectors about
-// 15% (0.244 -> 0.284 ms per 1M). NaN, and the denormal and near-overflow results in between, still go to
-// libmvec's slow lanes.
+// every row (the masked scores minus the row maximum): tiny-llama's attention mask and softmax took 2.6 ms a
+// layer, 0.94 with what follows. exp8 answers the lanes whose result is known without it: +0 below kExpZeroBelow
+// (expf rounds to +0 there: e^x < 2^-150 below -103.97), +inf above kExpInfAbove (beyond ln(FLT_MAX) = 88.72); the
+// same bits as expf, and libmvec computes those lanes as exp(0) in the meantime: 0.37 ms per 1M elements of -inf
+// or -200. A vector with every lane within |x| <= 87 skips the blends after one compare, which costs in-range
+// vectors about 15% (0.244 -> 0.284 ms per 1M). NaN, and the denormal and near-overflow results in between, still
+// go to libmvec's slow lanes.
 inline constexpr float kExpZeroBelow = -104.0f;
 inline constexpr float kExpInfAbove = 89.0f;
 
