@@ -9,27 +9,18 @@
 #include "core/error.h"
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/dtype_dispatch.h"
+#include "core/kernels/lane_sum.h"
 #include "core/kernels/rms_norm.h"
 
 namespace dpe::kernels {
 namespace {
 
-constexpr int kLanes = 8;              // interleaved partial sums of a row (one AVX2 float vector)
 constexpr int64_t kRowsPerBlock = 64;  // rows per partial sum of dweight
 
-// sum over i < d of a[i] * b[i] in kLanes fixed lanes, folded pairwise: the same order on every call.
+// sum over i < d of a[i] * b[i], in detail::sum_in_lanes's fixed order.
 template <typename T>
 T dot(const T* a, const T* b, int64_t d) {
-  T lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= d; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lane[j] += a[i + j] * b[i + j];
-  }
-  for (int j = 0; i + j < d; ++j) lane[j] += a[i + j] * b[i + j];
-  for (int width = kLanes / 2; width > 0; width /= 2) {
-    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
-  }
-  return lane[0];
+  return detail::sum_in_lanes<T>(d, [&](int64_t i) { return a[i] * b[i]; });
 }
 
 void check_shape(const char* what, int64_t rows, int64_t d) {

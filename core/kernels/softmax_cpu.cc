@@ -14,6 +14,7 @@
 #include "core/kernels/arg_checks.h"
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/dtype_dispatch.h"
+#include "core/kernels/lane_sum.h"
 #include "core/kernels/softmax.h"
 #include "core/kernels/vector_exp.h"
 
@@ -40,16 +41,16 @@ void for_each_slice(int64_t outer, int64_t size, int64_t inner, const F& body) {
 constexpr int64_t kVectorExpMinRow = 32;
 
 // Note [Row sums in lanes]
-// A contiguous row's sums added one by one in index order are one dependent double add per element: with the
-// max and the divide, tiny-llama's attention softmax (16,384 rows of 64) took 3.3 ms and its log-softmax over
-// the vocabulary (4,096 rows of 259) 3.6 ms, a third of its forward on one core. Rows of kVectorExpMinRow or
-// more (the rows whose exps go eight at a time) take their maximum and sums in kLanes interleaved lanes instead,
-// folded pairwise at the end (log-softmax's exps per chunk of 256, the chunks' sums added in order): still one
-// fixed order for a given length, whatever the threads, and it vectorizes: 4-5x faster forward, 1.5-2.5x
-// backward on those shapes (docs/BENCHMARKS.md). The maximum is exact in any order (a NaN, whichever lane keeps
-// it, makes its exp and so the row NaN). Shorter rows keep index order, so the MLP's and CNN's 10 classes keep
-// their bits.
-constexpr int kLanes = 8;
+// A contiguous row's sums added one by one in index order are one dependent double add per element: with the max
+// and the divide, tiny-llama's attention softmax (16,384 rows of 64) took 3.3 ms and its log-softmax over the
+// vocabulary (4,096 rows of 259) 3.6 ms, a third of its forward on one core. Rows of kVectorExpMinRow or more (the
+// rows whose exps go eight at a time) take their maximum and sums in kSumLanes interleaved lanes instead, folded
+// pairwise at the end (detail::sum_in_lanes, core/kernels/lane_sum.h; log-softmax's exps per chunk of 256, the
+// chunks' sums added in order): still one fixed order for a given length, whatever the threads, and it vectorizes:
+// 4-5x faster forward, 1.5-2.5x backward on those shapes (docs/BENCHMARKS.md). The maximum is exact in any order
+// (a NaN, whichever lane keeps it, makes its exp and so the row NaN). Shorter rows keep index order, so the MLP's
+// and CNN's 10 classes keep their bits.
+using detail::kSumLanes;
 
 template <typename T>
 T row_max(const T* x, int64_t n) {
@@ -58,35 +59,24 @@ T row_max(const T* x, int64_t n) {
     for (int64_t i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
     return m;
   }
-  T lane[kLanes];
-  for (int j = 0; j < kLanes; ++j) lane[j] = m;
+  T lane[kSumLanes];
+  for (int j = 0; j < kSumLanes; ++j) lane[j] = m;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    for (int j = 0; j < kSumLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
   }
   for (int j = 0; i + j < n; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
-  for (int j = 1; j < kLanes; ++j) m = lane[j] > m ? lane[j] : m;
+  for (int j = 1; j < kSumLanes; ++j) m = lane[j] > m ? lane[j] : m;
   return m;
 }
 
 // The sum over i in [0, n) of term(i) (a double), in Note [Row sums in lanes]'s order.
 template <typename F>
 double row_sum(int64_t n, const F& term) {
-  if (n < kVectorExpMinRow) {
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += term(i);
-    return sum;
-  }
-  double lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lane[j] += term(i + j);
-  }
-  for (int j = 0; i + j < n; ++j) lane[j] += term(i + j);
-  for (int width = kLanes / 2; width > 0; width /= 2) {
-    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
-  }
-  return lane[0];
+  if (n >= kVectorExpMinRow) return detail::sum_in_lanes<double>(n, term);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += term(i);
+  return sum;
 }
 
 // e[i] = exp(x[i] - m) for i in [0, n): eight at a time where `vector` (float rows of kVectorExpMinRow or more,
