@@ -4,8 +4,10 @@
 
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/ops/conv.h"
 #include "core/ops/pool.h"
 #include "layers/activation.h"
+#include "layers/conv.h"
 #include "layers/pooling.h"
 
 namespace dpe::nn {
@@ -68,11 +70,31 @@ std::shared_ptr<Module> Sequential::operator[](size_t index) const { return chil
 // the ReLU's passes (forward and backward, and on a GPU their launches) altogether. Only the exact module types
 // are matched (a subclass may do something else; dpe modules have no hooks), so the pair's result is what its
 // two forwards give.
+//
+// Note [Conv2d, ReLU and MaxPool2d(2)]
+// A Conv2d -> ReLU -> MaxPool2d(2) triple runs as conv2d_relu_max_pool2d (core/ops/conv.h), which takes a first
+// convolution (few products per output, CPU float32) in one pass each way (Note [Convolution, ReLU and pool in
+// one pass], core/kernels/conv_pool.h) and composes the three ops otherwise: the CNN's first layer lost its
+// largest activation and four passes over it. Unlike the pair above, the fused sums run in their own order, so
+// the triple's values are the composition's to rounding, not bit for bit (as another convolution kernel's).
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
   const std::vector<std::shared_ptr<Module>> modules = children();
+  auto is = [&](size_t i, const std::type_info& type) { return i < modules.size() && typeid(*modules[i]) == type; };
   for (size_t i = 0; i < modules.size(); ++i) {
-    if (i + 1 < modules.size() && typeid(*modules[i]) == typeid(ReLU) && typeid(*modules[i + 1]) == typeid(MaxPool2d)) {
+    if (is(i, typeid(Conv2d)) && is(i + 1, typeid(ReLU)) && is(i + 2, typeid(MaxPool2d))) {
+      const auto& conv = static_cast<Conv2d&>(*modules[i]);
+      const auto& pool = static_cast<const MaxPool2d&>(*modules[i + 2]);
+      const std::array<int64_t, 2> two = {2, 2}, none = {0, 0};
+      if (pool.kernel == two && pool.stride == two && pool.padding == none) {
+        const Conv2dOptions& o = conv.options();
+        conv.check_input(x);
+        x = conv2d_relu_max_pool2d(x, conv.weight, conv.bias, o.stride, o.padding, o.dilation, o.groups);
+        i += 2;
+        continue;
+      }
+    }
+    if (is(i, typeid(ReLU)) && is(i + 1, typeid(MaxPool2d))) {
       const auto& pool = static_cast<const MaxPool2d&>(*modules[i + 1]);
       x = max_pool2d_relu(x, pool.kernel, pool.stride, pool.padding);
       ++i;

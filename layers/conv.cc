@@ -1,5 +1,7 @@
 #include "layers/conv.h"
 
+#include <string>
+
 #include "core/error.h"
 #include "core/ops/conv.h"
 #include "layers/init.h"
@@ -38,10 +40,16 @@ void Conv2d::reset() {
   }
 }
 
-Tensor Conv2d::forward(const Tensor& x) {
+void Conv2d::check_input(const Tensor& x) const {
   const Conv2dOptions& o = options_;
-  DPE_CHECK((x.dim() == 4 || x.dim() == 3) && x.size(-3) == o.in_channels, "Conv2d(", o.in_channels, ", ",
-            o.out_channels, "): expected input (N, C_in=", o.in_channels, ", H, W), got ", shape_str(x.shape()));
+  DPE_CHECK(x.defined() && (x.dim() == 4 || x.dim() == 3) && x.size(-3) == o.in_channels, "Conv2d(", o.in_channels,
+            ", ", o.out_channels, "): expected input (N, C_in=", o.in_channels, ", H, W), got ",
+            x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  check_input(x);
+  const Conv2dOptions& o = options_;
   return conv2d(x, weight, bias, o.stride, o.padding, o.dilation, o.groups);
 }
 

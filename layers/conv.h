@@ -31,6 +31,8 @@ class Conv2d : public Cloneable<Conv2d> {
   void reset() override;
   // x: (N, C_in, H, W) or (C_in, H, W) -> (N, C_out, H_out, W_out) or (C_out, H_out, W_out)
   Tensor forward(const Tensor& x) override;
+  // forward's check of x (rank and C_in), for callers that run the convolution themselves (nn::Sequential).
+  void check_input(const Tensor& x) const;
 
   const Conv2dOptions& options() const { return options_; }
   Tensor weight;  // (out_channels, in_channels / groups, kH, kW)

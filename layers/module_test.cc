@@ -5,13 +5,16 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "core/autograd/node.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/conv.h"
 #include "core/ops/pool.h"
 #include "layers/containers.h"
 #include "layers/activation.h"
+#include "layers/conv.h"
 #include "layers/linear.h"
 #include "layers/pooling.h"
 #include "tests/testing/errors.h"
@@ -219,6 +222,39 @@ TEST(ModuleTest, SequentialPoolsBeforeTheReluWithTheSameBits) {
     got.backward(dy);
     want.backward(dy);
     EXPECT_TRUE(equal(a.grad(), b.grad())) << max_abs_diff(a.grad(), b.grad());
+  }
+}
+
+// Note [Conv2d, ReLU and MaxPool2d(2)] (containers.cc): the triple runs as conv2d_relu_max_pool2d, the
+// modules' values and gradients to rounding; another pool, or a module between them, runs module by module.
+TEST(ModuleTest, SequentialRunsConvReluMaxPoolAsOneOp) {
+  auto conv = std::make_shared<Conv2d>(1, 16, 3, 1, 1);
+  Sequential seq({conv, std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(2)});
+  const Tensor x = randn({3, 1, 10, 12});
+  Tensor got = seq.forward(x);
+  EXPECT_EQ(got.grad_fn()->name(), "ConvReluMaxPoolBackward");
+  Tensor weight = conv->weight.detach().clone().set_requires_grad(true);
+  Tensor bias = conv->bias.detach().clone().set_requires_grad(true);
+  Tensor want = max_pool2d(relu(conv2d(x, weight, bias, {1, 1}, {1, 1})), {2, 2});
+  EXPECT_LT(max_abs_diff(got, want), 1e-5);
+  const Tensor dy = randn(got.shape());
+  got.backward(dy);
+  want.backward(dy);
+  EXPECT_LT(max_abs_diff(conv->weight.grad(), weight.grad()), 1e-4);
+  EXPECT_LT(max_abs_diff(conv->bias.grad(), bias.grad()), 1e-4);
+
+  Sequential other_pool({conv, std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(3)});
+  EXPECT_NE(other_pool.forward(x).grad_fn()->name(), "ConvReluMaxPoolBackward");
+  Sequential apart({conv, std::make_shared<Tanh>(), std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(2)});
+  EXPECT_NE(apart.forward(x).grad_fn()->name(), "ConvReluMaxPoolBackward");
+  // The module's own input check still speaks.
+  try {
+    seq.forward(randn({3, 2, 10, 12}));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Conv2d(1, 16): expected input (N, C_in=1, H, W), got [3, 2, 10, 12]"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -11,8 +11,10 @@
 #include "core/dispatch.h"
 #include "core/kernels/batch_norm.h"
 #include "core/kernels/conv.h"
+#include "core/kernels/conv_pool.h"
 #include "core/ops.h"
 #include "core/ops/op_checks.h"
+#include "core/ops/pool.h"
 
 namespace dpe {
 
@@ -100,10 +102,9 @@ ConvGrads conv2d_backward(const kernels::Conv2dShape& s, const Tensor& dy_f32, c
   return g;
 }
 
-}  // namespace
-
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
-              std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+// conv2d's argument checks, for x (N, C_in, H, W) or unbatched (C_in, H, W).
+void check_conv2d_args(const Tensor& x, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
+                       std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
   detail::check_same_device_and_dtype(x, weight, "conv2d");
   check_compute_dtype(x, "conv2d");
   if (bias.defined()) detail::check_same_device_and_dtype(x, bias, "conv2d");
@@ -121,22 +122,29 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
   DPE_CHECK(c_out % groups == 0, "conv2d: C_out=", c_out, " (weight ", shape_str(weight.shape()),
             ") is not divisible by groups=", groups);
   if (x.dim() == 3) {
-    // Unbatched (C_in, H, W): a batch of one, through differentiable views.
     DPE_CHECK(x.size(0) == c_in, "conv2d: expected input (C_in=", c_in, ", H, W), got ", shape_str(x.shape()));
-    return conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
+  } else {
+    DPE_CHECK(x.dim() == 4 && x.size(1) == c_in, "conv2d: expected input (N, C_in=", c_in, ", H, W), got ",
+              shape_str(x.shape()), groups > 1 ? " (C_in = weight.size(1) * groups)" : "");
+    if (bias.defined()) {
+      DPE_CHECK(bias.dim() == 1 && bias.size(0) == c_out, "conv2d: expected bias (C_out=", c_out, "), got ",
+                shape_str(bias.shape()));
+    }
+    const int64_t kh_eff = dilation[0] * (weight.size(2) - 1) + 1, kw_eff = dilation[1] * (weight.size(3) - 1) + 1;
+    DPE_CHECK(x.size(2) > 0 && x.size(3) > 0 && x.size(2) + 2 * padding[0] >= kh_eff &&
+                  x.size(3) + 2 * padding[1] >= kw_eff,
+              "conv2d: input ", shape_str(x.shape()), " padded by (", padding[0], ", ", padding[1],
+              ") is smaller than the dilated kernel (", kh_eff, ", ", kw_eff, ")");
   }
-  DPE_CHECK(x.dim() == 4 && x.size(1) == c_in, "conv2d: expected input (N, C_in=", c_in, ", H, W), got ",
-            shape_str(x.shape()), groups > 1 ? " (C_in = weight.size(1) * groups)" : "");
-  if (bias.defined()) {
-    DPE_CHECK(bias.dim() == 1 && bias.size(0) == c_out, "conv2d: expected bias (C_out=", c_out, "), got ",
-              shape_str(bias.shape()));
-  }
-  const int64_t kh_eff = dilation[0] * (weight.size(2) - 1) + 1, kw_eff = dilation[1] * (weight.size(3) - 1) + 1;
-  DPE_CHECK(x.size(2) > 0 && x.size(3) > 0 && x.size(2) + 2 * padding[0] >= kh_eff &&
-                x.size(3) + 2 * padding[1] >= kw_eff,
-            "conv2d: input ", shape_str(x.shape()), " padded by (", padding[0], ", ", padding[1],
-            ") is smaller than the dilated kernel (", kh_eff, ", ", kw_eff, ")");
+}
 
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
+              std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+  check_conv2d_args(x, weight, bias, stride, padding, dilation, groups);
+  // Unbatched (C_in, H, W): a batch of one, through differentiable views.
+  if (x.dim() == 3) return conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
   kernels::Conv2dShape s = conv_shape(x, weight, stride, padding, dilation, groups);
   const std::optional<DType> lowp =
       x.dtype() == DType::Float32 ? amp::lower_precision_dtype(x.device()) : std::nullopt;
@@ -173,6 +181,44 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::ar
                      return {grads.dx, grads.dw, grads.db};
                    });
   return s.channels_last ? y : detail::in_format_of(y, x);  // float64 and CUDA: NCHW kernels
+}
+
+Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
+                              std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+  check_conv2d_args(x, weight, bias, stride, padding, dilation, groups);
+  // x's gradient and autocast's 16-bit operands are the composition's.
+  const bool candidate = x.dim() == 4 && x.device().is_cpu() && !x.requires_grad() &&
+                         !(x.dtype() == DType::Float32 && amp::lower_precision_dtype(x.device()));
+  kernels::Conv2dShape s;
+  if (candidate) {
+    s = conv_shape(x, weight, stride, padding, dilation, groups);
+    s.channels_last = x.suggest_memory_format() == MemoryFormat::ChannelsLast;
+  }
+  if (!candidate || !kernels::conv2d_relu_max_pool2d_applies(s)) {
+    return max_pool2d_relu(conv2d(x, weight, bias, stride, padding, dilation, groups), {2, 2}, {2, 2});
+  }
+  const MemoryFormat format = activation_format(s);
+  Tensor xc = x.detach().contiguous(format), wc = weight.detach().contiguous();
+  Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
+  const int64_t h_p = kernels::conv_pool_h(s), w_p = kernels::conv_pool_w(s);
+  Tensor y = Tensor::empty({s.n, s.c_out, h_p, w_p}, options_of(x), format);
+  Tensor codes = Tensor::empty({s.n, h_p, w_p, s.c_out}, options_of(x).with_dtype(DType::UInt8));
+  kernels::conv2d_relu_max_pool2d_cpu(s, xc.data<float>(), wc.data<float>(),
+                                      bc.defined() ? bc.data<float>() : nullptr, y.data<float>(), codes.data<uint8_t>());
+  const bool grad_w = weight.requires_grad(), grad_b = bias.defined() && bias.requires_grad();
+  Tensor saved_x = grad_w ? xc : Tensor();
+  autograd::record(y, {x, weight, bias}, "ConvReluMaxPoolBackward",
+                   [s, saved_x, codes, grad_w, grad_b](const Tensor& g) -> std::vector<Tensor> {
+                     const Tensor dy = g.contiguous(activation_format(s));
+                     const TensorOptions out = options_of(dy);
+                     Tensor dw = grad_w ? Tensor::empty({s.c_out, s.c_in, s.kh, s.kw}, out) : Tensor();
+                     Tensor db = grad_b ? Tensor::empty({s.c_out}, out) : Tensor();
+                     kernels::conv2d_relu_max_pool2d_backward_cpu(
+                         s, grad_w ? saved_x.data<float>() : nullptr, dy.data<float>(), codes.data<uint8_t>(),
+                         grad_w ? dw.data<float>() : nullptr, grad_b ? db.data<float>() : nullptr);
+                     return {Tensor(), dw, db};
+                   });
+  return y;
 }
 
 }  // namespace dpe
