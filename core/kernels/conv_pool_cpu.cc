@@ -61,11 +61,9 @@ struct Geometry {
   }
   // Floats of a sample's padded input.
   int64_t image_floats(const Conv2dShape& s) const { return s.c_in * height * width; }
-  // A backward task's buffer (floats): the padded input, the candidates' table (w_p, taps, 4), dy (w_p, c_pad),
-  // then at a whole vector from the buffer's 64-byte aligned start, one vector of dy and one of codes per column.
-  int64_t backward_vectors_at(const Conv2dShape& s) const {
-    return round_up(image_floats(s) + w_p * taps * 4 + w_p * c_pad, lanes);
-  }
+  // A backward task's buffer (floats): the padded input, an NCHW dy row channels last (w_p, c_pad), then at a
+  // whole vector from the buffer's 64-byte aligned start, one vector of dy and one of codes per column.
+  int64_t backward_vectors_at(const Conv2dShape& s) const { return round_up(image_floats(s) + w_p * c_pad, lanes); }
   int64_t backward_floats(const Conv2dShape& s) const { return backward_vectors_at(s) + 2 * w_p * lanes; }
 };
 
@@ -109,17 +107,26 @@ struct ForwardRow {
   uint8_t* codes;
 };
 
-// What a backward row function reads: each column's candidates (table) and dy (grad, c_pad per column), the
-// row's codes; it adds the weight gradients of the first `taps` taps and the bias gradient into sums
-// ((tap, c_pad), then c_pad), using `vectors` (2 * w_p vectors, aligned) for each column's dy and codes.
+// What a backward row function reads: the padded input from the pooled row's first input row, the row's dy
+// (grad_stride floats apart per column; a partial last vector is read masked) and its codes; it adds the weight
+// gradients of the first `taps` taps and the bias gradient into sums ((tap, c_pad), then c_pad), using `vectors`
+// (2 * w_p vectors, aligned) for each column's dy and codes.
 struct BackwardRow {
-  const float* table;
+  const float* image;
   const float* grad;
+  int64_t grad_stride;
   const uint8_t* codes;
   int64_t taps;
   float* sums;
   float* vectors;
 };
+
+// The inputs under a window's four candidates for one tap, (top-left, top-right, bottom-left, bottom-right):
+// two pairs of neighbours, p[0..2) and p[width..width + 2).
+__m128 candidates_at(const float* p, int64_t width) {
+  return _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p))),
+                      reinterpret_cast<const __m64*>(p + width));
+}
 
 // The backward sums taps in groups: one running sum per tap of the group, so that a column's FMAs do not wait
 // for each other (a single sum over the columns was one dependent FMA per column, latency-bound).
@@ -208,7 +215,7 @@ void backward_row_avx2(const Conv2dShape& s, const Geometry& g, const BackwardRo
     for (int64_t ow = 0; ow < g.w_p; ++ow) {
       code[ow] = load_codes(row.codes + ow * s.c_out + co, lanes);
       // dy where the window has a winner, +0 where it has none (kNoWinner).
-      won[ow] = _mm256_and_ps(_mm256_loadu_ps(row.grad + ow * g.c_pad + co),
+      won[ow] = _mm256_and_ps(_mm256_maskload_ps(row.grad + ow * row.grad_stride + co, first_lanes(lanes)),
                               _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(kNoWinner), code[ow])));
       bias_sum = _mm256_add_ps(bias_sum, won[ow]);
     }
@@ -219,11 +226,12 @@ void backward_row_avx2(const Conv2dShape& s, const Geometry& g, const BackwardRo
         __m256 sum[kGroup];
         for (int64_t k = 0; k < kGroup; ++k) sum[k] = _mm256_loadu_ps(row.sums + (t + k) * g.c_pad + co);
         for (int64_t ow = 0; ow < g.w_p; ++ow) {
-          const float* entry = row.table + (ow * g.taps + t) * 4;
+          const float* window = row.image + 2 * ow;
           for (int64_t k = 0; k < kGroup; ++k) {
             // Lane j takes the input under its own winner: the four candidates, twice, indexed by the code (a
             // kNoWinner code picks a candidate, times +0).
-            const __m256 candidates = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(entry + k * 4));
+            const __m128 four = candidates_at(window + g.tap_offset[t + k], g.width);
+            const __m256 candidates = _mm256_set_m128(four, four);
             sum[k] = _mm256_fmadd_ps(won[ow], _mm256_permutevar8x32_ps(candidates, code[ow]), sum[k]);
           }
         }
@@ -328,7 +336,7 @@ void backward_row_avx512(const Conv2dShape& s, const Geometry& g, const Backward
       code[ow] = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes)));
       // dy where the window has a winner, +0 where it has none (kNoWinner).
       won[ow] = _mm512_maskz_mov_ps(_mm512_cmplt_epi32_mask(code[ow], _mm512_set1_epi32(kNoWinner)),
-                                    _mm512_loadu_ps(row.grad + ow * g.c_pad + co));
+                                    _mm512_maskz_loadu_ps(first_lanes16(lanes), row.grad + ow * row.grad_stride + co));
       bias_sum = _mm512_add_ps(bias_sum, won[ow]);
     }
     _mm512_storeu_ps(row.sums + g.taps * g.c_pad + co, bias_sum);
@@ -338,10 +346,10 @@ void backward_row_avx512(const Conv2dShape& s, const Geometry& g, const Backward
         __m512 sum[kGroup];
         for (int64_t k = 0; k < kGroup; ++k) sum[k] = _mm512_loadu_ps(row.sums + (t + k) * g.c_pad + co);
         for (int64_t ow = 0; ow < g.w_p; ++ow) {
-          const float* entry = row.table + (ow * g.taps + t) * 4;
+          const float* window = row.image + 2 * ow;
           for (int64_t k = 0; k < kGroup; ++k) {
             // The four candidates four times, indexed by the code (kNoWinner picks one, times +0).
-            const __m512 candidates = _mm512_broadcast_f32x4(_mm_loadu_ps(entry + k * 4));
+            const __m512 candidates = _mm512_broadcast_f32x4(candidates_at(window + g.tap_offset[t + k], g.width));
             sum[k] = _mm512_fmadd_ps(won[ow], _mm512_permutexvar_ps(code[ow], candidates), sum[k]);
           }
         }
@@ -395,32 +403,24 @@ void forward(const Conv2dShape& s, const float* x, const float* w, const float* 
 void backward_sample(const Conv2dShape& s, const Geometry& g, const float* x, const float* dy, const uint8_t* codes,
                      int64_t n, float* sums, float* buffer) {
   float* image = buffer;
-  float* table = image + g.image_floats(s);  // (w_p, taps, 4): each tap's input under the four candidates
-  float* grad = table + g.w_p * g.taps * 4;  // (w_p, c_pad): the pooled row's dy, channels last
+  float* staged = image + g.image_floats(s);  // NCHW: the pooled row's dy, channels last (w_p, c_pad)
   const int64_t taps = x != nullptr ? g.taps : 0;
   if (taps > 0) load_padded_image(s, g, x, n, image);
   for (int64_t oh = 0; oh < g.h_p; ++oh) {
-    for (int64_t ow = 0; ow < g.w_p && taps > 0; ++ow) {
-      for (int64_t t = 0; t < taps; ++t) {
-        const float* p = image + 2 * oh * g.width + g.tap_offset[t] + 2 * ow;
-        float* entry = table + (ow * g.taps + t) * 4;
-        entry[0] = p[0];
-        entry[1] = p[1];
-        entry[2] = p[g.width];
-        entry[3] = p[g.width + 1];
-      }
-    }
     const int64_t row = n * g.h_p + oh;
-    for (int64_t ow = 0; ow < g.w_p; ++ow) {
-      float* out = grad + ow * g.c_pad;
-      if (s.channels_last) {
-        std::copy(dy + (row * g.w_p + ow) * s.c_out, dy + (row * g.w_p + ow + 1) * s.c_out, out);
-      } else {
-        for (int64_t co = 0; co < s.c_out; ++co) out[co] = dy[((n * s.c_out + co) * g.h_p + oh) * g.w_p + ow];
+    if (!s.channels_last) {
+      for (int64_t co = 0; co < s.c_out; ++co) {
+        const float* plane_row = dy + ((n * s.c_out + co) * g.h_p + oh) * g.w_p;
+        for (int64_t ow = 0; ow < g.w_p; ++ow) staged[ow * g.c_pad + co] = plane_row[ow];
       }
-      std::fill(out + s.c_out, out + g.c_pad, 0.0f);
     }
-    const BackwardRow args{table, grad, codes + row * g.w_p * s.c_out, taps, sums, buffer + g.backward_vectors_at(s)};
+    const BackwardRow args{image + 2 * oh * g.width,
+                           s.channels_last ? dy + row * g.w_p * s.c_out : staged,
+                           s.channels_last ? s.c_out : g.c_pad,
+                           codes + row * g.w_p * s.c_out,
+                           taps,
+                           sums,
+                           buffer + g.backward_vectors_at(s)};
     (g.lanes == 16 ? backward_row_avx512 : backward_row_avx2)(s, g, args);
   }
 }
