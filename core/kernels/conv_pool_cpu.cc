@@ -124,7 +124,7 @@ struct BackwardRow {
 // The inputs under a window's four candidates for one tap, (top-left, top-right, bottom-left, bottom-right):
 // two pairs of neighbours, p[0..2) and p[width..width + 2).
 __m128 candidates_at(const float* p, int64_t width) {
-  return _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p))),
+  return _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(p)),
                       reinterpret_cast<const __m64*>(p + width));
 }
 
@@ -332,7 +332,8 @@ void backward_row_avx512(const Conv2dShape& s, const Geometry& g, const Backward
     __m512 bias_sum = _mm512_loadu_ps(row.sums + g.taps * g.c_pad + co);
     for (int64_t ow = 0; ow < g.w_p; ++ow) {
       alignas(16) uint8_t bytes[16] = {};
-      std::memcpy(bytes, row.codes + ow * s.c_out + co, static_cast<size_t>(lanes));
+      // lanes is in [1, 16]; the clamp says so to GCC's -Wstringop-overflow.
+      std::memcpy(bytes, row.codes + ow * s.c_out + co, static_cast<size_t>(std::clamp<int64_t>(lanes, 1, 16)));
       code[ow] = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes)));
       // dy where the window has a winner, +0 where it has none (kNoWinner).
       won[ow] = _mm512_maskz_mov_ps(_mm512_cmplt_epi32_mask(code[ow], _mm512_set1_epi32(kNoWinner)),
