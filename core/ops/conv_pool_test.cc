@@ -1,6 +1,7 @@
 // conv2d_relu_max_pool2d: the fused pass (Note [Convolution, ReLU and pool in one pass]) against the three ops
 // it replaces, values and the weight and bias gradients, NCHW and channels last; the composition wherever the
-// fused kernel does not apply (x requiring grad, float64, a stride, autocast), bit for bit; conv2d's errors.
+// fused kernel does not apply (x requiring grad, float64, a stride, autocast), bit for bit; conv2d's errors; CUDA's
+// composition against the CPU's fused pass (skipped without a GPU).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -9,6 +10,7 @@
 
 #include "core/amp/autocast.h"
 #include "core/autograd/node.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/ops/conv.h"
@@ -140,6 +142,31 @@ TEST(ConvReluMaxPoolTest, ArgumentErrorsAreConv2ds) {
     EXPECT_NE(std::string(e.what()).find("conv2d: expected input (N, C_in=1, H, W), got [2, 3, 8, 8]"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// CUDA runs the three ops (cuDNN and its max-pool with relu): they must agree with the CPU's fused pass, values
+// and the weight and bias gradients (FMA math on both sides, 9 products per output, the sums in other orders; a
+// window whose two best candidates are closer than their rounding could give its gradient to another input on
+// each side: with N(0, 1) data, about one in 10^7 windows, and 16 images have 10^5).
+TEST(ConvReluMaxPoolTest, CudaMatchesTheFusedCpuPass) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+    SCOPED_TRACE(format == MemoryFormat::ChannelsLast ? "channels last" : "NCHW");
+    const Tensor x = randn({16, 1, 28, 28}).contiguous(format);
+    const Params cpu = make_params(32, 1, 3);
+    const Params cuda{cpu.weight.detach().to(gpu).set_requires_grad(true),
+                      cpu.bias.detach().to(gpu).set_requires_grad(true)};
+    Tensor y_cpu = conv2d_relu_max_pool2d(x, cpu.weight, cpu.bias, {1, 1}, {1, 1});
+    Tensor y_cuda = conv2d_relu_max_pool2d(x.to(gpu), cuda.weight, cuda.bias, {1, 1}, {1, 1});
+    ASSERT_EQ(y_cpu.grad_fn()->name(), "ConvReluMaxPoolBackward");
+    EXPECT_LT(max_abs_diff(y_cuda.to(Device::cpu(0)), y_cpu), 1e-4);
+    const Tensor dy = randn(y_cpu.shape());
+    y_cpu.backward(dy);
+    y_cuda.backward(dy.to(gpu));
+    EXPECT_LT(max_abs_diff(cuda.weight.grad().to(Device::cpu(0)), cpu.weight.grad()), 1e-3);
+    EXPECT_LT(max_abs_diff(cuda.bias.grad().to(Device::cpu(0)), cpu.bias.grad()), 1e-3);
   }
 }
 
