@@ -83,7 +83,7 @@ Tensor Sequential::forward(const Tensor& input) {
   auto is = [&](size_t i, const std::type_info& type) { return i < modules.size() && typeid(*modules[i]) == type; };
   for (size_t i = 0; i < modules.size(); ++i) {
     if (is(i, typeid(Conv2d)) && is(i + 1, typeid(ReLU)) && is(i + 2, typeid(MaxPool2d))) {
-      const auto& conv = static_cast<Conv2d&>(*modules[i]);
+      const auto& conv = static_cast<const Conv2d&>(*modules[i]);
       const auto& pool = static_cast<const MaxPool2d&>(*modules[i + 2]);
       const std::array<int64_t, 2> two = {2, 2}, none = {0, 0};
       if (pool.kernel == two && pool.stride == two && pool.padding == none) {
