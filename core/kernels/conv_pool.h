@@ -6,8 +6,9 @@
 // the least arithmetic per element: 9 products per output. Composed, its output (6.4 MB per 64 images) was
 // written by the convolution, read by the pool, its gradient written by the pool's backward and read again by
 // the weight gradient, and oneDNN's kernels for one input channel ran at a quarter of the FMA peak. Here each
-// 2x2 window's four convolution outputs are computed in registers, eight output channels to a vector, and only
-// the pooled values and their window codes are stored; the backward reads the pooled gradient and the codes
+// 2x2 window's four convolution outputs are computed in registers, output channels in vector lanes (8 on AVX2,
+// 16 on AVX-512: Note [AVX-512 where the CPU has it] in conv_pool_cpu.cc), and only the pooled values and their
+// window codes are stored; the backward reads the pooled gradient and the codes
 // and multiplies each window's gradient with the inputs under its winner alone.
 //
 // Layouts: x (N, C_in, H, W), NCHW or channels last (s.channels_last); w (C_out, C_in, kH, kW) contiguous; b
