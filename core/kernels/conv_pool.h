@@ -8,8 +8,8 @@
 // the weight gradient, and oneDNN's kernels for one input channel ran at a quarter of the FMA peak. Here each
 // 2x2 window's four convolution outputs are computed in registers, output channels in vector lanes (8 on AVX2,
 // 16 on AVX-512: Note [AVX-512 where the CPU has it] in conv_pool_cpu.cc), and only the pooled values and their
-// window codes are stored; the backward reads the pooled gradient and the codes
-// and multiplies each window's gradient with the inputs under its winner alone.
+// window codes are stored; the backward reads the pooled gradient and the codes and multiplies each window's
+// gradient with the inputs under its winner alone.
 //
 // Layouts: x (N, C_in, H, W), NCHW or channels last (s.channels_last); w (C_out, C_in, kH, kW) contiguous; b
 // (C_out) or null; y and dy (N, C_out, H_p, W_p) in x's format, H_p = H_conv / 2 and W_p = W_conv / 2 (floor,
