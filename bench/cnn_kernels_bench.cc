@@ -3,7 +3,8 @@
 // devices (64 samples each), on one thread as a device worker runs them, and prints each kernel's time and
 // the bytes it moves per second. These kernels are what a bfloat16 step spends most of its time in once AMX
 // runs the convolutions (docs/BENCHMARKS.md); one far below the memcpy rate printed first has room to go.
-// Last, the second convolution's backward as two calls and as one (dy reordered for oneDNN once).
+// Last, the second convolution's backward as two calls and as one (dy reordered for oneDNN once), and the first
+// convolution with its ReLU and pool, fused and composed.
 //
 // Usage: bazel run --config=cpu_only //bench:cnn_kernels_bench [-- --min_seconds=0.3]
 #include <omp.h>
@@ -21,6 +22,7 @@
 
 #include "core/dtype.h"
 #include "core/kernels/conv.h"
+#include "core/kernels/conv_pool.h"
 #include "core/kernels/copy.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/layout.h"
@@ -192,6 +194,55 @@ void bench_conv1_backward_weight(double min_seconds, int64_t n, bool channels_la
               ms, flops / ms * 1e-6);
 }
 
+// The CNN's first layer, Conv2d(1, 32, 3, padding 1) -> ReLU -> MaxPool2d(2) on 28 x 28, both ways: in one pass
+// each way (conv2d_relu_max_pool2d_cpu, core/kernels/conv_pool.h) and composed (oneDNN's convolution and the 2x2
+// window-code pool; backward: the pool's gradient, then the weight and bias gradients), with the fused pass's
+// GFLOP/s (its backward multiplies one window candidate in four: a quarter of the composition's products).
+void bench_conv1_relu_pool(double min_seconds, int64_t n, bool channels_last) {
+  k::Conv2dShape s;
+  s.n = n;
+  s.c_in = 1;
+  s.h = s.w = 28;
+  s.c_out = 32;
+  s.kh = s.kw = 3;
+  s.pad_h = s.pad_w = 1;
+  s.channels_last = channels_last;
+  k::Pool2dShape p;
+  p.planes = n * 32;
+  p.h = p.w = 28;
+  p.h_out = p.w_out = 14;
+  p.kh = p.kw = p.stride_h = p.stride_w = 2;
+  p.channels_last = channels_last;
+  p.c = 32;
+  p.relu = true;
+  std::vector<float> x = random_floats(n * 784, 13), w = random_floats(32 * 9, 14), b = random_floats(32, 15);
+  std::vector<float> y(n * 32 * 196), dy = random_floats(n * 32 * 196, 16), dw(32 * 9), db(32);
+  std::vector<float> conv(n * 32 * 784), dconv(n * 32 * 784);
+  std::vector<uint8_t> codes(n * 32 * 196);
+  const std::string shape = std::to_string(n) + (channels_last ? "x28x28x1 (cl)" : "x1x28x28");
+  const double flops = 2.0 * static_cast<double>(n) * 784 * 32 * 9;
+  const double fused_fwd = best_ms(min_seconds, [&] {
+    k::conv2d_relu_max_pool2d_cpu(s, x.data(), w.data(), b.data(), y.data(), codes.data());
+  });
+  const double fused_bwd = best_ms(min_seconds, [&] {
+    k::conv2d_relu_max_pool2d_backward_cpu(s, x.data(), dy.data(), codes.data(), dw.data(), db.data());
+  });
+  const double composed_fwd = best_ms(min_seconds, [&] {
+    k::conv2d_forward_cpu(s, x.data(), w.data(), b.data(), conv.data());
+    k::max_pool2d_2x2_cpu(p, conv.data(), y.data(), codes.data());
+  });
+  const double composed_bwd = best_ms(min_seconds, [&] {
+    k::max_pool2d_2x2_backward_cpu(p, dy.data(), codes.data(), dconv.data());
+    k::conv2d_backward_cpu(s, x.data(), nullptr, dconv.data(), nullptr, dw.data(), db.data());
+  });
+  std::printf("%-44s %8.3f ms %7.1f GFLOP/s\n", ("conv1+relu+pool fused forward " + shape).c_str(), fused_fwd,
+              flops / fused_fwd * 1e-6);
+  std::printf("%-44s %8.3f ms %7.1f GFLOP/s\n", ("conv1+relu+pool fused backward " + shape).c_str(), fused_bwd,
+              flops / 4 / fused_bwd * 1e-6);
+  std::printf("%-44s %8.3f ms\n", ("conv1+relu+pool composed forward " + shape).c_str(), composed_fwd);
+  std::printf("%-44s %8.3f ms\n", ("conv1+relu+pool composed backward " + shape).c_str(), composed_bwd);
+}
+
 void bench_copy_rate(double min_seconds) {
   const int64_t numel = int64_t{1} << 22;
   std::vector<float> x = random_floats(numel, 7), y(numel);
@@ -229,6 +280,8 @@ int main(int argc, char** argv) {
     bench_conv_backward(min_seconds, dpe::DType::BFloat16);
     bench_conv1_backward_weight(min_seconds, 128, false);
     bench_conv1_backward_weight(min_seconds, 128, true);
+    bench_conv1_relu_pool(min_seconds, 64, false);
+    bench_conv1_relu_pool(min_seconds, 64, true);
   });
   return 0;
 }

@@ -124,8 +124,13 @@ struct BackwardRow {
 // The inputs under a window's four candidates for one tap, (top-left, top-right, bottom-left, bottom-right):
 // two pairs of neighbours, p[0..2) and p[width..width + 2).
 __m128 candidates_at(const float* p, int64_t width) {
-  return _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(p)),
-                      reinterpret_cast<const __m64*>(p + width));
+  // Each pair as one 8-byte load through memcpy: the pairs are not 8-byte aligned, which _mm_load_sd's dereference
+  // does not allow (UBSan), and GCC compiles this to a load and an insert (the backward 0.38 ms per 64 images where
+  // _mm_load_sd + _mm_loadh_pi took 0.44 and _mm_loadl_pi + _mm_loadh_pi 0.45, measured in turn).
+  double top, bottom;
+  std::memcpy(&top, p, sizeof(double));
+  std::memcpy(&bottom, p + width, sizeof(double));
+  return _mm_castpd_ps(_mm_set_pd(bottom, top));
 }
 
 // The backward sums taps in groups: one running sum per tap of the group, so that a column's FMAs do not wait
