@@ -93,6 +93,37 @@ std::vector<float> weights_by_tap(const Conv2dShape& s, const Geometry& g, const
   return out;
 }
 
+// dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols, eight by eight in registers: NCHW's
+// per-row transposes (a pooled row's outputs into their planes, its dy out of them), 448 scalar moves a row of
+// the CNN's first layer otherwise. Reads and writes nothing outside those elements.
+void transpose_tile(const float* src, int64_t src_stride, int64_t rows, int64_t cols, float* dst, int64_t dst_stride) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    const __m256i row_mask = detail::first_lanes(std::min<int64_t>(8, rows - r0));
+    for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+      const int64_t width = std::min<int64_t>(8, cols - c0);
+      const __m256i col_mask = detail::first_lanes(width);
+      __m256 v[8];
+      for (int64_t i = 0; i < 8; ++i) {
+        v[i] = r0 + i < rows ? _mm256_maskload_ps(src + (r0 + i) * src_stride + c0, col_mask) : _mm256_setzero_ps();
+      }
+      const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+      const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+      const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+      // Column c0 + j of the eight rows.
+      const __m256 column[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                                _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                                _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                                _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+      for (int64_t j = 0; j < width; ++j) _mm256_maskstore_ps(dst + (c0 + j) * dst_stride + r0, row_mask, column[j]);
+    }
+  }
+}
+
 // What a forward row function reads and writes: the padded input from the pooled row's first input row, the
 // weights and bias (c_pad), the row's outputs (y_stride floats apart per column; a partial last vector is
 // stored masked when masked_tail, else whole: the staging buffer has c_pad columns) and its codes (C_out per
@@ -395,10 +426,7 @@ void forward(const Conv2dShape& s, const float* x, const float* w, const float* 
                            codes + row_index * g.w_p * s.c_out};
       (wide ? forward_row_avx512 : forward_row_avx2)(s, g, row);
       if (!s.channels_last) {
-        for (int64_t co = 0; co < s.c_out; ++co) {
-          float* plane_row = y + ((n * s.c_out + co) * g.h_p + oh) * g.w_p;
-          for (int64_t ow = 0; ow < g.w_p; ++ow) plane_row[ow] = staged[ow * g.c_pad + co];
-        }
+        transpose_tile(staged, g.c_pad, g.w_p, s.c_out, y + (n * s.c_out * g.h_p + oh) * g.w_p, g.h_p * g.w_p);
       }
     }
   });
@@ -415,10 +443,7 @@ void backward_sample(const Conv2dShape& s, const Geometry& g, const float* x, co
   for (int64_t oh = 0; oh < g.h_p; ++oh) {
     const int64_t row = n * g.h_p + oh;
     if (!s.channels_last) {
-      for (int64_t co = 0; co < s.c_out; ++co) {
-        const float* plane_row = dy + ((n * s.c_out + co) * g.h_p + oh) * g.w_p;
-        for (int64_t ow = 0; ow < g.w_p; ++ow) staged[ow * g.c_pad + co] = plane_row[ow];
-      }
+      transpose_tile(dy + (n * s.c_out * g.h_p + oh) * g.w_p, g.h_p * g.w_p, s.c_out, g.w_p, staged, g.c_pad);
     }
     const BackwardRow args{image + 2 * oh * g.width,
                            s.channels_last ? dy + row * g.w_p * s.c_out : staged,
