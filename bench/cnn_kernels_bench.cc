@@ -172,10 +172,8 @@ void bench_conv_backward(double min_seconds, dpe::DType dtype) {
          0);
 }
 
-// The CNN's first convolution's weight gradient (1 -> 32 channels, 3x3, padding 1, 28 x 28; its input needs no
-// gradient), NCHW and channels last, with its GFLOP/s: a reduction over N * H * W = 100,352 positions into 32 x 9
-// weights.
-void bench_conv1_backward_weight(double min_seconds, int64_t n, bool channels_last) {
+// The CNN's first convolution: 1 -> 32 channels, 3x3, padding 1, on n 28 x 28 images.
+k::Conv2dShape conv1_shape(int64_t n, bool channels_last) {
   k::Conv2dShape s;
   s.n = n;
   s.c_in = 1;
@@ -184,6 +182,14 @@ void bench_conv1_backward_weight(double min_seconds, int64_t n, bool channels_la
   s.kh = s.kw = 3;
   s.pad_h = s.pad_w = 1;
   s.channels_last = channels_last;
+  return s;
+}
+
+// The CNN's first convolution's weight gradient (1 -> 32 channels, 3x3, padding 1, 28 x 28; its input needs no
+// gradient), NCHW and channels last, with its GFLOP/s: a reduction over N * H * W = 100,352 positions into 32 x 9
+// weights.
+void bench_conv1_backward_weight(double min_seconds, int64_t n, bool channels_last) {
+  const k::Conv2dShape s = conv1_shape(n, channels_last);
   std::vector<float> x = random_floats(s.n * 784, 11), dy = random_floats(s.n * 32 * 784, 12), dw(32 * 9), db(32);
   const double ms = best_ms(min_seconds, [&] {
     k::conv2d_backward_cpu(s, x.data(), nullptr, dy.data(), nullptr, dw.data(), db.data());
@@ -199,14 +205,7 @@ void bench_conv1_backward_weight(double min_seconds, int64_t n, bool channels_la
 // window-code pool; backward: the pool's gradient, then the weight and bias gradients), with the fused pass's
 // GFLOP/s (its backward multiplies one window candidate in four: a quarter of the composition's products).
 void bench_conv1_relu_pool(double min_seconds, int64_t n, bool channels_last) {
-  k::Conv2dShape s;
-  s.n = n;
-  s.c_in = 1;
-  s.h = s.w = 28;
-  s.c_out = 32;
-  s.kh = s.kw = 3;
-  s.pad_h = s.pad_w = 1;
-  s.channels_last = channels_last;
+  const k::Conv2dShape s = conv1_shape(n, channels_last);
   k::Pool2dShape p;
   p.planes = n * 32;
   p.h = p.w = 28;

@@ -43,15 +43,15 @@ bool use_avx512() {
 // What both passes derive from the shape and the vector width: a sample's padded input, each tap's offset in it,
 // and the buffers of a row.
 struct Geometry {
-  int64_t lanes = 0;             // floats per vector: 8 (AVX2) or 16 (AVX-512)
+  int64_t lanes = 0;             // floats per vector: 16 where use_avx512(), else 8 (AVX2)
   int64_t h_p = 0, w_p = 0;      // pooled output
   int64_t c_pad = 0;             // C_out rounded up to whole vectors
   int64_t taps = 0;              // C_in * kH * kW
   int64_t height = 0, width = 0;  // a sample's padded input plane: (H + 2 pad_h, W + 2 pad_w)
   std::vector<int64_t> tap_offset;  // tap (ci, i, j) -> (ci * height + i) * width + j
 
-  Geometry(const Conv2dShape& s, int64_t vector_lanes)
-      : lanes(vector_lanes), h_p(conv_pool_h(s)), w_p(conv_pool_w(s)), c_pad(round_up(s.c_out, lanes)),
+  explicit Geometry(const Conv2dShape& s)
+      : lanes(use_avx512() ? 16 : 8), h_p(conv_pool_h(s)), w_p(conv_pool_w(s)), c_pad(round_up(s.c_out, lanes)),
         taps(s.c_in * s.kh * s.kw), height(s.h + 2 * s.pad_h), width(s.w + 2 * s.pad_w) {
     for (int64_t ci = 0; ci < s.c_in; ++ci) {
       for (int64_t i = 0; i < s.kh; ++i) {
@@ -402,8 +402,7 @@ void backward_row_avx512(const Conv2dShape& s, const Geometry& g, const Backward
 // ---- The passes ----
 
 void forward(const Conv2dShape& s, const float* x, const float* w, const float* b, float* y, uint8_t* codes) {
-  const bool wide = use_avx512();
-  const Geometry g(s, wide ? 16 : 8);
+  const Geometry g(s);
   const std::vector<float> wt = weights_by_tap(s, g, w);
   std::vector<float> bias(static_cast<size_t>(g.c_pad), 0.0f);
   if (b != nullptr) std::copy(b, b + s.c_out, bias.begin());
@@ -424,7 +423,7 @@ void forward(const Conv2dShape& s, const float* x, const float* w, const float* 
                            s.channels_last ? s.c_out : g.c_pad,
                            s.channels_last,
                            codes + row_index * g.w_p * s.c_out};
-      (wide ? forward_row_avx512 : forward_row_avx2)(s, g, row);
+      (g.lanes == 16 ? forward_row_avx512 : forward_row_avx2)(s, g, row);
       if (!s.channels_last) {
         transpose_tile(staged, g.c_pad, g.w_p, s.c_out, y + (n * s.c_out * g.h_p + oh) * g.w_p, g.h_p * g.w_p);
       }
@@ -457,7 +456,7 @@ void backward_sample(const Conv2dShape& s, const Geometry& g, const float* x, co
 }
 
 void backward(const Conv2dShape& s, const float* x, const float* dy, const uint8_t* codes, float* dw, float* db) {
-  const Geometry g(s, use_avx512() ? 16 : 8);
+  const Geometry g(s);
   const int64_t per_sample = (g.taps + 1) * g.c_pad;
   detail::ScratchBuffer buffer = detail::scratch(static_cast<size_t>(s.n * per_sample) * sizeof(float));
   DPE_CHECK(buffer != nullptr, "conv2d_relu_max_pool2d_backward_cpu: out of memory for ", s.n, " samples' sums");
