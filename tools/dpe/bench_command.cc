@@ -17,6 +17,12 @@
 //
 // --profile runs as many steps again after each mode's timed ones with the backward profiled
 // (core/autograd/profiler.h) and prints, per mode, where the backward's time goes by node kind.
+//
+// --repeat N runs every row N times in interleaved rounds (round 1 runs every mode and then PyTorch's
+// configurations, then round 2, ...), so that a slow phase of a shared machine falls on every row alike instead
+// of on whichever row ran during it. Each row shows its median round (the lower middle one for an even N:
+// a round that was measured, whose phases, memory and profile belong to it); its scaling is the median of the
+// rounds' own ratios (a row against the single row of the same round), and a line per row lists every round.
 #include <cblas.h>
 #include <omp.h>
 #include <tbb/task_arena.h>
@@ -69,7 +75,7 @@ struct BenchArgs {
   std::optional<std::string> device_ids;
   std::vector<std::string> modes = {"single", "dp", "ddp"};
   std::vector<std::string> pytorch_configs = {"single-1t", "single-2t", "ddp-gloo"};
-  int64_t batch_size = 256, steps = 30, warmup = 5;
+  int64_t batch_size = 256, steps = 30, warmup = 5, repeat = 1;
   int cpu_devices = 2;
   bool cpu_devices_given = false;  // --cpu-devices given: CPU devices even where there is a GPU
   bool compare_pytorch = false;
@@ -125,6 +131,13 @@ struct Row {
   std::vector<double> split_weights, ms_per_sample;  // --split auto: after the last timed step
   std::vector<autograd::NodeTime> backward_profile;  // --profile: summed over its steps and devices
   int64_t profiled_steps = 0;
+  // --repeat: every round's measurement of this row, in round order (the row itself is the median one).
+  struct Round {
+    std::string config;  // auto may choose another mode in another round
+    double samples_per_s = 0;
+    std::optional<double> scaling;
+  };
+  std::vector<Round> rounds;
 };
 
 // Runs fn on a thread limited to `threads` intra-op threads (oneTBB arena and OpenMP), pinned to `cores` when
@@ -266,6 +279,53 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
   return row;
 }
 
+// Scaling: against the single-device row of the same precision (and the run's other flags, which every row
+// shares) of the same round.
+void set_scaling(std::vector<Row>& rows) {
+  for (Row& r : rows) {
+    for (const Row& single : rows) {
+      if (single.precision == r.precision && single.mode == "single") {
+        r.scaling = r.samples_per_s / (single.samples_per_s * r.devices);
+      }
+    }
+  }
+}
+
+// The lower middle of `values` (the median for an odd count).
+template <typename T, typename Key>
+T lower_median(std::vector<T> values, Key key) {
+  std::ranges::stable_sort(values, {}, key);
+  return values[(values.size() - 1) / 2];
+}
+
+// --repeat: each row's median round, with every round's figures attached (the file comment says which). The
+// rounds ran the same modes and PyTorch configurations in the same order.
+std::vector<Row> median_rounds(std::vector<std::vector<Row>> rounds) {
+  std::vector<Row> rows;
+  const std::vector<Row>& first = rounds.front();
+  for (size_t i = 0; i < first.size(); ++i) {
+    std::vector<Row*> measured;
+    std::vector<Row::Round> history;
+    for (std::vector<Row>& round : rounds) {
+      DPE_CHECK(round.size() == first.size() && round[i].framework == first[i].framework &&
+                    round[i].mode == first[i].mode && round[i].precision == first[i].precision &&
+                    (round[i].framework == "dpe" || round[i].config == first[i].config),
+                "dpe bench --repeat: round ", history.size() + 1, " has ", round.size(), " rows where round 1 has ",
+                first.size(), ", or another row ", i + 1, " than its ", first[i].framework, " ", first[i].config,
+                " (did the PyTorch script report other configurations?)");
+      measured.push_back(&round[i]);
+      history.push_back({round[i].config, round[i].samples_per_s, round[i].scaling});
+    }
+    Row row = std::move(*lower_median(measured, [](const Row* r) { return r->samples_per_s; }));
+    if (std::ranges::all_of(history, [](const Row::Round& r) { return r.scaling.has_value(); })) {
+      row.scaling = lower_median(history, [](const Row::Round& r) { return *r.scaling; }).scaling;
+    }
+    if (rounds.size() > 1) row.rounds = std::move(history);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
 std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
   const std::string configs = join_commas(args.pytorch_configs);
   // An argument vector: the script path and every value reach python3 verbatim, whatever they contain.
@@ -399,9 +459,10 @@ void print_exchange_costs(const std::vector<Row>& rows) {
 }
 
 void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
-  std::printf("\n# dpe bench: %s, global batch %lld, %lld timed steps after %lld warm-up, ms per step and phase\n",
+  std::printf("\n# dpe bench: %s, global batch %lld, %lld timed steps after %lld warm-up, ms per step and phase%s\n",
               args.model.c_str(), static_cast<long long>(args.batch_size), static_cast<long long>(args.steps),
-              static_cast<long long>(args.warmup));
+              static_cast<long long>(args.warmup),
+              args.repeat > 1 ? (", the median of " + std::to_string(args.repeat) + " rounds").c_str() : "");
   std::printf("%-8s %-16s %3s %10s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s | %8s | %s\n", "impl", "config", "dev",
               "samples/s", "scaling", "step", "scatter", "bcast", "fwd", "gather", "loss", "bwd", "reduce", "optim",
               "MB moved", "peak MB per device");
@@ -455,6 +516,25 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   print_sgemm_choices();
 }
 
+// --repeat: every round of every row.
+void print_rounds(const std::vector<Row>& rows) {
+  if (rows.front().rounds.empty()) return;
+  std::printf("# %zu interleaved rounds: each row is its median round, its scaling the median of the rounds' own "
+              "(against the same round's single row); every round:\n", rows.front().rounds.size());
+  for (const Row& r : rows) {
+    std::string samples, scalings;
+    for (const Row::Round& round : r.rounds) {
+      samples += (samples.empty() ? "" : ", ") + std::to_string(std::llround(round.samples_per_s));
+      if (round.config != r.config) samples += " (" + round.config + ")";
+      if (round.scaling) {
+        scalings += (scalings.empty() ? "; scaling " : ", ") + std::to_string(std::llround(*round.scaling * 100)) + "%";
+      }
+    }
+    std::printf("#   %s %s: %s samples/s%s\n", r.framework.c_str(), r.config.c_str(), samples.c_str(),
+                scalings.c_str());
+  }
+}
+
 // --profile: a row's backward by node kind, per step, the largest first.
 void print_backward_profile(const Row& r, const std::vector<Device>& devices) {
   double total = 0;
@@ -497,7 +577,8 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
     // keep the 6 significant digits the report always had (as_printed).
     using Json = JsonReport;
     Json report = {
-        {"model", args.model}, {"batch_size", args.batch_size}, {"steps", args.steps}, {"rows", Json::array()}};
+        {"model", args.model}, {"batch_size", args.batch_size}, {"steps", args.steps}, {"repeat", args.repeat},
+        {"rows", Json::array()}};
     const DisposeOnExit dispose_report(report);  // Note [A report's destructor allocates] (json_report.h)
     for (const Row& r : rows) {
       const StepReport& p = r.phases;
@@ -527,6 +608,14 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
       }
       for (const auto& [device, bytes] : r.peak) row["peak_bytes"][device.str()] = bytes;
       if (!r.note.empty()) row["note"] = r.note;
+      if (!r.rounds.empty()) {
+        row["rounds"] = Json::array();
+        for (const Row::Round& round : r.rounds) {
+          row["rounds"].push_back({{"config", round.config},
+                                   {"samples_per_s", as_printed("%g", round.samples_per_s)},
+                                   {"scaling", round.scaling ? Json(as_printed("%g", *round.scaling)) : Json(nullptr)}});
+        }
+      }
       if (r.profiled_steps > 0) {
         row["backward_profile"] = Json::array();
         const double steps = static_cast<double>(r.profiled_steps);
@@ -637,30 +726,34 @@ void run_bench(const BenchArgs& args) {
   DPE_CHECK(data.train_inputs.size(0) >= args.batch_size, "--batch-size ", args.batch_size, " is larger than the ",
             data.train_inputs.size(0), " training samples of ", args.model, "; expected at most ",
             data.train_inputs.size(0));
-  std::vector<Row> rows;
-  for (const std::string& precision : args.precisions) {
-    for (const std::string& mode : args.modes) {
-      if (args.dist == "none") {
-        std::fprintf(stderr, "bench: %s %s%s on %s...\n", args.model.c_str(), mode.c_str(),
-                     precision == "fp32" ? "" : (" " + precision).c_str(), device_list_str(devices).c_str());
-      }
-      rows.push_back(bench_mode(args, mode, precision, devices, data));
-    }
-  }
-  if (!rows.front().reports) return;  // --dist mpi: process 0 shows, writes and compares
-  // Scaling: against the single-device row of the same precision (and the run's other flags, which every row
-  // shares).
-  for (Row& r : rows) {
-    for (const Row& single : rows) {
-      if (single.precision == r.precision && single.mode == "single") {
-        r.scaling = r.samples_per_s / (single.samples_per_s * r.devices);
+  // --repeat: the rounds interleaved (the file comment says why), every process of --dist mpi in the same order.
+  std::vector<std::vector<Row>> rounds;
+  for (int64_t round = 1; round <= args.repeat; ++round) {
+    const std::string of_rounds =
+        args.repeat > 1 ? ", round " + std::to_string(round) + " of " + std::to_string(args.repeat) : "";
+    std::vector<Row> rows;
+    for (const std::string& precision : args.precisions) {
+      for (const std::string& mode : args.modes) {
+        if (args.dist == "none") {
+          std::fprintf(stderr, "bench: %s %s%s on %s%s...\n", args.model.c_str(), mode.c_str(),
+                       precision == "fp32" ? "" : (" " + precision).c_str(), device_list_str(devices).c_str(),
+                       of_rounds.c_str());
+        }
+        rows.push_back(bench_mode(args, mode, precision, devices, data));
       }
     }
+    if (rows.front().reports) {  // --dist mpi: process 0 shows, writes and compares
+      set_scaling(rows);
+      if (args.compare_pytorch) {
+        for (Row& r : bench_pytorch(args, data.train_inputs.size(0))) rows.push_back(std::move(r));
+      }
+    }
+    rounds.push_back(std::move(rows));
   }
-  if (args.compare_pytorch) {
-    for (Row& r : bench_pytorch(args, data.train_inputs.size(0))) rows.push_back(std::move(r));
-  }
+  if (!rounds.front().front().reports) return;
+  const std::vector<Row> rows = median_rounds(std::move(rounds));
   print_table(args, rows);
+  print_rounds(rows);
   // --split auto: what it settled on, per device.
   for (const Row& r : rows) {
     if (r.split_weights.empty()) continue;
@@ -718,6 +811,9 @@ void add_bench_command(CLI::App& app) {
                  int64_t{1} << 31);
   add_int_option(*cmd, "--steps", args->steps, "timed steps per mode", 1, 1000000);
   add_int_option(*cmd, "--warmup", args->warmup, "untimed steps before them", 0, 1000000);
+  add_int_option(*cmd, "--repeat", args->repeat,
+                 "rounds: every row (PyTorch's too) runs this many times, the rows interleaved round by round; each "
+                 "row shows its median round and every round is listed (for noisy, shared machines)", 1, 1000);
   cmd->add_option("--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
   CLI::Option* compare = cmd->add_flag("--compare-pytorch", args->compare_pytorch,
                                        "also run tools/bench/pytorch_reference.py (Debian python3-torch)");

@@ -63,6 +63,25 @@ row = json.load(open(sys.argv[1]))["rows"][0]
 assert len(row["split_weights"]) == 2 and abs(sum(row["split_weights"]) - 1) < 1e-3, row
 assert all(t > 0 for t in row["ms_per_sample"]), row
 PY
+# --repeat: every row in each of 3 interleaved rounds; a row is its median round, its scaling the median of the
+# rounds' own, and every round is listed (table and JSON).
+out=$("$bin" bench --model mlp --cpu-devices 2 --batch-size 32 --steps 2 --warmup 1 --modes single,ddp --repeat 3 \
+      --json "$tmp/repeat.json" 2>&1) || { echo "FAILED: --repeat: $out"; fail=1; }
+[[ $(grep -cE '^bench: mlp (single|ddp) on cpu:0 cpu:1, round [123] of 3\.\.\.$' <<<"$out") -eq 6 ]] ||
+  { echo "FAILED: not 3 interleaved rounds of 2 rows: $out"; fail=1; }
+grep -qE '^# dpe bench: mlp, .*, the median of 3 rounds$' <<<"$out" || { echo "FAILED: no median header: $out"; fail=1; }
+grep -qE '^#   dpe ddp: [0-9]+, [0-9]+, [0-9]+ samples/s; scaling [0-9]+%, [0-9]+%, [0-9]+%$' <<<"$out" ||
+  { echo "FAILED: no line of ddp's rounds: $out"; fail=1; }
+python3 - "$tmp/repeat.json" <<'PY' || { echo "FAILED: the --repeat JSON"; fail=1; }
+import json, sys
+report = json.load(open(sys.argv[1]))
+assert report["repeat"] == 3, report
+for row in report["rows"]:
+    rounds = row["rounds"]
+    assert len(rounds) == 3 and all(r["config"] == row["config"] for r in rounds), row
+    assert row["samples_per_s"] == sorted(r["samples_per_s"] for r in rounds)[1], row
+    assert row["scaling"] == sorted(r["scaling"] for r in rounds)[1], row
+PY
 # --profile: each mode's backward by node kind, after its timed steps; the shares add up to the total, and the
 # JSON row has the same nodes. tiny-llama's backward has attention's softmax and the embedding's scatter-add.
 out=$("$bin" bench --model tiny-llama --cpu-devices 2 --batch-size 16 --steps 2 --warmup 1 --modes single,dp,ddp --profile \
@@ -219,6 +238,7 @@ expect 2 "--batch-size 99999999999999999999999: expected an integer in [1, 2^31]
 expect 2 "--steps 0: expected an integer in [1, 1000000]" --steps 0
 expect 2 "--steps 1e3: expected an integer in [1, 1000000]" --steps 1e3
 expect 2 "--warmup -1: expected an integer in [0, 1000000]" --warmup -1
+expect 2 "--repeat 0: expected an integer in [1, 1000]" --repeat 0
 expect 2 "--cpu-devices 0: expected an integer in [1, 1024]" --cpu-devices 0
 expect 2 "--cpu-devices 2000: expected an integer in [1, 1024]" --cpu-devices 2000
 expect 2 "--batch-size 4 splits into 2 shards (2, 2) for 3 DDP devices" --cpu-devices 3 --batch-size 4 --modes single,ddp
