@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/ops/attention.h"
 
 namespace dpe::nn {
 
@@ -129,22 +130,26 @@ Tensor CausalSelfAttention::forward_impl(const Tensor& x, const Tensor& key_padd
 
   // (B, T, dim) -> (B, H, T, hd)
   auto heads = [&](const Tensor& t) { return t.view({B, T, H, hd}).permute({0, 2, 1, 3}); };
-  Tensor q = functional::apply_rotary_emb(heads(wq->forward(x)), rope.cos, rope.sin).reshape({B * H, T, hd});
-  Tensor k = functional::apply_rotary_emb(heads(wk->forward(x)), rope.cos, rope.sin).reshape({B * H, T, hd});
-  Tensor v = heads(wv->forward(x)).reshape({B * H, T, hd});
+  Tensor q = functional::apply_rotary_emb(heads(wq->forward(x)), rope.cos, rope.sin);
+  Tensor k = functional::apply_rotary_emb(heads(wk->forward(x)), rope.cos, rope.sin);
+  Tensor v = heads(wv->forward(x));
 
-  // scores: (B*H, T, T) -> (B, H, T, T), masked, softmax over keys.
-  Tensor scores = bmm(q, k.transpose(1, 2)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-  functional::AttentionMasks masks =
-      key_padding_mask.defined()
-          ? functional::attention_masks(T, key_padding_mask, TensorOptions(x.dtype()).with_device(x.device()))
-          : functional::AttentionMasks{causal_mask_for(T, x), Tensor()};
-  Tensor probs = softmax(scores.view({B, H, T, T}) + masks.additive, -1);
-  if (masks.keep.defined()) probs = probs * masks.keep;  // rows without a visible key -> 0
-
-  // (B*H, T, T) @ (B*H, T, hd) -> (B, H, T, hd) -> (B, T, H*hd)
-  Tensor out = bmm(probs.reshape({B * H, T, T}), v).view({B, H, T, hd}).permute({0, 2, 1, 3}).reshape({B, T, dim_});
-  return wo->forward(out);
+  // (B, H, T, hd): softmax over the keys of the scaled, masked scores, times v (core/ops/attention.h: the fused
+  // CPU kernels for causal attention read v's permuted view as it is and write the output in (B, T, H, hd)
+  // memory, so the permute back below is a view).
+  Tensor out;
+  if (key_padding_mask.defined()) {
+    functional::AttentionMasks masks =
+        functional::attention_masks(T, key_padding_mask, TensorOptions(x.dtype()).with_device(x.device()));
+    out = scaled_dot_product_attention(q, k, v, masks.additive);
+    if (masks.keep.defined()) out = out * masks.keep;  // rows without a visible key -> 0
+  } else if (fused_causal_attention_applies(q, k, v)) {
+    out = scaled_dot_product_attention(q, k, v, Tensor(), /*is_causal=*/true);
+  } else {
+    out = scaled_dot_product_attention(q, k, v, causal_mask_for(T, x));  // the device keeps its mask
+  }
+  // (B, H, T, hd) -> (B, T, H*hd)
+  return wo->forward(out.permute({0, 2, 1, 3}).reshape({B, T, dim_}));
 }
 
 }  // namespace dpe::nn

@@ -41,6 +41,9 @@ struct GemmArgs {
 };
 
 void gemm_cpu(const GemmArgs& args);
+// gemm_cpu on the calling thread alone (its OpenMP setting 1 while it runs, so oneDNN starts no team): for
+// kernels that call it from their own parallel tasks (kernels/attention.h), whatever the product's size.
+void gemm_cpu_one_thread(const GemmArgs& args);
 
 // Generates the kernels of gemm_cpu's float32 default (dnnl_sgemm) now, once per process (later calls return at
 // once): dnnl_sgemm generates all of them on its first call, ~6 MB of JIT code, and doing that while another

@@ -169,6 +169,11 @@ void gemm_cpu(const GemmArgs& args) {
   }
 }
 
+void gemm_cpu_one_thread(const GemmArgs& args) {
+  const OneOmpThread one_thread;
+  gemm_cpu(args);
+}
+
 void prepare_cpu_gemm() noexcept {
   static std::once_flag prepared;
   try {

@@ -24,4 +24,10 @@ void softmax_backward_cpu(SoftmaxKind kind, DType dtype, int64_t outer, int64_t 
 void softmax_backward_cuda(cudaStream_t stream, SoftmaxKind kind, DType dtype, int64_t outer, int64_t size,
                            int64_t inner, const void* y, const void* dy, void* dx);
 
+// One contiguous float32 row of `size`: exactly what softmax_cpu and softmax_backward_cpu (SoftmaxKind::Softmax,
+// inner 1) compute for such a row, for fused kernels that hold rows in their own buffers (kernels/attention.h).
+// y may be x, dx may be dy.
+void softmax_row_cpu(int64_t size, const float* x, float* y);
+void softmax_backward_row_cpu(int64_t size, const float* y, const float* dy, float* dx);
+
 }  // namespace dpe::kernels

@@ -221,6 +221,12 @@ void softmax_backward_row(SoftmaxKind kind, int64_t size, const T* y, const T* d
 
 }  // namespace
 
+void softmax_row_cpu(int64_t size, const float* x, float* y) { softmax_row(SoftmaxKind::Softmax, size, x, y); }
+
+void softmax_backward_row_cpu(int64_t size, const float* y, const float* dy, float* dx) {
+  softmax_backward_row(SoftmaxKind::Softmax, size, y, dy, dx);
+}
+
 // x, y: (outer, size, inner)
 void softmax_cpu(SoftmaxKind kind, DType dtype, int64_t outer, int64_t size, int64_t inner, const void* x, void* y) {
   check_softmax_args("softmax_cpu", kind, outer, size, inner);

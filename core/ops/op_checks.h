@@ -1,6 +1,10 @@
 // Input checks shared by the ops in core/ops/. Each throws naming the op and the offending values.
 #pragma once
 
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -31,6 +35,24 @@ inline Tensor in_format_of(const Tensor& y, const Tensor& input) {
   const bool channels_last =
       input.dim() == 4 && y.dim() == 4 && input.suggest_memory_format() == MemoryFormat::ChannelsLast;
   return channels_last ? y.contiguous(MemoryFormat::ChannelsLast) : y;
+}
+
+// A fresh tensor of `shape` with `strides` when they lay its elements out as a permutation of one contiguous
+// block (a permuted view, such as attention's heads), else a contiguous one. Backward passes write an input's
+// gradient through it, so that the gradient needs no copy on its way back through the permute and the view
+// before it.
+inline Tensor empty_strided_if_dense(const Shape& shape, const Shape& strides, TensorOptions options) {
+  std::vector<size_t> order(shape.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] > strides[b]; });
+  Shape sizes;
+  std::vector<int64_t> inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    sizes.push_back(shape[order[i]]);
+    inverse[order[i]] = static_cast<int64_t>(i);
+  }
+  Tensor t = Tensor::empty(sizes, options).permute(inverse);
+  return t.strides() == strides ? t : Tensor::empty(shape, options);
 }
 
 // A kernel's pointer for an optional tensor: its data, or null when it is undefined.

@@ -1,8 +1,6 @@
 // apply_rotary_emb (core/ops/rotary.h): kernels/rotary_emb.h on CPU devices, composed from tensor ops elsewhere.
 #include "core/ops/rotary.h"
 
-#include <algorithm>
-#include <numeric>
 #include <vector>
 
 #include "core/autograd/function.h"
@@ -14,26 +12,10 @@
 
 namespace dpe {
 
+using detail::empty_strided_if_dense;
 using detail::options_of;
 
 namespace {
-
-// A fresh tensor of `shape` with `strides` when they lay its elements out as a permutation of one contiguous
-// block (a permuted view, such as attention's heads), else a contiguous one. The backward writes dx through
-// this tensor's layout, so that dx needs no copy on its way back through the permute and the view before it.
-Tensor empty_strided_if_dense(const Shape& shape, const Shape& strides, TensorOptions options) {
-  std::vector<size_t> order(shape.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] > strides[b]; });
-  Shape sizes;
-  std::vector<int64_t> inverse(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    sizes.push_back(shape[order[i]]);
-    inverse[order[i]] = static_cast<int64_t>(i);
-  }
-  Tensor t = Tensor::empty(sizes, options).permute(inverse);
-  return t.strides() == strides ? t : Tensor::empty(shape, options);
-}
 
 // The CPU kernels. The node keeps the (T, d) tables and x's shape and strides, not x (the op is linear in x).
 Tensor rotary_emb_cpu(const Tensor& x, const Tensor& cos, const Tensor& sin) {

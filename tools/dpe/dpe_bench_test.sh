@@ -83,14 +83,14 @@ for row in report["rows"]:
     assert row["scaling"] == sorted(r["scaling"] for r in rounds)[1], row
 PY
 # --profile: each mode's backward by node kind, after its timed steps; the shares add up to the total, and the
-# JSON row has the same nodes. tiny-llama's backward has attention's softmax and the embedding's scatter-add.
+# JSON row has the same nodes. tiny-llama's backward has attention's (fused on CPU) and the embedding's scatter-add.
 out=$("$bin" bench --model tiny-llama --cpu-devices 2 --batch-size 16 --steps 2 --warmup 1 --modes single,dp,ddp --profile \
       --json "$tmp/profile.json" 2>&1) || { echo "FAILED: --profile: $out"; fail=1; }
 for mode in single dp ddp; do
   grep -qE "^# $mode backward by node on cpu:0.*, per step \(2 profiled steps after the timed ones; wall time\)" <<<"$out" ||
     { echo "FAILED: no $mode profile header: $out"; fail=1; }
 done
-for node in SoftmaxBackward EmbeddingBackward MatmulBackward; do
+for node in ScaledDotProductAttentionBackward EmbeddingBackward MatmulBackward; do
   [[ $(grep -cE "^$node +[0-9.]+ +[0-9.]+ +[0-9.]+%" <<<"$out") -eq 3 ]] || { echo "FAILED: $node not in every profile"; fail=1; }
 done
 python3 - "$tmp/profile.json" <<'PY' || { echo "FAILED: the --profile JSON"; fail=1; }
@@ -98,7 +98,7 @@ import json, sys
 for row in json.load(open(sys.argv[1]))["rows"]:
     nodes = {n["node"]: n for n in row["backward_profile"]}
     # one per layer and device: a table sums its devices
-    assert nodes["SoftmaxBackward"]["calls_per_step"] == 2 * row["devices"], row
+    assert nodes["ScaledDotProductAttentionBackward"]["calls_per_step"] == 2 * row["devices"], row
     # DP's gather runs the replicas' backward passes, whose nodes are timed: it is not timed around them too
     assert "DataParallelGatherBackward" not in nodes, row
     assert sum(n["ms_per_step"] for n in nodes.values()) > 0, row
