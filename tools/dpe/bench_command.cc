@@ -545,12 +545,12 @@ void print_backward_profile(const Row& r, const std::vector<Device>& devices) {
   std::printf("\n# %s backward by node on %s, per step (%lld profiled steps after the timed ones; %s)\n",
               r.config.c_str(), device_list_str(ran).c_str(), static_cast<long long>(r.profiled_steps),
               devices[0].is_cpu() ? "wall time" : "stream time between events around each node");
-  std::printf("%-24s %10s %9s %6s\n", "node", "calls/step", "ms/step", "share");
+  std::printf("%-34s %10s %9s %6s\n", "node", "calls/step", "ms/step", "share");
   for (const autograd::NodeTime& n : r.backward_profile) {
-    std::printf("%-24s %10.1f %9.3f %5.1f%%\n", n.name.c_str(), static_cast<double>(n.calls) / steps, n.ms / steps,
+    std::printf("%-34s %10.1f %9.3f %5.1f%%\n", n.name.c_str(), static_cast<double>(n.calls) / steps, n.ms / steps,
                 total > 0 ? 100 * n.ms / total : 0.0);
   }
-  std::printf("%-24s %10s %9.3f\n", "total", "", total / steps);
+  std::printf("%-34s %10s %9.3f\n", "total", "", total / steps);
 }
 
 void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
