@@ -20,10 +20,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
+#include "core/error.h"
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/matmul.h"
+#include "core/kernels/scratch.h"
 #include "core/kernels/softmax.h"
 
 namespace dpe::kernels {
@@ -80,9 +81,11 @@ void causal_attention_backward_cpu(const AttentionShape& s, MatrixBatch q, Matri
   const float scale = static_cast<float>(s.scale);
   detail::parallel_tasks(s.count, 2 * head_work(s), [&](int64_t i) {
     const float* p = probs + i * T * T;
-    thread_local std::vector<float> scores;  // dP, then dS: one head's T x T
-    scores.resize(static_cast<size_t>(T * T));
-    float* ds = scores.data();
+    const size_t bytes = static_cast<size_t>(T * T) * sizeof(float);
+    const detail::ScratchBuffer scores = detail::scratch(bytes);  // dP, then dS: one head's T x T
+    DPE_CHECK(scores != nullptr, "causal_attention_backward_cpu: out of memory for a head's ", T, " x ", T,
+              " scores (", bytes, " bytes)");
+    float* ds = static_cast<float*>(scores.get());
     product(T, d, T, p, T, Transpose::Yes, matrix(dout, i), dout.ld, Transpose::No, matrix(dv, i), dv.ld);
     product(T, T, d, matrix(dout, i), dout.ld, Transpose::No, matrix(v, i), v.ld, Transpose::Yes, ds, T);
     for (int64_t r = 0; r < T; ++r) {
