@@ -33,19 +33,8 @@ namespace {
 // C (m, n) = op(A) (m, k) @ op(B) (k, n) on the calling thread, float32, row-major with row strides.
 void product(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, Transpose ta, const float* b, int64_t ldb,
              Transpose tb, float* c, int64_t ldc) {
-  GemmArgs g;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a;
-  g.lda = lda;
-  g.b = b;
-  g.ldb = ldb;
-  g.c = c;
-  g.ldc = ldc;
-  gemm_cpu_one_thread(g);
+  gemm_cpu_one_thread(
+      {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = ldc});
 }
 
 float* matrix(const MatrixBatch& m, int64_t i) { return m.data + m.offsets[i]; }
