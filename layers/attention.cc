@@ -35,12 +35,7 @@ AttentionMasks attention_masks(int64_t T, const Tensor& key_padding_mask, Tensor
   // key_padding_mask: (B, T) or undefined  ->  additive: (B, 1, T, T) or (T, T); keep: (B, 1, T, 1) or undefined
   const double neg_inf = -std::numeric_limits<double>::infinity();
   TensorOptions opts = options.with_requires_grad(false);
-  if (!key_padding_mask.defined()) {
-    std::vector<double> add(static_cast<size_t>(T * T), 0.0);
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = i + 1; j < T; ++j) add[i * T + j] = neg_inf;
-    return {Tensor::from_vector(add, {T, T}, opts), Tensor()};
-  }
+  if (!key_padding_mask.defined()) return {causal_attention_mask(T, T, opts), Tensor()};
   DPE_CHECK(key_padding_mask.dim() == 2 && key_padding_mask.size(1) == T,
             "attention_masks: expected key_padding_mask of shape (B, ", T, "), got ",
             shape_str(key_padding_mask.shape()));

@@ -80,15 +80,6 @@ Tensor fused_causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   return out;
 }
 
-// (L, S): 0 where key j <= query i, -inf elsewhere.
-Tensor causal_mask(int64_t L, int64_t S, TensorOptions options) {
-  std::vector<double> mask(static_cast<size_t>(L * S), 0.0);
-  for (int64_t i = 0; i < L; ++i) {
-    for (int64_t j = i + 1; j < S; ++j) mask[static_cast<size_t>(i * S + j)] = -std::numeric_limits<double>::infinity();
-  }
-  return Tensor::from_vector(mask, {L, S}, options);
-}
-
 Shape with_last_two(Shape lead, int64_t a, int64_t b) {
   lead.push_back(a);
   lead.push_back(b);
@@ -96,6 +87,14 @@ Shape with_last_two(Shape lead, int64_t a, int64_t b) {
 }
 
 }  // namespace
+
+Tensor causal_attention_mask(int64_t L, int64_t S, TensorOptions options) {
+  std::vector<double> mask(static_cast<size_t>(L * S), 0.0);
+  for (int64_t i = 0; i < L; ++i) {
+    for (int64_t j = i + 1; j < S; ++j) mask[static_cast<size_t>(i * S + j)] = -std::numeric_limits<double>::infinity();
+  }
+  return Tensor::from_vector(mask, {L, S}, options);
+}
 
 bool fused_causal_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) {
   return q.device().is_cpu() && q.dtype() == DType::Float32 && q.dim() >= 2 && q.shape() == k.shape() &&
@@ -131,7 +130,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     detail::check_same_device_and_dtype(q, attn_mask, "scaled_dot_product_attention (query and attn_mask)");
     scores = scores + attn_mask;
   } else if (is_causal) {
-    scores = scores + causal_mask(L, S, options_of(q));
+    scores = scores + causal_attention_mask(L, S, options_of(q));
   }
   Tensor probs = softmax(scores, -1);
   return bmm(probs.reshape({n, L, S}), v.reshape({n, S, Ev})).view(with_last_two(lead, L, Ev));

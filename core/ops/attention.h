@@ -23,6 +23,9 @@ namespace dpe {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
                                     bool is_causal = false, std::optional<double> scale = std::nullopt);
 
+// The additive causal mask (L, S) of is_causal, built on the host: 0 where key j <= query i, -inf elsewhere.
+Tensor causal_attention_mask(int64_t L, int64_t S, TensorOptions options = {});
+
 // Whether scaled_dot_product_attention(q, k, v, {}, true) runs the fused CPU kernels (see above). A caller that
 // keeps a causal mask of its own (on a GPU, where building one is a copy to the device) passes that mask where
 // this is false.
