@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/cpu_cores.h"
+#include "core/cpu_isa.h"
 
 namespace dpe::bench {
 namespace {
@@ -24,7 +25,7 @@ double seconds_since(Clock::time_point start) {
 // FMA chains (enough to cover FMA latency x pipes on current x86 cores), so the loop is bound by FMA
 // throughput alone. It is a probe of the core, not a GEMM.
 // dpe is compiled for x86-64-v3 (AVX2), so each probe carries its own target attribute and the AVX-512 one
-// runs only where the CPU has it (__builtin_cpu_supports): the figure is for the widest vectors the CPU
+// runs only where cpu_isa() has it (the CPU, under DPE_MAX_CPU_ISA): the figure is for the widest vectors dpe
 // runs, which is what oneDNN's JIT kernels and OpenBLAS's SkylakeX/Cooperlake kernels use. (Zen 4 runs
 // 512-bit FMAs at half rate, Zen 5 at full rate: the probe tells which.)
 // noinline: inlined into probe_fma_peaks, GCC 12 stored the 12 AVX2 accumulators to the stack on every
@@ -113,7 +114,7 @@ std::vector<double> best_round_together(double (*probe)(int64_t), const std::vec
 
 std::vector<FmaPeak> probe_fma_peaks() {
   std::vector<FmaPeak> peaks = {{"AVX2", best_of(fma_gflops_avx2)}};
-  if (__builtin_cpu_supports("avx512f")) peaks.push_back({"AVX-512", best_of(fma_gflops_avx512)});
+  if (cpu_isa() >= CpuIsa::Avx512) peaks.push_back({"AVX-512", best_of(fma_gflops_avx512)});
   return peaks;
 }
 
@@ -126,7 +127,7 @@ MachinePeak probe_fma_peak_every_cpu() {
     if (m.gflops > best.gflops) best = std::move(m);
   };
   consider("AVX2", fma_gflops_avx2);
-  if (__builtin_cpu_supports("avx512f")) consider("AVX-512", fma_gflops_avx512);
+  if (cpu_isa() >= CpuIsa::Avx512) consider("AVX-512", fma_gflops_avx512);
   return best;
 }
 

@@ -12,8 +12,9 @@ struct FmaPeak {
   double gflops = 0;  // float32 GFLOP/s of one core
 };
 
-// One figure per vector ISA this CPU runs (AVX2 always: dpe is built for x86-64-v3; AVX-512 where
-// __builtin_cpu_supports("avx512f") says so), narrowest first. Takes ~1 s per ISA.
+// One figure per vector ISA dpe runs here (AVX2 always: dpe is built for x86-64-v3; AVX-512 where cpu_isa()
+// has it, so DPE_MAX_CPU_ISA=avx2 measures the limit of the paths it leaves), narrowest first. Takes ~1 s per
+// ISA.
 std::vector<FmaPeak> probe_fma_peaks();
 
 // The largest of `peaks` (not empty): the core's peak, with the ISA that reaches it.

@@ -32,11 +32,14 @@ targets=(
 )
 # Left out, each with its reason (docs/FUZZING.md, "Known findings"):
 #   //core:onednn_cpu_test: runs oneDNN in forked children under RLIMIT_AS until memory runs out; ASan's own
-#   runtime then dies on its failed internal mmaps (fake stacks, thread-local blocks), which no option avoids.
+#   runtime then dies on its failed internal mmaps (fake stacks, thread-local blocks), which no option avoids;
+#   so do its runs under the instruction-set caps (_isa_avx2, _isa_avx512).
 #   //collectives:mpi_world_test, mpi_backend_test, mpi_nccl_backend_test (all three): Open MPI
 #   (uninstrumented) keeps allocations past MPI_Finalize, which LeakSanitizer reports as leaks of the test.
 excluded=(
   //core:onednn_cpu_test
+  //core:onednn_cpu_test_isa_avx2
+  //core:onednn_cpu_test_isa_avx512
   //collectives:mpi_world_test
   //collectives:mpi_backend_test
   //collectives:mpi_nccl_backend_test

@@ -23,7 +23,8 @@
 //    master weights) are float32.
 //
 // Devices: CPU autocast is bfloat16 only (float16 is an error naming the dtype: oneDNN 2.6 has no CPU f16
-// products). Where the CPU lacks bfloat16 instructions (kernels::cpu_has_bf16_instructions()), a CPU guard
+// products). Where the CPU lacks bfloat16 instructions (kernels::cpu_has_bf16_instructions(); DPE_MAX_CPU_ISA
+// below avx512_bf16 hides them: Note [The CPU instruction-set cap], core/cpu_isa.h), a CPU guard
 // warns once on stderr and leaves autocast off: oneDNN's emulation is slower than float32 (measured,
 // docs/MIXED_PRECISION.md). CUDA autocast takes bfloat16 or float16 (the default, like PyTorch) for GEMMs
 // (cuBLAS) and convolutions (cuDNN, whose 16-bit results are rounded once before they are widened to float32:

@@ -8,12 +8,13 @@
 // task: the T x T scores of one head (16 KB at T = 64) are computed into that head's slice of the probabilities
 // kept for the backward, scaled, masked and normalised row by row while they are in cache, and multiplied by v at
 // once; q, k, v, out and their gradients are read and written where they lie (a row stride per operand). Every
-// product is one GEMM call on the task's thread (gemm_cpu_one_thread: dnnl_sgemm for these shapes), as the
+// product is one GEMM call on the task's thread (gemm_cpu_one_thread: dnnl_sgemm for these shapes), in the
+// composition's orientation (the same transposes, so the same kernel and order of sums on any ISA), as the
 // composition's bmm gives a head's product to one thread (Note [Small matrices of a batch in parallel] in
 // matmul_cpu.cc), and every elementwise step rounds as
 // the composition's op does (the scale as affine's fma, the mask as an add of 0 or -inf, softmax_row_cpu), so the
 // results are the composition's bit for bit where the GEMM library's sums do not depend on the row strides
-// (dnnl_sgemm's do not: core/ops/attention_test.cc) nor on a thread count (a head under kOneThreadFlops runs on
+// (dnnl_sgemm's do not: core/ops/attention_test.cc, run under every instruction-set cap) nor on a thread count (a head under kOneThreadFlops runs on
 // one thread in the composition too; a larger one may be split there).
 #include "core/kernels/attention.h"
 
@@ -70,11 +71,12 @@ void causal_attention_backward_cpu(const AttentionShape& s, MatrixBatch q, Matri
   const float scale = static_cast<float>(s.scale);
   detail::parallel_tasks(s.count, 2 * head_work(s), [&](int64_t i) {
     const float* p = probs + i * T * T;
-    const size_t bytes = static_cast<size_t>(T * T) * sizeof(float);
-    const detail::ScratchBuffer scores = detail::scratch(bytes);  // dP, then dS: one head's T x T
-    DPE_CHECK(scores != nullptr, "causal_attention_backward_cpu: out of memory for a head's ", T, " x ", T,
-              " scores (", bytes, " bytes)");
-    float* ds = static_cast<float*>(scores.get());
+    const size_t bytes = static_cast<size_t>(T * T + d * T) * sizeof(float);
+    const detail::ScratchBuffer buffer = detail::scratch(bytes);  // dP, then dS: T x T; dK^T: d x T
+    DPE_CHECK(buffer != nullptr, "causal_attention_backward_cpu: out of memory for a head's ", T, " x ", T,
+              " scores and ", d, " x ", T, " key gradient (", bytes, " bytes)");
+    float* ds = static_cast<float*>(buffer.get());
+    float* dk_t = ds + T * T;
     product(T, d, T, p, T, Transpose::Yes, matrix(dout, i), dout.ld, Transpose::No, matrix(dv, i), dv.ld);
     product(T, T, d, matrix(dout, i), dout.ld, Transpose::No, matrix(v, i), v.ld, Transpose::Yes, ds, T);
     for (int64_t r = 0; r < T; ++r) {
@@ -83,7 +85,13 @@ void causal_attention_backward_cpu(const AttentionShape& s, MatrixBatch q, Matri
       for (int64_t j = 0; j < T; ++j) row[j] = std::fma(scale, row[j], 0.0f);
     }
     product(T, d, T, ds, T, Transpose::No, matrix(k, i), k.ld, Transpose::No, matrix(dq, i), dq.ld);
-    product(T, d, T, ds, T, Transpose::Yes, matrix(q, i), q.ld, Transpose::No, matrix(dk, i), dk.ld);
+    // dK as the composition's bmm backward makes it, q^T dS (d x T), then transposed: dK = dS^T q would be the
+    // same sums, but GEMM kernels may order them differently by orientation (oneDNN's AVX2 sgemm does).
+    product(d, T, T, matrix(q, i), q.ld, Transpose::Yes, ds, T, Transpose::No, dk_t, T);
+    float* dk_i = matrix(dk, i);
+    for (int64_t j = 0; j < T; ++j) {
+      for (int64_t e = 0; e < d; ++e) dk_i[j * dk.ld + e] = dk_t[e * T + j];
+    }
   });
 }
 

@@ -50,6 +50,8 @@
 namespace dpe::kernels {
 namespace {
 
+using detail::onednn_cpu_engine;
+
 // ---------------------------------------------------------------------------------------------------------
 // float32: oneDNN.
 
@@ -79,11 +81,6 @@ Key key_of(Pass pass, const Conv2dShape& s) {
           s.dil_w,
           s.groups,
           omp_get_max_threads()};
-}
-
-dnnl::engine& cpu_engine() {
-  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed
-  return *engine;
 }
 
 using dims = dnnl::memory::dims;
@@ -148,7 +145,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dShape& s, bool 
                         : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                           dnnl::algorithm::convolution_direct, d.src, d.weights,
                                                           d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
-  return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), cpu_engine());
+  return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), onednn_cpu_engine());
 }
 
 // Note [oneDNN's layouts]
@@ -178,8 +175,9 @@ struct CachedPrimitive {
 Relayout relayout_of(int arg, bool output, const dnnl::memory::desc& plain, const dnnl::memory::desc& chosen) {
   Relayout r{arg, output, plain, chosen, std::nullopt};
   if (chosen != plain) {
-    r.reorder = output ? dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), chosen, cpu_engine(), plain))
-                       : dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), plain, cpu_engine(), chosen));
+    const dnnl::engine& engine = onednn_cpu_engine();
+    r.reorder = output ? dnnl::reorder(dnnl::reorder::primitive_desc(engine, chosen, engine, plain))
+                       : dnnl::reorder(dnnl::reorder::primitive_desc(engine, plain, engine, chosen));
   }
   return r;
 }
@@ -199,7 +197,7 @@ CachedPrimitive build(Pass pass, const Conv2dShape& s) {
     case Pass::BackwardData: {
       auto desc = dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, any.src, any.weights,
                                                         any.dst, any.strides, any.dilates, any.pad_l, any.pad_r);
-      dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(),
+      dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), onednn_cpu_engine(),
                                                          forward_pd(s, false, true));
       return {dnnl::convolution_backward_data(pd),
               pd.scratchpad_desc().get_size(),
@@ -216,7 +214,7 @@ CachedPrimitive build(Pass pass, const Conv2dShape& s) {
                        : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any.src,
                                                                   any.weights, any.dst, any.strides, any.dilates,
                                                                   any.pad_l, any.pad_r);
-      dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), cpu_engine(),
+      dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(), onednn_cpu_engine(),
                                                             forward_pd(s, bias, true));
       return {dnnl::convolution_backward_weights(pd),
               pd.scratchpad_desc().get_size(),
@@ -284,7 +282,7 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
   // Note [Exceptions and oneDNN] (onednn_cpu.cc): nothing thrown in here leaves as anything but a dpe::Error.
   try {
     auto prim = primitive_for(what, pass, s);
-    dnnl::stream stream(cpu_engine());
+    dnnl::stream stream(onednn_cpu_engine());
     ReorderedInputs own;
     ReorderedInputs& inputs = reordered != nullptr ? *reordered : own;
     std::vector<Buffer> buffers;  // the outputs' and the scratchpad
@@ -292,7 +290,7 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
     std::vector<std::pair<const Relayout*, dnnl::memory>> outputs;  // reordered into the caller's after
     for (const Arg& a : args) {
       auto user = [&](const dnnl::memory::desc& desc) {
-        return dnnl::memory(desc, cpu_engine(), const_cast<void*>(a.ptr));
+        return dnnl::memory(desc, onednn_cpu_engine(), const_cast<void*>(a.ptr));
       };
       if (a.id == DNNL_ARG_BIAS || a.id == DNNL_ARG_DIFF_BIAS) {
         memories.emplace(a.id, user(dnnl::memory::desc({s.c_out}, dt::f32, tag::x)));
@@ -315,7 +313,7 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
       }
       std::vector<Buffer>& owner = r->output ? buffers : inputs.buffers;
       owner.push_back(allocate(what, "reordered argument", r->chosen.get_size(), s));
-      dnnl::memory chosen(r->chosen, cpu_engine(), owner.back().get());
+      dnnl::memory chosen(r->chosen, onednn_cpu_engine(), owner.back().get());
       if (r->output) {
         outputs.emplace_back(&*r, user(r->plain));
       } else {
@@ -330,7 +328,7 @@ void run_onednn(const char* what, Pass pass, const Conv2dShape& s, std::initiali
       // The scratchpad descriptor is a plain byte buffer of that size.
       memories.emplace(DNNL_ARG_SCRATCHPAD,
                        dnnl::memory(dnnl::memory::desc({static_cast<int64_t>(prim->scratchpad_bytes)}, dt::u8, tag::x),
-                                    cpu_engine(), buffers.back().get()));
+                                    onednn_cpu_engine(), buffers.back().get()));
     }
     prim->primitive.execute(stream, memories);
     for (auto& [r, to] : outputs) {

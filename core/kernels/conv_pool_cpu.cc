@@ -8,14 +8,14 @@
 // (AVX-512, in a `#pragma GCC target` region, so nothing else in the binary uses those instructions), and the
 // AVX-512 ones run where the CPU has AVX-512F: half the instructions for the same sums. Both give the same
 // bits: each lane is one output channel, and its sums run in the contract's order whatever the width.
-// DPE_MAX_CPU_ISA=avx2 keeps the AVX2 functions on an AVX-512 CPU (the tests run both).
+// DPE_MAX_CPU_ISA=avx2 keeps the AVX2 functions on an AVX-512 CPU (Note [The CPU instruction-set cap],
+// core/cpu_isa.h; the tests run both).
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 #include <vector>
 
+#include "core/cpu_isa.h"
 #include "core/kernels/conv_pool.h"
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/pool_window.h"
@@ -28,17 +28,8 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
 
-// Note [AVX-512 where the CPU has it]. Read once.
-bool use_avx512() {
-  static const bool use = [] {
-    const char* env = std::getenv("DPE_MAX_CPU_ISA");
-    const std::string isa = env != nullptr ? env : "";
-    DPE_CHECK(isa.empty() || isa == "avx2" || isa == "avx512", "DPE_MAX_CPU_ISA='", isa,
-              "': expected avx2 or avx512 (or unset: the widest the CPU has)");
-    return isa != "avx2" && __builtin_cpu_supports("avx512f");
-  }();
-  return use;
-}
+// Note [AVX-512 where the CPU has it].
+bool use_avx512() { return cpu_isa() >= CpuIsa::Avx512; }
 
 // What both passes derive from the shape and the vector width: a sample's padded input, each tap's offset in it,
 // and the buffers of a row.

@@ -21,8 +21,9 @@ enum class Transpose : uint8_t { No, Yes };
 //
 // Operand dtypes: float32 or float64 (C the same type), or the 16-bit floats of autocast (core/amp/autocast.h):
 // A and B bfloat16 or float16, C float32, products accumulated in float32. CPU runs bfloat16 (oneDNN; at
-// hardware speed where cpu_has_bf16_instructions(), emulated and slower than float32 elsewhere) but not
-// float16 (oneDNN 2.6 has no CPU f16 matmul: an error); CUDA runs both (no TF32 anywhere).
+// hardware speed where cpu_has_bf16_instructions(), emulated and slower than float32 on AVX-512 without them,
+// an error below AVX-512) but not float16 (oneDNN 2.6 has no CPU f16 matmul: an error); CUDA runs both (no TF32
+// anywhere).
 struct GemmArgs {
   DType dtype = DType::Float32;  // of A and B: float32, float64, bfloat16 or float16
   Transpose trans_a = Transpose::No;
@@ -66,7 +67,8 @@ inline double matrix_flops(const GemmArgs& args) {
 int gemm_threads(const GemmArgs& args);
 }  // namespace detail
 // Whether oneDNN runs bfloat16 products with this CPU's own instructions (avx512_core_bf16 or better, as
-// limited by ONEDNN_MAX_CPU_ISA): the condition for CPU autocast to be worth it. Decided once per process.
+// limited by DPE_MAX_CPU_ISA and ONEDNN_MAX_CPU_ISA: Note [The CPU instruction-set cap], core/cpu_isa.h): the
+// condition for CPU autocast to be worth it. Decided once per process.
 bool cpu_has_bf16_instructions();
 // `handle` is bound to `stream` by the caller.
 void gemm_cuda(cudaStream_t stream, cublasHandle_t handle, const GemmArgs& args);

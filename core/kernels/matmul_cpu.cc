@@ -20,6 +20,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "core/cpu_isa.h"
 #include "core/error.h"
 #include "core/kernels/arg_checks.h"
 #include "core/kernels/cpu_parallel.h"
@@ -52,6 +53,9 @@ void check_args(const GemmArgs& g) {
             "matmul on CPU); use bfloat16 on CPU");
   DPE_CHECK(g.dtype == DType::Float32 || g.dtype == DType::Float64 || g.dtype == DType::BFloat16, "gemm_cpu: dtype ",
             g.dtype, " is not float32, float64 or bfloat16");
+  // Only autocast multiplies bfloat16 on CPU, and only where the CPU has bfloat16 instructions.
+  DPE_CHECK(g.dtype != DType::BFloat16 || cpu_isa() >= CpuIsa::Avx512, "gemm_cpu: bfloat16 operands need AVX-512 "
+            "(oneDNN 2.6 has no AVX2 bfloat16 matmul); dpe runs ", cpu_isa_description(), " here");
   detail::check_gemm_args("gemm_cpu", g);
 }
 

@@ -8,12 +8,23 @@
 // by dpe code inside the try (a scratchpad dpe could not allocate) passes through unchanged.
 #pragma once
 
+#include <oneapi/dnnl/dnnl.hpp>
+
 #include <cstddef>
 #include <string>
 
 #include "core/kernels/matmul.h"
 
 namespace dpe::kernels::detail {
+
+// Applies DPE_MAX_CPU_ISA to oneDNN (Note [The CPU instruction-set cap], core/cpu_isa.h), once per process;
+// throws when oneDNN was used before dpe and runs above the cap. Every first call into oneDNN goes through it:
+// onednn_cpu_engine() (primitives), check_space_for_onednn_build (dnnl_sgemm's first call of each variant),
+// cpu_has_bf16_instructions().
+void apply_cpu_isa_cap_to_onednn();
+
+// The CPU engine every oneDNN primitive of dpe's runs on. Created at the first call, never destroyed.
+dnnl::engine& onednn_cpu_engine();
 
 // Call only from a catch block: rethrows the current exception as a dpe::Error.
 [[noreturn]] void rethrow_onednn_failure(const char* what, const std::string& context);

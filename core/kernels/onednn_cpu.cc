@@ -47,7 +47,10 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <string_view>
 
+#include "core/cpu_isa.h"
 #include "core/error.h"
 
 namespace dpe::kernels::detail {
@@ -63,9 +66,47 @@ const bool kUnwinderPrimed = [] {
   return true;
 }();
 
+dnnl::cpu_isa onednn_isa(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Avx2: return dnnl::cpu_isa::avx2;
+    case CpuIsa::Avx512: return dnnl::cpu_isa::avx512_core;
+    case CpuIsa::Avx512Bf16: return dnnl::cpu_isa::avx512_core_bf16;
+  }
+  DPE_INTERNAL_ASSERT(false, "unknown CpuIsa ", static_cast<int>(isa));
+  return dnnl::cpu_isa::all;
+}
+
 }  // namespace
 
+void apply_cpu_isa_cap_to_onednn() {
+  static const bool applied = [] {
+    const std::optional<CpuIsa> cap = cpu_isa_cap();
+    if (!cap.has_value()) return true;
+    const dnnl::cpu_isa isa = onednn_isa(*cap);
+    if (dnnl::set_max_cpu_isa(isa) == dnnl::status::success) return true;
+    // oneDNN fixed its ISA at a first use before dpe's (an embedding application's own oneDNN call): that is
+    // acceptable only at or below the cap. ISA values are bit masks, each containing the ones it extends.
+    const dnnl::cpu_isa effective = dnnl::get_effective_cpu_isa();
+    std::string_view name = dnnl_cpu_isa2str(static_cast<dnnl_cpu_isa_t>(effective));  // "cpu_isa_avx2"
+    if (name.starts_with("cpu_isa_")) name.remove_prefix(8);
+    DPE_CHECK((static_cast<unsigned>(effective) & ~static_cast<unsigned>(isa)) == 0, "DPE_MAX_CPU_ISA=",
+              cpu_isa_name(*cap), " cannot cap oneDNN: it was used before dpe and fixed its instruction set at ",
+              name, " (set ONEDNN_MAX_CPU_ISA too, or let dpe make the process's first oneDNN call)");
+    return true;
+  }();
+  (void)applied;
+}
+
+dnnl::engine& onednn_cpu_engine() {
+  static dnnl::engine* engine = [] {
+    apply_cpu_isa_cap_to_onednn();
+    return new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed
+  }();
+  return *engine;
+}
+
 void check_space_for_onednn_build(const char* what, const std::string& context) {
+  apply_cpu_isa_cap_to_onednn();
   void* p = mmap(nullptr, kOneDnnBuildReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   DPE_CHECK(p != MAP_FAILED, what, ": out of memory: building oneDNN's kernels ", context, " needs address space, and ",
             kOneDnnBuildReserve >> 20, " MiB of it cannot be reserved (Note [Exceptions and oneDNN])");

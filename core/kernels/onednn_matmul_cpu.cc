@@ -17,6 +17,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "core/cpu_isa.h"
 #include "core/error.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/onednn.h"
@@ -26,6 +27,8 @@
 namespace dpe::kernels {
 namespace {
 
+using detail::onednn_cpu_engine;
+
 using MatmulKey =
     std::tuple<int, int64_t, int64_t, int64_t, int, int, int64_t, int64_t, int64_t, double, double, int>;
 
@@ -34,11 +37,6 @@ struct CachedMatmul {
   dnnl::memory::desc a, b, c;
   size_t scratchpad_bytes = 0;
 };
-
-dnnl::engine& cpu_engine() {
-  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed
-  return *engine;
-}
 
 dnnl::memory::data_type operand_type(DType dtype) {
   switch (dtype) {
@@ -70,7 +68,7 @@ CachedMatmul build_matmul(const GemmArgs& g) {
     ops.append_sum(static_cast<float>(g.beta));
     attr.set_post_ops(ops);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.a, built.b, built.c), attr, cpu_engine());
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(built.a, built.b, built.c), attr, onednn_cpu_engine());
   built.scratchpad_bytes = pd.scratchpad_desc().get_size();
   built.primitive = dnnl::matmul(pd);
   return built;
@@ -103,9 +101,11 @@ std::shared_ptr<const CachedMatmul> matmul_for(const GemmArgs& g) {
 }  // namespace
 
 bool cpu_has_bf16_instructions() {
-  // Bit masks: an ISA's value contains every ISA it extends. "Effective" honours ONEDNN_MAX_CPU_ISA, so the
-  // fallback can be exercised on a CPU that has the instructions.
+  // dpe's cap first (Note [The CPU instruction-set cap]), then oneDNN's own view, which also honours a
+  // ONEDNN_MAX_CPU_ISA set without the cap. Bit masks: an ISA's value contains every ISA it extends.
   static const bool has = [] {
+    if (cpu_isa() < CpuIsa::Avx512Bf16) return false;
+    detail::apply_cpu_isa_cap_to_onednn();
     const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
     const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
     return (isa & bf16) == bf16;
@@ -121,7 +121,7 @@ void onednn_matmul(const GemmArgs& g, const void* a, const void* b, float* c) {
   try {
     std::shared_ptr<const CachedMatmul> prim = matmul_for(g);
     ScratchBuffer scratchpad;
-    const dnnl::engine& engine = cpu_engine();
+    const dnnl::engine& engine = onednn_cpu_engine();
     std::unordered_map<int, dnnl::memory> args = {
         {DNNL_ARG_SRC, dnnl::memory(prim->a, engine, const_cast<void*>(a))},
         {DNNL_ARG_WEIGHTS, dnnl::memory(prim->b, engine, const_cast<void*>(b))},

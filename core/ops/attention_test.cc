@@ -134,8 +134,16 @@ TEST(ScaledDotProductAttentionTest, WhereTheFusedKernelsApply) {
   EXPECT_FALSE(fused_causal_attention_applies(q, randn({2, 6, 4}), randn({2, 6, 4})));  // L != S
   EXPECT_FALSE(fused_causal_attention_applies(zeros({2, 0, 4}), zeros({2, 0, 4}), zeros({2, 0, 4})));
   {
-    amp::AutocastGuard autocast(DeviceKind::CPU);  // the products would be bfloat16: the composition's to make
-    EXPECT_FALSE(fused_causal_attention_applies(q, q, q));
+    // Autocast's bfloat16 products are the composition's to make. Where the CPU has no bfloat16 instructions
+    // (or DPE_MAX_CPU_ISA hides them: this test's capped runs, core/BUILD) autocast stays float32, and the
+    // fused kernels apply.
+    amp::AutocastGuard autocast(DeviceKind::CPU);
+    EXPECT_EQ(fused_causal_attention_applies(q, q, q), !amp::autocast_state().cpu.has_value());
+    EXPECT_EQ(amp::autocast_state().cpu.has_value(), amp::cpu_supports_bf16());
+  }
+  {
+    amp::AutocastGuard autocast(DeviceKind::CPU, std::nullopt, /*enabled=*/false);
+    EXPECT_TRUE(fused_causal_attention_applies(q, q, q));
   }
   // No queries: an empty result.
   EXPECT_EQ(scaled_dot_product_attention(zeros({2, 0, 4}), zeros({2, 0, 4}), zeros({2, 0, 4}), {}, true).shape(),

@@ -35,7 +35,28 @@ def dpe_cc_library(name, copts = [], **kwargs):
 def dpe_cc_binary(name, copts = [], **kwargs):
     native.cc_binary(name = name, copts = DPE_COPTS + copts, **kwargs)
 
-def dpe_cc_test(name, copts = [], deps = [], tags = [], **kwargs):
+# The instruction-set caps an ISA-sensitive test runs under besides its uncapped run (Note [The CPU
+# instruction-set cap], core/cpu_isa.h): with the native run, AVX2, AVX-512 without bfloat16 and the CPU's own.
+ISA_CAPS = ["avx2", "avx512"]
+
+def dpe_isa_capped_tests(test, args = [], data = [], size = None, tags = []):
+    """`test` (a test target of this package, with its `args` and `data`) again under each of ISA_CAPS.
+
+    The targets are named `<test>_isa_<cap>`; tools/build/isa_capped_test.sh sets the cap, or reports the run
+    skipped where the CPU lacks the cap's instructions. tools/test.sh lists each cap's results.
+    """
+    for cap in ISA_CAPS:
+        native.sh_test(
+            name = test + "_isa_" + cap,
+            srcs = ["//tools/build:isa_capped_test.sh"],
+            args = [cap, "$(location :" + test + ")"] + args,
+            data = [":" + test] + data,
+            size = size,
+            tags = tags,
+        )
+
+def dpe_cc_test(name, copts = [], deps = [], tags = [], isa_caps = False, **kwargs):
+    """A gtest test with dpe's flags and test main; `isa_caps`: also run under each of ISA_CAPS."""
     native.cc_test(
         name = name,
         copts = DPE_COPTS + copts,
@@ -43,6 +64,8 @@ def dpe_cc_test(name, copts = [], deps = [], tags = [], **kwargs):
         tags = tags,
         **kwargs
     )
+    if isa_caps:
+        dpe_isa_capped_tests(name, args = kwargs.get("args", []), size = kwargs.get("size"), tags = tags)
 
 def dpe_cuda_library(name, srcs, hdrs = [], nvcc_inputs = [], deps = [], **kwargs):
     """Compiles `srcs` (.cu) with nvcc into a cc_library.

@@ -47,6 +47,7 @@
 #include "core/autograd/profiler.h"
 #include "core/backends.h"
 #include "core/cpu_cores.h"
+#include "core/cpu_isa.h"
 #include "core/kernels/sgemm_choice.h"
 #include "engine/worker_pool.h"
 #include "models/models.h"
@@ -385,7 +386,7 @@ struct PeakFlops {
 };
 
 // The FMA peak of the machine: DPE_PEAK_GFLOPS, else every CPU of the affinity mask probed at once with the
-// widest vectors it has (bench/fma_peak.h: AVX-512 where the CPU has it, though dpe is compiled for AVX2).
+// widest vectors dpe runs (bench/fma_peak.h: AVX-512 where cpu_isa() has it, though dpe is compiled for AVX2).
 // --dist mpi: process 0 prints, so its CPUs times the processes, each taken to have as many and as fast.
 PeakFlops machine_peak(int64_t processes) {
   char text[240];
@@ -502,6 +503,7 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   int64_t processes = 1;
   for (const Row& r : rows) processes = std::max(processes, r.processes);
   const PeakFlops peak = machine_peak(processes);
+  std::printf("# CPU instruction set: %s\n", cpu_isa_description().c_str());
   std::printf("# FMA-peak limit: %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
               peak.source.c_str(), flops / 1e6);
   for (const Row& r : rows) {

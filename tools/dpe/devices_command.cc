@@ -1,5 +1,6 @@
 // dpe devices: lists the devices this build sees and checks a device-id configuration exactly as
 // DataParallel does (same error messages), showing the chunk sizes a batch gets.
+#include <cblas.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "core/cpu_isa.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
 #include "engine/worker_pool.h"
@@ -37,6 +39,8 @@ void list_devices() {
   std::printf("CPU devices: %d logical (DPE_NUM_CPU_DEVICES or set_num_cpu_devices), host memory %.1f GiB shared\n",
               num_cpu_devices(), gib(static_cast<double>(pages) * page));
   for (const Device& d : all_devices(DeviceKind::CPU)) std::printf("  %s\n", d.str().c_str());
+  std::printf("CPU instruction set: %s, OpenBLAS core %s; DPE_MAX_CPU_ISA=avx2|avx512|avx512_bf16 caps both\n",
+              cpu_isa_description().c_str(), openblas_get_corename());
   int n = cuda_device_count();
 #if DPE_WITH_CUDA
   if (n == 0) {

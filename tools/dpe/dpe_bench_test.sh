@@ -34,6 +34,14 @@ PY
 # The FMA-peak limit: measured with the widest vectors the CPU has (the ISA is named), or DPE_PEAK_GFLOPS.
 grep -qE '^# FMA-peak limit: [0-9]+ samples/s \((AVX2|AVX-512) FMA probe on ([0-9]+ CPUs at once: [0-9.]+-[0-9.]+ GFLOP/s each, |1 CPU: )[0-9.]+ GFLOP/s' \
   <<<"$out" || { echo "FAILED: no measured FMA-peak limit line"; fail=1; }
+# The instruction set dpe ran, and under DPE_MAX_CPU_ISA=avx2 (this test's capped run) an AVX2 limit whatever
+# the CPU has (Note [The CPU instruction-set cap], core/cpu_isa.h).
+grep -qE '^# CPU instruction set: (avx2|avx512|avx512_bf16) \(' <<<"$out" || { echo "FAILED: no CPU instruction set line"; fail=1; }
+if [[ ${DPE_MAX_CPU_ISA:-} == avx2 ]]; then
+  grep -qE '^# CPU instruction set: avx2 \((the CPU.s own|DPE_MAX_CPU_ISA=avx2 on an avx512(_bf16)? CPU)\)$' <<<"$out" ||
+    { echo "FAILED: the avx2 cap is not the instruction set"; fail=1; }
+  grep -qE '^# FMA-peak limit: [0-9]+ samples/s \(AVX2 FMA probe' <<<"$out" || { echo "FAILED: not an AVX2 FMA limit"; fail=1; }
+fi
 # Which library ran each float32 GEMM shape, measured under DPE_CPU_SGEMM=auto (core/kernels/sgemm_choice.h).
 grep -qE '^#   m 64 n 512 k 784 B\^T, [0-9]+ threads?: (onednn-sgemm|onednn-matmul|openblas) \(onednn-sgemm [0-9]+, ' <<<"$out" ||
   { echo "FAILED: no float32 GEMM choice for the MLP's first layer"; fail=1; }

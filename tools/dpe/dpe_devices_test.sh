@@ -16,6 +16,14 @@ expect() {  # expect STATUS PATTERN ARGS...
   fi
 }
 expect 0 "cpu:2" 
+expect 0 "CPU instruction set: " 
+DPE_MAX_CPU_ISA=avx2 expect 0 "CPU instruction set: avx2 (" 
+# The tool caps OpenBLAS too, through OPENBLAS_CORETYPE (when the environment does not set it), where the cap is
+# below the CPU.
+unset OPENBLAS_CORETYPE
+if grep -qw avx512f /proc/cpuinfo; then DPE_MAX_CPU_ISA=avx2 expect 0 "OpenBLAS core Haswell"; fi
+if grep -qw avx512_bf16 /proc/cpuinfo; then DPE_MAX_CPU_ISA=avx512 expect 0 "OpenBLAS core SkylakeX"; fi
+DPE_MAX_CPU_ISA=avx3 expect 2 "dpe devices: DPE_MAX_CPU_ISA='avx3': expected avx2, avx512, avx512_bf16 or native (unset: native)"
 expect 0 "chunk sizes 2 2 1 -> 3 of 3 devices used: cpu:0 cpu:1 cpu:2" --device-ids cpu:0,cpu:1,cpu:2 --batch 5
 expect 0 "chunk sizes 2 2 -> 2 of 3 devices used" --device-ids cpu:0,cpu:1,cpu:2 --batch 4
 expect 0 "chunk sizes 2 1 1" --device-ids cpu:0,cpu:1,cpu:2 --batch 4 --split balanced

@@ -86,6 +86,14 @@ expect_error "--timeout 1e+09: expected seconds in (0, 10000000]" --timeout 1e9 
 check "bf16" "$bin" train --model mlp --mode ddp --precision bf16 --reduce-dtype bf16 --epochs 1 --limit 1024 \
   --batch-size 64 --lr 0.05 --json "$tmp/bf16.json"
 grep -q "precision bf16" <<<"$out" || { echo "FAILED: no 'precision bf16' in the header: $out"; fail=1; }
+# Without bfloat16 instructions (the CPU's, or DPE_MAX_CPU_ISA below avx512_bf16: this test's capped runs) autocast
+# computes in float32, and says so once.
+isa=$("$bin" devices | sed -n 's/^CPU instruction set: \([a-z0-9_]*\) .*/\1/p')
+warnings=$(grep -c "dpe: warning: this CPU has no bfloat16 instructions" <<<"$out")
+if [[ -z $isa ]] || { [[ $isa == avx512_bf16 ]] && ((warnings != 0)); } || { [[ $isa != avx512_bf16 ]] && ((warnings != 1)); }; then
+  echo "FAILED: instruction set '$isa' and $warnings float32 warnings: $out"
+  fail=1
+fi
 python3 - "$tmp/bf16.json" <<'PY' || { echo "FAILED: the bf16 JSON report"; fail=1; }
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -20,6 +20,7 @@
 #include <system_error>
 
 #include "collectives/process_group.h"
+#include "core/cpu_isa.h"
 #include "core/error.h"
 #include "tools/dpe/commands.h"
 #include "tools/dpe/malloc_arenas.h"
@@ -36,6 +37,17 @@ int main(int argc, char** argv) {
     if (std::getenv(name) == nullptr) {
       setenv(name, std::string_view(name) == "OMP_WAIT_POLICY" ? "PASSIVE" : "1", 1);
       restart = true;
+    }
+  }
+  // DPE_MAX_CPU_ISA caps OpenBLAS through its own variable, which it reads when loaded too (Note [The CPU
+  // instruction-set cap], core/cpu_isa.h). A bad value is reported below, as the command's error.
+  if (const char* cap = std::getenv("DPE_MAX_CPU_ISA"); cap != nullptr && std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    try {
+      if (std::optional<dpe::CpuIsa> isa = dpe::parse_cpu_isa_cap(cap); isa && *isa < dpe::native_cpu_isa()) {
+        setenv("OPENBLAS_CORETYPE", dpe::openblas_core_type(*isa), 1);
+        restart = true;
+      }
+    } catch (const dpe::Error&) {
     }
   }
   if (restart) execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
@@ -84,6 +96,8 @@ int main(int argc, char** argv) {
         return static_cast<int>(CLI::ExitCodes::ExtrasError);  // what an unknown option gives
       }
     }
+    // The environment's settings, checked once the command line is (--help needs none), before the command runs.
+    app->parse_complete_callback([] { dpe::cpu_isa(); });
     app->parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app->exit(e);
