@@ -1,6 +1,7 @@
 #include "engine/worker_pool.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <sched.h>
@@ -163,13 +164,19 @@ TEST(WorkerPoolTest, ARunAllocatesNothing) {
 // A worker thread that cannot be created (memory or the thread limit exhausted) is an exception from the
 // constructor, not std::terminate from destroying the workers already started (seen: `ulimit -v 150000;
 // dpe train --model cnn`). In a forked child whose address space leaves room for one more 8 MiB thread stack;
-// 16 workers are more than glibc's cache of freed stacks (40 MiB) can serve.
+// 16 workers are more than glibc's cache of freed stacks (40 MiB) can serve. The child sets that stack size
+// itself: glibc's default is `ulimit -s`, which differs between machines (at 512 KiB every worker would fit).
 TEST(WorkerPoolTest, ThreadCreationFailureIsAnErrorNotAnAbort) {
   const std::vector<Device> devices = cpu_devices(16);
   std::fflush(nullptr);
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr) != 0 || pthread_attr_setstacksize(&attr, size_t{8} << 20) != 0 ||
+        pthread_setattr_default_np(&attr) != 0) {
+      _exit(4);
+    }
     std::ifstream statm("/proc/self/statm");
     int64_t pages = 0;
     statm >> pages;
@@ -187,7 +194,7 @@ TEST(WorkerPoolTest, ThreadCreationFailureIsAnErrorNotAnAbort) {
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status) << " (6: std::terminate)";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: another exception; 2: no failure; 3: setrlimit failed";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: another exception; 2: no failure; 3: setrlimit failed; 4: the stack size";
 }
 
 // Note [Lost workers]: a worker still running 200 ms after the first one finished is declared lost: run()
@@ -275,10 +282,12 @@ TEST(WorkerPoolTest, PinsCpuDevicesToTheCoresDpeCpuDeviceCoresNames) {
                 .find("core 1000 (for cpu:0) is not one this process may run on (its affinity mask has " +
                       std::to_string(usable_cpus().size()) + " CPUs, from "),
             std::string::npos);
-  ::setenv("DPE_CPU_DEVICE_CORES", ";0", 1);
+  // The first CPU this process may run on: a cpuset need not hold CPU 0.
+  const int core = usable_cpus().front();
+  ::setenv("DPE_CPU_DEVICE_CORES", (";" + std::to_string(core)).c_str(), 1);
   // What the pool pins each device to, and what `dpe bench`'s one-device row pins its thread to.
   EXPECT_EQ(pinned_cpu_device_cores(Device::cpu(0)), std::vector<int>{});
-  EXPECT_EQ(pinned_cpu_device_cores(Device::cpu(1)), std::vector<int>{0});
+  EXPECT_EQ(pinned_cpu_device_cores(Device::cpu(1)), std::vector<int>{core});
   EXPECT_EQ(pinned_cpu_device_cores(Device::cpu(2)), std::vector<int>{});  // no entry
   EXPECT_EQ(pinned_cpu_device_cores(Device::cuda(0)), std::vector<int>{});
   std::vector<int> cores(2, -1), count(2, -1);
@@ -289,12 +298,12 @@ TEST(WorkerPoolTest, PinsCpuDevicesToTheCoresDpeCpuDeviceCoresNames) {
       CPU_ZERO(&set);
       sched_getaffinity(0, sizeof set, &set);
       count[i] = CPU_COUNT(&set);
-      cores[i] = CPU_ISSET(0, &set) ? 0 : -1;
+      cores[i] = CPU_ISSET(core, &set) ? core : -1;
     });
   }
   ::unsetenv("DPE_CPU_DEVICE_CORES");
-  EXPECT_EQ(count[1], 1);  // cpu:1 on core 0 alone
-  EXPECT_EQ(cores[1], 0);
+  EXPECT_EQ(count[1], 1);  // cpu:1 on `core` alone
+  EXPECT_EQ(cores[1], core);
   EXPECT_EQ(count[0], usable_cores());  // cpu:0 not pinned
 }
 

@@ -57,10 +57,12 @@ if "$bin" devices 2>/dev/null | grep -qE '^ +cuda:0 '; then
   if grep -qE '^# (FMA-peak|float32 GEMM)' <<<"$out"; then echo "FAILED: CPU lines in a cuda:0 table: $out"; fail=1; fi
 fi
 # A device pinned by DPE_CPU_DEVICE_CORES runs the one-device row on its cores only, as its engine worker would.
-out=$(DPE_NUM_CPU_DEVICES=2 DPE_CPU_DEVICE_CORES=";0" "$bin" bench --model mlp --device-ids cpu:1 --batch-size 16 \
+# The first CPU this test may run on (a cpuset need not hold CPU 0).
+core=$(python3 -c 'import os; print(min(os.sched_getaffinity(0)))')
+out=$(DPE_NUM_CPU_DEVICES=2 DPE_CPU_DEVICE_CORES=";$core" "$bin" bench --model mlp --device-ids cpu:1 --batch-size 16 \
       --steps 1 --warmup 0 --modes single 2>&1) || { echo "FAILED: pinned single: $out"; fail=1; }
-grep -q '^bench: single runs on core(s) 0 (DPE_CPU_DEVICE_CORES), 1 intra-op thread(s)$' <<<"$out" ||
-  { echo "FAILED: the pinned device's single row is not on core 0: $out"; fail=1; }
+grep -q "^bench: single runs on core(s) $core (DPE_CPU_DEVICE_CORES), 1 intra-op thread(s)\$" <<<"$out" ||
+  { echo "FAILED: the pinned device's single row is not on core $core: $out"; fail=1; }
 # --split auto: the weights it settled on and each device's time per sample, in the table's notes and the JSON.
 out=$("$bin" bench --model mlp --cpu-devices 2 --batch-size 64 --steps 6 --warmup 3 --modes ddp --split auto --json "$tmp/split.json" 2>&1) ||
   { echo "FAILED: --split auto: $out"; fail=1; }
