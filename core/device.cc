@@ -21,8 +21,8 @@ int default_num_cpu_devices() {
   if (const char* env = std::getenv("DPE_NUM_CPU_DEVICES"); env != nullptr && *env != '\0') {
     int n = 0;
     auto [end, ec] = std::from_chars(env, env + std::char_traits<char>::length(env), n);
-    DPE_CHECK(ec == std::errc() && *end == '\0' && n >= 1, "DPE_NUM_CPU_DEVICES='", env,
-              "' is not a positive integer");
+    DPE_CHECK(ec == std::errc() && *end == '\0' && n >= 1 && n <= kMaxLogicalDevices, "DPE_NUM_CPU_DEVICES='",
+              env, "': expected an integer in [1, ", kMaxLogicalDevices, "]");
     return n;
   }
   return std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
@@ -68,7 +68,8 @@ std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str
 int num_cpu_devices() { return cpu_device_count_storage().load(); }
 
 void set_num_cpu_devices(int n) {
-  DPE_CHECK(n >= 1, "set_num_cpu_devices(", n, "): expected at least 1 CPU device");
+  DPE_CHECK(n >= 1 && n <= kMaxLogicalDevices, "set_num_cpu_devices(", n, "): expected [1, ", kMaxLogicalDevices,
+            "] CPU devices");
   cpu_device_count_storage().store(n);
 }
 

@@ -40,8 +40,12 @@ struct Device {
 
 std::ostream& operator<<(std::ostream& os, const Device& d);
 
+// Each logical device costs a worker thread and an allocator in the engine: at most this many, of each kind.
+inline constexpr int kMaxLogicalDevices = 1024;
+
 int num_cpu_devices();
-// Changes the number of logical CPU devices. n >= 1. Tensors already on a removed device stay valid.
+// Changes the number of logical CPU devices, n in [1, kMaxLogicalDevices]. Tensors already on a removed device
+// stay valid.
 void set_num_cpu_devices(int n);
 
 // Number of logical CUDA devices: 0 when dpe is built without CUDA or no GPU/driver is present.

@@ -13,6 +13,23 @@ const char* short_path(const char* file) {
 }
 }  // namespace
 
+std::string printable(const std::string& message) {
+  std::string out;
+  out.reserve(message.size());
+  for (const char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte == '\0') {
+      out += "\\0";
+    } else if ((byte < 0x20 && byte != '\n' && byte != '\t') || byte == 0x7f) {
+      const char hex[] = "0123456789abcdef";
+      out += {'\\', 'x', hex[byte >> 4], hex[byte & 15]};
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 void throw_error(const char* file, int line, const std::string& message) {
   throw Error(str_cat(message, " (", short_path(file), ":", line, ")"));
 }

@@ -11,9 +11,17 @@
 
 namespace dpe {
 
+namespace detail {
+// `message` with its control bytes shown as escapes ("\0", "\x1b"; newlines and tabs kept): a name read from
+// a file may hold any byte, and a NUL would end what() there (the rest of the line lost), an escape
+// sequence would reach the user's terminal.
+std::string printable(const std::string& message);
+}  // namespace detail
+
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message) : std::runtime_error(detail::printable(message)) {}
+  explicit Error(const char* message) : Error(std::string(message)) {}
 };
 
 class InternalError : public Error {

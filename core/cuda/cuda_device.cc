@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "core/cuda/cuda_check.h"
+#include "core/device.h"
 #include "core/error.h"
 
 namespace dpe::cuda {
@@ -80,6 +81,8 @@ std::vector<int> initial_mapping() {
     DPE_CHECK(!item.empty() && *end == '\0' && ordinal >= 0 && ordinal < count, "DPE_CUDA_LOGICAL_DEVICES='", env,
               "': '", item, "' is not a visible GPU ordinal (0..", count - 1, ")");
     mapping.push_back(static_cast<int>(ordinal));
+    DPE_CHECK(mapping.size() <= static_cast<size_t>(kMaxLogicalDevices), "DPE_CUDA_LOGICAL_DEVICES: more than ",
+              kMaxLogicalDevices, " logical devices");
   }
   return mapping;
 }
@@ -121,6 +124,8 @@ void set_logical_devices(const std::vector<int>& physical_ordinals) {
   int physical_count = physical_device_count();
   DPE_CHECK(!physical_ordinals.empty(),
             "set_logical_devices: the list of physical GPUs is empty (hide GPUs with CUDA_VISIBLE_DEVICES instead)");
+  DPE_CHECK(physical_ordinals.size() <= static_cast<size_t>(kMaxLogicalDevices), "set_logical_devices: ",
+            physical_ordinals.size(), " logical devices; expected at most ", kMaxLogicalDevices);
   for (size_t i = 0; i < physical_ordinals.size(); ++i) {
     int ordinal = physical_ordinals[i];
     DPE_CHECK(ordinal >= 0 && ordinal < physical_count, "set_logical_devices: physical GPU ", ordinal,

@@ -13,8 +13,29 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <typeinfo>
 
 namespace dpe::kernels::detail {
+
+// Runs `parallel`, a call of a oneTBB parallel algorithm. oneTBB reports a worker thread it could not start
+// (the process limit of `ulimit -u`, memory) as a plain std::runtime_error ("pthread_create has failed: ...")
+// out of the algorithm that wanted the worker; the bodies of dpe's kernels throw dpe::Error, std::bad_alloc or
+// std::system_error, never a plain std::runtime_error. That one becomes what a thread that cannot be created
+// is everywhere else in dpe, a std::system_error with EAGAIN (the dpe tool: exit status 3, "out of memory or
+// threads"), instead of an exception no caller can tell from a bug.
+template <typename F>
+void tbb_parallel(F&& parallel) {
+  try {
+    parallel();
+  } catch (const std::runtime_error& e) {
+    if (typeid(e) != typeid(std::runtime_error)) throw;
+    throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                            std::string("oneTBB could not start a worker thread (") + e.what() + ")");
+  }
+}
 
 // Elements of work below which a kernel runs on the calling thread, and about how many each parallel
 // chunk gets above it. One value for every CPU kernel (copy, elementwise, random, reduce, softmax all used
@@ -29,8 +50,10 @@ void parallel_range(int64_t n, const F& body) {
     body(int64_t{0}, n);
     return;
   }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kParallelGrain),
-                    [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
+  tbb_parallel([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kParallelGrain),
+                      [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
+  });
 }
 
 // Calls body(task) once for each task in [0, tasks), where each task is about work_per_task elements of
@@ -43,8 +66,10 @@ void parallel_tasks(int64_t tasks, int64_t work_per_task, const F& body) {
     for (int64_t t = 0; t < tasks; ++t) body(t);
     return;
   }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, tasks, grain), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t t = r.begin(); t < r.end(); ++t) body(t);
+  tbb_parallel([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, tasks, grain), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t t = r.begin(); t < r.end(); ++t) body(t);
+    });
   });
 }
 

@@ -27,6 +27,7 @@
 namespace dpe::kernels {
 namespace {
 
+using detail::tbb_parallel;
 using detail::kParallelGrain;  // also: pairwise nodes of >= 2x this many elements split over threads
 using detail::parallel_column_tiles;
 using detail::parallel_tasks;
@@ -92,8 +93,10 @@ T reduce_contiguous(const T* x, int64_t n) {
   const int64_t h = split_point(n, kLeaf);
   T left, right;
   if (n >= 2 * kParallelGrain) {
-    tbb::parallel_invoke([&] { left = reduce_contiguous<C>(x, h); },
-                         [&] { right = reduce_contiguous<C>(x + h, n - h); });
+    tbb_parallel([&] {
+      tbb::parallel_invoke([&] { left = reduce_contiguous<C>(x, h); },
+                           [&] { right = reduce_contiguous<C>(x + h, n - h); });
+    });
   } else {
     left = reduce_contiguous<C>(x, h);
     right = reduce_contiguous<C>(x + h, n - h);
@@ -115,8 +118,10 @@ void reduce_rows(const T* x, int64_t row_stride, int64_t rows, int64_t w, T* out
   const int64_t h = split_point(rows, kRowLeaf);
   T right[kTile];
   if (rows * w >= 2 * kParallelGrain) {
-    tbb::parallel_invoke([&] { reduce_rows<C>(x, row_stride, h, w, out); },
-                         [&] { reduce_rows<C>(x + h * row_stride, row_stride, rows - h, w, right); });
+    tbb_parallel([&] {
+      tbb::parallel_invoke([&] { reduce_rows<C>(x, row_stride, h, w, out); },
+                           [&] { reduce_rows<C>(x + h * row_stride, row_stride, rows - h, w, right); });
+    });
   } else {
     reduce_rows<C>(x, row_stride, h, w, out);
     reduce_rows<C>(x + h * row_stride, row_stride, rows - h, w, right);
@@ -164,9 +169,11 @@ int64_t argmax_contiguous(const T* x, int64_t n) {
   if (n <= kBlock) return argmax_serial(x, n, 0).index;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<ArgMax<T>> winners(static_cast<size_t>(blocks));
-  tbb::parallel_for(int64_t{0}, blocks, [&](int64_t b) {
-    const int64_t begin = b * kBlock;
-    winners[b] = argmax_serial(x + begin, std::min(kBlock, n - begin), begin);
+  tbb_parallel([&] {
+    tbb::parallel_for(int64_t{0}, blocks, [&](int64_t b) {
+      const int64_t begin = b * kBlock;
+      winners[b] = argmax_serial(x + begin, std::min(kBlock, n - begin), begin);
+    });
   });
   ArgMax<T> best = winners[0];
   for (int64_t b = 1; b < blocks; ++b) {

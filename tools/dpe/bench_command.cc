@@ -52,6 +52,7 @@
 #include "engine/worker_pool.h"
 #include "models/models.h"
 #include "tools/dpe/cli_util.h"
+#include "tools/dpe/file_args.h"
 #include "tools/dpe/commands.h"
 #include "tools/dpe/dist_option.h"
 #include "tools/dpe/json_report.h"
@@ -73,6 +74,7 @@ struct BenchArgs {
   std::string model = "mlp", json, csv, png, pytorch_script, data_dir;
   // The PyTorch side's interpreter, run directly (never through a shell): Debian's, which has python3-torch.
   std::string pytorch_python = "/usr/bin/python3";
+  double pytorch_timeout = 3600;  // seconds the PyTorch side may run
   std::optional<std::string> device_ids;
   std::vector<std::string> modes = {"single", "dp", "ddp"};
   std::vector<std::string> pytorch_configs = {"single-1t", "single-2t", "ddp-gloo"};
@@ -340,7 +342,7 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
   std::string shown;
   for (const std::string& a : argv) shown += (shown.empty() ? "" : " ") + a;
   std::fprintf(stderr, "running PyTorch: %s\n", shown.c_str());
-  ProcessResult result = run_process(argv);
+  ProcessResult result = run_process(argv, {}, {.seconds = args.pytorch_timeout, .output_bytes = size_t{64} << 20});
   std::vector<Row> rows;
   for (const std::string& line : split_lines(result.output)) {
     // One JSON object per configuration; anything else on stdout is not a result.
@@ -356,8 +358,11 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
     if (r.contains("skipped")) row.note = "skipped";
     rows.push_back(row);
   }
-  DPE_CHECK(result.ok() && !rows.empty(), "--compare-pytorch: ", shown, " failed (", describe_status(result),
-            ", ", rows.size(), " result rows); it needs Debian's python3-torch (apt-get install python3-torch)");
+  DPE_CHECK(result.ok() && !rows.empty(), "--compare-pytorch: ", shown, " failed (", describe_status(result), ", ",
+            rows.size(), " result rows)",
+            result.timed_out         ? "; --pytorch-timeout gives it longer"
+            : result.output_exceeded ? ""
+                                     : "; it needs Debian's python3-torch (apt-get install python3-torch)");
   return rows;
 }
 
@@ -652,12 +657,15 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
           "with labels offset 0,1 notitle\n";
     ProcessResult result;
     try {
-      result = run_process({"gnuplot"}, gp.str());
+      result = run_process({"gnuplot"}, gp.str(), {.seconds = 60, .output_bytes = size_t{64} << 20});
     } catch (const Error& e) {
-      throw Error(std::string("--png: ") + e.what() + "; install gnuplot with apt-get install gnuplot-nox");
+      // Only a gnuplot that is not there needs installing: a failure to start it (no file descriptors or
+      // processes left) says what it was.
+      const bool missing = find_program("gnuplot").empty();
+      throw Error(std::string("--png: ") + e.what() + (missing ? "; install gnuplot with apt-get install gnuplot-nox" : ""));
     }
     DPE_CHECK(result.ok() && result.output.rfind("\x89PNG", 0) == 0, "--png: gnuplot failed (", describe_status(result),
-              "); install it with apt-get install gnuplot-nox");
+              ")", result.ok() ? ": its output is not a PNG image" : "");
     std::ofstream png(args.png, std::ios::binary);
     png.write(result.output.data(), static_cast<std::streamsize>(result.output.size()));
     png.close();
@@ -665,8 +673,9 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
   }
 }
 
-// Everything that can be refused before loading data or running anything.
-std::vector<Device> check_before_work(const BenchArgs& args) {
+// Everything that can be refused before loading data or running anything; the output paths become the files
+// to write (Note [One rule for every output file]).
+std::vector<Device> check_before_work(BenchArgs& args) {
   std::vector<Device> devices = args.device_ids ? parse_device_option("--device-ids", *args.device_ids)
                                                 : default_devices(args.cpu_devices, args.cpu_devices_given);
   check_device_ids("--device-ids", devices);
@@ -697,6 +706,8 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
                 "tools/bench/pytorch_reference.py knows)");
     }
     DPE_CHECK(!args.pytorch_configs.empty(), "--pytorch-configs: expected at least one configuration");
+    DPE_CHECK(args.pytorch_timeout <= kMaxHelperSeconds, "--pytorch-timeout ", args.pytorch_timeout,
+              ": expected seconds in (0, ", static_cast<int64_t>(kMaxHelperSeconds), "]");
     check_input_file("--pytorch-script", pytorch_script_path(args));
     DPE_CHECK(access(args.pytorch_python.c_str(), X_OK) == 0, "--pytorch-python ", args.pytorch_python,
               ": not an executable file (the default is Debian's python3 with python3-torch: apt-get install "
@@ -704,17 +715,19 @@ std::vector<Device> check_before_work(const BenchArgs& args) {
   }
   peak_override();  // a bad DPE_PEAK_GFLOPS is refused now, not after the runs
   kernels::sgemm_policy_from_env();  // and a bad DPE_CPU_SGEMM
-  if (!args.json.empty()) check_output_path("--json", args.json);
-  if (!args.csv.empty()) check_output_path("--csv", args.csv);
+  // Note [One rule for every output file] (file_args.h): the files written are what the paths link to.
+  if (!args.json.empty()) args.json = check_output_file("--json", args.json);
+  if (!args.csv.empty()) args.csv = check_output_file("--csv", args.csv);
+  check_distinct_files({{"--json", args.json}, {"--csv", args.csv}, {"--png", args.png}, {"--data-dir", args.data_dir}});
   if (!args.png.empty()) {
-    check_output_path("--png", args.png);
+    args.png = check_output_file("--png", args.png);
     DPE_CHECK(!find_program("gnuplot").empty(), "--png ", args.png,
               ": needs gnuplot, which is not on PATH (apt-get install gnuplot-nox)");
   }
   return devices;
 }
 
-void run_bench(const BenchArgs& args) {
+void run_bench(BenchArgs args) {
   std::vector<Device> devices = check_before_work(args);
   int64_t needed = args.batch_size * (args.steps + args.warmup);
   ModelData data = load_model_data(args.model, args.data_dir, needed, false);
@@ -816,25 +829,28 @@ void add_bench_command(CLI::App& app) {
   add_int_option(*cmd, "--repeat", args->repeat,
                  "rounds: every row (PyTorch's too) runs this many times, the rows interleaved round by round; each "
                  "row shows its median round and every round is listed (for noisy, shared machines)", 1, 1000);
-  cmd->add_option("--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
+  add_path_option(*cmd, "--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
   CLI::Option* compare = cmd->add_flag("--compare-pytorch", args->compare_pytorch,
                                        "also run tools/bench/pytorch_reference.py (Debian python3-torch)");
   add_name_list_option(*cmd, "--pytorch-configs", args->pytorch_configs,
                        "PyTorch configurations: single, single-Nt, cuda, dp, ddp-gloo, ddp-gloo-no-sync (with "
                        "--compare-pytorch)")
       ->needs(compare);
-  cmd->add_option("--pytorch-python", args->pytorch_python,
+  add_path_option(*cmd, "--pytorch-python", args->pytorch_python,
                   "the python3 whose torch runs the PyTorch side (an executable path, run directly; default "
                   "Debian's /usr/bin/python3; with --compare-pytorch)")
       ->needs(compare);
-  cmd->add_option("--pytorch-script", args->pytorch_script,
+  add_real_option(*cmd, "--pytorch-timeout", args->pytorch_timeout,
+                  "seconds the PyTorch side may run before it is killed (with --compare-pytorch)", 0, true)
+      ->needs(compare);
+  add_path_option(*cmd, "--pytorch-script", args->pytorch_script,
                   "path of pytorch_reference.py (default: the repository's; with --compare-pytorch)")
       ->needs(compare);
   cmd->add_flag("--profile", args->profile, "after each mode's timed steps, as many again with every backward node "
                "timed: a table per mode of node kinds by time per step (--json: backward_profile)");
-  cmd->add_option("--json", args->json, "write the rows as JSON (checked at start-up)");
-  cmd->add_option("--csv", args->csv, "write the rows as CSV (checked at start-up)");
-  cmd->add_option("--png", args->png, "draw samples/s per configuration (gnuplot; checked at start-up)");
+  add_path_option(*cmd, "--json", args->json, "write the rows as JSON (checked at start-up)");
+  add_path_option(*cmd, "--csv", args->csv, "write the rows as CSV (checked at start-up)");
+  add_path_option(*cmd, "--png", args->png, "draw samples/s per configuration (gnuplot; checked at start-up)");
   cmd->callback([args, modes, cpu_devices] {
     args->cpu_devices_given = cpu_devices->count() > 0;
     if (args->dist != "none" && modes->count() == 0) args->modes = {"dp", "ddp"};

@@ -1,8 +1,5 @@
 #include "tools/dpe/cli_util.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cctype>
@@ -236,30 +233,6 @@ CLI::Option* add_name_list_option(CLI::App& cmd, const std::string& names, std::
   option->default_str(join_commas(target));
   if (!allowed.empty()) option->type_name("LIST of {" + join_commas(allowed) + "}");
   return option;
-}
-
-void check_output_path(const std::string& option, const std::string& path) {
-  DPE_CHECK(!path.empty(), option, " '': expected a file path");
-  DPE_CHECK(path.back() != '/', option, " ", path, ": names a directory; expected a file path");
-  struct stat st {};
-  if (stat(path.c_str(), &st) == 0) {
-    DPE_CHECK(!S_ISDIR(st.st_mode), option, " ", path, ": is a directory; expected a file path");
-    DPE_CHECK(access(path.c_str(), W_OK) == 0, option, " ", path, ": exists and is not writable");
-  }
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  DPE_CHECK(stat(dir.c_str(), &st) == 0, option, " ", path, ": the directory ", dir,
-            " does not exist (create it first)");
-  DPE_CHECK(S_ISDIR(st.st_mode), option, " ", path, ": ", dir, " is not a directory");
-  DPE_CHECK(access(dir.c_str(), W_OK | X_OK) == 0, option, " ", path, ": the directory ", dir, " is not writable");
-}
-
-void check_input_file(const std::string& option, const std::string& path) {
-  struct stat st {};
-  DPE_CHECK(!path.empty(), option, " '': expected a file path");
-  DPE_CHECK(stat(path.c_str(), &st) == 0, option, " ", path, ": no such file");
-  DPE_CHECK(S_ISREG(st.st_mode), option, " ", path, ": is not a regular file");
-  DPE_CHECK(access(path.c_str(), R_OK) == 0, option, " ", path, ": is not readable");
 }
 
 }  // namespace dpe::tool

@@ -1,5 +1,5 @@
 // Small helpers shared by the dpe tool's subcommands: strict parsers for what users type (device lists,
-// numbers), numeric options with explicit ranges, start-up checks of output paths.
+// numbers), numeric options with explicit ranges (file options: file_args.h).
 //
 // Contract: every parser and check throws dpe::Error on bad input, with a message that names the option (or
 // "device list"), the offending text and what was expected; none of them builds, loads or writes anything,
@@ -25,7 +25,7 @@ std::vector<Device> parse_device_option(const std::string& option, const std::st
 // Throws unless the list has at most kMaxDevices entries, every device exists (check_device_exists), no device
 // is listed twice and all are of one kind (what DataParallel and ProcessGroup require, checked before anything
 // is built); messages start with the option's name.
-inline constexpr int64_t kMaxDevices = 1024;  // also --cpu-devices' bound
+inline constexpr int64_t kMaxDevices = kMaxLogicalDevices;  // also --cpu-devices' bound
 void check_device_ids(const std::string& option, const std::vector<Device>& devices);
 // "cpu:0 cpu:1"
 std::string device_list_str(const std::vector<Device>& devices);
@@ -69,13 +69,6 @@ std::vector<std::string> parse_name_list(const std::string& option, const std::s
                                          const std::vector<std::string>& allowed);
 CLI::Option* add_name_list_option(CLI::App& cmd, const std::string& names, std::vector<std::string>& target,
                                   const std::string& description, const std::vector<std::string>& allowed = {});
-
-// Output files are checked when a command starts, not after the work: `path` must be non-empty, not a
-// directory, in an existing directory that we may write (write and search permission), and an existing
-// file must be writable. Creates, truncates and opens nothing. Errors name the option and the path.
-void check_output_path(const std::string& option, const std::string& path);
-// An input file that must exist and be a readable regular file (errors name the option and the path).
-void check_input_file(const std::string& option, const std::string& path);
 
 // ---- implementation of the templates ----
 

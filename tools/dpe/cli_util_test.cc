@@ -1,10 +1,7 @@
 #include "tools/dpe/cli_util.h"
 
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 
-#include <cstdlib>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -145,37 +142,6 @@ TEST(NameListOptions, EveryItemNonEmptyAndKnown) {
   app.parse("--modes dp,ddp", false);
   EXPECT_EQ(chosen, (std::vector<std::string>{"dp", "ddp"}));
   EXPECT_TRUE(has(error_of([&] { app.parse("--modes dp,,ddp", false); }), "item 2 is empty"));
-}
-
-class OutputPathTest : public ::testing::Test {
- protected:
-  std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp");
-};
-
-TEST_F(OutputPathTest, WritableFilesPassAndNothingIsCreated) {
-  check_output_path("--json", dir + "/new.json");
-  struct stat st {};
-  EXPECT_NE(stat((dir + "/new.json").c_str(), &st), 0) << "the check creates nothing";
-  { std::ofstream(dir + "/old.json") << "keep"; }
-  check_output_path("--json", dir + "/old.json");
-  std::ifstream in(dir + "/old.json");
-  std::string content;
-  in >> content;
-  EXPECT_EQ(content, "keep") << "an existing file is not truncated";
-}
-
-TEST_F(OutputPathTest, MissingDirectoriesAndDirectoriesAreErrorsNamingOptionAndPath) {
-  const std::string missing = dir + "/no/such/dir/out.json";
-  const std::string e = error_of([&] { check_output_path("--json", missing); });
-  EXPECT_TRUE(has(e, "--json " + missing + ": the directory " + dir + "/no/such/dir does not exist")) << e;
-  const std::string d = error_of([&] { check_output_path("--csv", dir); });
-  EXPECT_TRUE(has(d, "--csv " + dir + ": is a directory")) << d;
-  EXPECT_TRUE(has(error_of([&] { check_output_path("--png", dir + "/"); }), "names a directory"));
-  EXPECT_TRUE(has(error_of([&] { check_output_path("--png", ""); }), "--png '': expected a file path"));
-  { std::ofstream(dir + "/file") << "x"; }
-  EXPECT_TRUE(has(error_of([&] { check_output_path("--json", dir + "/file/out.json"); }), "is not a directory"));
-  EXPECT_TRUE(has(error_of([&] { check_input_file("--resume", dir + "/none"); }), "--resume " + dir + "/none: no such file"));
-  EXPECT_TRUE(has(error_of([&] { check_input_file("--resume", dir); }), "is not a regular file"));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "engine/worker_pool.h"
 #include "collectives/process_group.h"
 #include "tools/dpe/cli_util.h"
+#include "tools/dpe/file_args.h"
 #include "tools/dpe/commands.h"
 #include "tools/dpe/dist_option.h"
 #include "tools/dpe/json_report.h"
@@ -172,7 +173,7 @@ void run_collectives(CollectivesArgs args) {
   } else {
     check_sizes(args, static_cast<int>(devices.size()));
   }
-  if (!args.json.empty()) check_output_path("--json", args.json);
+  if (!args.json.empty()) args.json = check_output_file("--json", args.json);
   ProcessGroup group(devices, {.backend = dist.value_or(parse_backend(args.backend))});
   // Every figure is over the whole group (every member of every process); process 0 prints.
   const int n = group.world_size(), local = group.size();
@@ -304,7 +305,7 @@ void add_collectives_command(CLI::App& app) {
   add_int_option(*cmd, "-n,--iters", args->iters, "timed iterations per size", 1, 1000000);
   add_int_option(*cmd, "-w,--warmup", args->warmup, "untimed iterations per size", 0, 1000000);
   cmd->add_flag("--stream", args->stream, "also measure host memory bandwidth and the all-reduce's share of it");
-  cmd->add_option("--json", args->json, "write the results as JSON to this file (checked at start-up)");
+  add_path_option(*cmd, "--json", args->json, "write the results as JSON to this file (checked at start-up)");
   // Tests only, hidden from --help: member RANK throws before its first collective, so that a test can show
   // the others are released at once (ProcessGroup::abort) instead of waiting out the group's timeout.
   add_int_option(*cmd, "--inject-failure-rank", args->fail_rank, "", 0, 1023)->group("");

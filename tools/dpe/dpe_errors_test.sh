@@ -22,6 +22,32 @@ expect() {
   fi
 }
 
+# ---- standard output that cannot be written is a failure, not a success ----
+out=$("$bin" devices 2>&1 >/dev/full)
+status=$?
+if [[ $status -ne 2 ]] || ! grep -q "^dpe devices: cannot write the standard output: No space left on device" <<<"$out"; then
+  echo "FAILED: dpe devices >/dev/full: status $status (want 2): $out"; fail=1
+fi
+
+# ---- no threads left: `ulimit -u 1` (RLIMIT_NPROC, which binds users other than root) ----
+# oneTBB's failure to start a worker is "out of memory or threads" (exit 3), not an unexpected error (4). As an
+# unused uid, from a copy of the tool that uid may run. OPENBLAS_NUM_THREADS=1 as the tool sets it: OpenBLAS
+# starts its own threads when it is loaded, before dpe runs, and exits the process if it cannot.
+if [[ $(id -u) -eq 0 ]] && command -v setpriv >/dev/null; then
+  nproc_dir=$(mktemp -d /tmp/dpe_nproc.XXXXXX)
+  cp "$bin" "$nproc_dir/dpe" && chmod 755 "$nproc_dir" "$nproc_dir/dpe"
+  out=$(timeout 60 setpriv --reuid=48879 --regid=48879 --clear-groups env OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE \
+        bash -c 'ulimit -u 1 && exec "$0" train --model mlp --epochs 1 --limit 64 --batch-size 32' \
+        "$nproc_dir/dpe" 2>&1)
+  status=$?
+  if [[ $status -ne 3 ]] || ! grep -q "^dpe train: out of memory or threads: oneTBB could not start a worker thread" <<<"$out"; then
+    echo "FAILED: ulimit -u 1: status $status (want 3):"; echo "$out" | tail -3; fail=1
+  fi
+  rm -rf "$nproc_dir"
+else
+  echo "note: ulimit -u 1 not tried: it needs root (to run as another uid, which RLIMIT_NPROC binds) and setpriv"
+fi
+
 # ---- endless and oversized data files ----
 mkdir -p "$tmp/dir" "$tmp/idx"
 expect 2 "dpe train: load_text_corpus: /dev/zero holds more than 268435456 bytes (the limit" \

@@ -231,7 +231,9 @@ expect_error "--device-ids '': expected at least one device" --device-ids ""
 expect_error "--device-ids 'cpu:0,gpu:1': item 2: invalid device string 'gpu:1'" --device-ids cpu:0,gpu:1
 expect_error "--device-ids: cpu:4096 does not exist" --device-ids cpu:0,cpu:4096
 expect_error "--device-ids lists cpu:1 more than once (items 2 and 3)" --device-ids cpu:0,cpu:1,cpu:1 --batch-size 4
-DPE_NUM_CPU_DEVICES=2000 expect_error "--device-ids lists 1025 devices; expected at most 1024" \
+DPE_NUM_CPU_DEVICES=2000 expect_error "DPE_NUM_CPU_DEVICES='2000': expected an integer in [1, 1024]" --device-ids cpu:0
+# The count is checked before the devices' existence (DPE_NUM_CPU_DEVICES cannot make 1025 of them).
+expect_error "--device-ids lists 1025 devices; expected at most 1024" \
   --device-ids "$(seq -s, -f cpu:%g 0 1024)"
 expect_error "--output-device cpu:0 is used only in dp mode (--mode ddp" --output-device cpu:0
 expect_error "--output-device cpu:0 is used only in dp mode (--mode single" --mode single --output-device cpu:0

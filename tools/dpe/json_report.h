@@ -13,7 +13,7 @@ using JsonReport = nlohmann::ordered_json;
 // had, and nlohmann writes the shortest text that reads back as that double.
 double as_printed(const char* format, double v);
 
-// Writes `report` and a newline to `path` (checked at start-up with check_output_path); invalid UTF-8 in a
+// Writes `report` and a newline to `path` (checked at start-up with check_output_file, file_args.h); invalid UTF-8 in a
 // string is replaced, not an exception. Throws naming `option` and `path` when the file cannot be written.
 void write_json_report(const std::string& option, const std::string& path, const JsonReport& report);
 

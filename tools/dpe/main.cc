@@ -11,8 +11,10 @@
 // Every error is one line on stderr, "dpe <command>: <message>"; nothing ends in abort().
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <optional>
@@ -23,6 +25,7 @@
 #include "core/cpu_isa.h"
 #include "core/error.h"
 #include "tools/dpe/commands.h"
+#include "tools/dpe/environment.h"
 #include "tools/dpe/malloc_arenas.h"
 
 int main(int argc, char** argv) {
@@ -97,7 +100,7 @@ int main(int argc, char** argv) {
       }
     }
     // The environment's settings, checked once the command line is (--help needs none), before the command runs.
-    app->parse_complete_callback([] { dpe::cpu_isa(); });
+    app->parse_complete_callback([] { dpe::tool::check_environment(); });
     app->parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app->exit(e);
@@ -118,6 +121,16 @@ int main(int argc, char** argv) {
   } catch (...) {
     status = report("unexpected error: ", "an exception that is not a std::exception",
                     " (a bug in dpe: please report it)", 4);
+  }
+  // What a command printed is its result: standard output that could not be written (a full disk, /dev/full)
+  // is a failure, not a success.
+  if (status == 0) {
+    errno = 0;
+    const bool flushed = std::fflush(stdout) == 0;
+    const int error = errno;
+    if (!flushed || std::ferror(stdout)) {
+      status = report("cannot write the standard output: ", error != 0 ? std::strerror(error) : "write error", "", 2);
+    }
   }
   if (status != 0) {
     std::fflush(nullptr);

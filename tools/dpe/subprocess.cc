@@ -8,10 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <thread>
 
 #include "core/error.h"
 
@@ -77,8 +80,12 @@ class BlockSigpipe {
 
 }  // namespace
 
-ProcessResult run_process(const std::vector<std::string>& argv, const std::string& input) {
+ProcessResult run_process(const std::vector<std::string>& argv, const std::string& input,
+                          const ProcessLimits& limits) {
   DPE_CHECK(!argv.empty() && !argv[0].empty(), "run_process: expected a program name");
+  DPE_CHECK(limits.seconds > 0 && limits.seconds <= kMaxHelperSeconds && limits.output_bytes > 0,
+            "run_process: limits of ", limits.seconds, " s and ", limits.output_bytes, " bytes; expected seconds in (0, ",
+            kMaxHelperSeconds, "] and bytes > 0");
   const std::string& program = argv[0];
   Fd in_read, in_write, out_read, out_write;
   make_pipe(in_read, in_write, program);
@@ -101,18 +108,28 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::strin
   fcntl(in_write.get(), F_SETFL, O_NONBLOCK);
 
   ProcessResult result;
+  result.limit_seconds = limits.seconds;
+  result.limit_output_bytes = limits.output_bytes;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limits.seconds);
   {
     BlockSigpipe block;
     size_t written = 0;
     if (input.empty()) in_write.close();
     char buf[65536];
     while (out_read.get() >= 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        result.timed_out = true;
+        break;
+      }
       pollfd fds[2] = {{out_read.get(), POLLIN, 0}, {in_write.get(), POLLOUT, 0}};
       const nfds_t count = in_write.get() >= 0 ? 2 : 1;
-      if (poll(fds, count, -1) < 0) {
+      const int ready = poll(fds, count, static_cast<int>(std::min<int64_t>(left.count() + 1, 60'000)));
+      if (ready < 0) {
         if (errno == EINTR) continue;
         break;
       }
+      if (ready == 0) continue;
       if (count == 2 && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
         const ssize_t n = write(in_write.get(), input.data() + written, input.size() - written);
         if (n > 0) written += static_cast<size_t>(n);
@@ -122,6 +139,10 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::strin
       if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
         const ssize_t n = read(out_read.get(), buf, sizeof buf);
         if (n > 0) {
+          if (result.output.size() + static_cast<size_t>(n) > limits.output_bytes) {
+            result.output_exceeded = true;
+            break;
+          }
           result.output.append(buf, static_cast<size_t>(n));
         } else if (n == 0 || errno != EINTR) {
           out_read.close();  // end of file: the child closed its standard output (or exited)
@@ -130,8 +151,19 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::strin
     }
     in_write.close();
   }
+  bool killed = result.timed_out || result.output_exceeded;
+  if (killed) kill(pid, SIGKILL);
+  out_read.close();  // a child still writing gets EPIPE, not a full pipe
+  // A child may outlive its standard output (closed early): the deadline holds until it exits.
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid || (done < 0 && errno != EINTR)) break;
+    if (!killed && std::chrono::steady_clock::now() >= deadline) {
+      result.timed_out = killed = true;
+      kill(pid, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (WIFEXITED(status)) result.exit_status = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
@@ -162,6 +194,14 @@ std::string find_program(const std::string& program) {
 }
 
 std::string describe_status(const ProcessResult& result) {
+  if (result.timed_out) {
+    return dpe::detail::str_cat("killed after running past its ", result.limit_seconds, "-s limit");
+  }
+  if (result.output_exceeded) {
+    const size_t bytes = result.limit_output_bytes;
+    return dpe::detail::str_cat("killed after writing more than ", bytes % (1 << 20) == 0 ? bytes >> 20 : bytes,
+                                bytes % (1 << 20) == 0 ? " MiB" : " bytes", " to its standard output");
+  }
   if (result.signal != 0) {
     return "killed by signal " + std::to_string(result.signal) + " (" + strsignal(result.signal) + ")";
   }

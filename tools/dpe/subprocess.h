@@ -10,31 +10,47 @@
 // its standard output a pipe read into ProcessResult::output, its standard error ours (progress and error
 // messages reach the user as they happen). Input and output are pumped together (poll), so neither side can
 // block the other whatever their sizes; a child that exits without reading its input is not an error
-// (SIGPIPE is blocked on the calling thread while it writes). run_process returns after the child exited.
+// (SIGPIPE is blocked on the calling thread while it writes). Every child runs under limits: one that runs
+// past its time or writes more than its output cap is killed (SIGKILL to the child; processes it started
+// itself are its own), and the result says which. run_process returns after the child exited.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 namespace dpe::tool {
 
+inline constexpr double kMaxHelperSeconds = 1e7;
+
+struct ProcessLimits {
+  double seconds = 60;                 // wall time from the start, in (0, kMaxHelperSeconds]
+  size_t output_bytes = size_t{64} << 20;  // standard output kept at most; more is an error
+};
+
 struct ProcessResult {
   int exit_status = 0;  // the exit code (0 when a signal ended the child)
   int signal = 0;       // the signal that ended the child, or 0
-  std::string output;   // everything the child wrote to its standard output
-  bool ok() const { return exit_status == 0 && signal == 0; }
+  bool timed_out = false;        // killed: ran past ProcessLimits::seconds
+  bool output_exceeded = false;  // killed: wrote more than ProcessLimits::output_bytes
+  double limit_seconds = 0;      // the limits it ran under, for describe_status
+  size_t limit_output_bytes = 0;
+  std::string output;   // what the child wrote to its standard output (at most the limit)
+  bool ok() const { return exit_status == 0 && signal == 0 && !timed_out && !output_exceeded; }
 };
 
 // Throws dpe::Error, naming the program and the reason, when argv is empty or the program cannot be
-// started (not found, not executable).
-ProcessResult run_process(const std::vector<std::string>& argv, const std::string& input = {});
+// started (not found, not executable, no file descriptors or processes left: strerror says which).
+ProcessResult run_process(const std::vector<std::string>& argv, const std::string& input = {},
+                          const ProcessLimits& limits = {});
 
 // Where run_process would find `program`: itself when it contains a '/', else the first executable regular
 // file of that name in PATH's directories; "" when there is none. For start-up checks (a missing gnuplot is
 // reported before a benchmark runs, not after).
 std::string find_program(const std::string& program);
 
-// "exit status 3", "killed by signal 9 (Killed)"
+// "exit status 3", "killed by signal 9 (Killed)", "killed after running past its 60-s limit", "killed after
+// writing more than 64 MiB to its standard output"
 std::string describe_status(const ProcessResult& result);
 
 // The lines of `text`, without their '\n' (a last line without '\n' counts).

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -61,6 +62,30 @@ TEST(RunProcess, ExitStatusAndSignals) {
   EXPECT_EQ(k.signal, 9);
   EXPECT_FALSE(k.ok());
   EXPECT_EQ(describe_status(k).rfind("killed by signal 9", 0), 0u) << describe_status(k);
+}
+
+// A helper program that hangs, or floods its output, is killed at its limit and says so; one that closed its
+// output and went on is killed at the same deadline.
+TEST(RunProcess, LimitsOfTimeAndOutput) {
+  const auto start = std::chrono::steady_clock::now();
+  ProcessResult slow = run_process({"sleep", "30"}, {}, {.seconds = 0.3});
+  EXPECT_TRUE(slow.timed_out);
+  EXPECT_FALSE(slow.ok());
+  EXPECT_EQ(describe_status(slow), "killed after running past its 0.3-s limit");
+  ProcessResult detached = run_process({"/bin/sh", "-c", "exec >&-; sleep 30"}, {}, {.seconds = 0.3});
+  EXPECT_TRUE(detached.timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  ProcessResult flood = run_process({"yes"}, {}, {.seconds = 30, .output_bytes = size_t{1} << 20});
+  EXPECT_TRUE(flood.output_exceeded);
+  EXPECT_LE(flood.output.size(), size_t{1} << 20);
+  EXPECT_EQ(describe_status(flood), "killed after writing more than 1 MiB to its standard output");
+  ProcessResult small = run_process({"yes"}, {}, {.seconds = 30, .output_bytes = 1000});
+  EXPECT_EQ(describe_status(small), "killed after writing more than 1000 bytes to its standard output");
+  ProcessResult fits = run_process({"/bin/sh", "-c", "printf 12345"}, {}, {.seconds = 30, .output_bytes = 5});
+  EXPECT_TRUE(fits.ok()) << describe_status(fits);
+  EXPECT_EQ(fits.output, "12345");
+  EXPECT_NE(dpe::testing::error_of([] { run_process({"true"}, {}, {.seconds = 0}); }).find("expected seconds in (0, "),
+            std::string::npos);
 }
 
 TEST(RunProcess, MissingProgramsAreErrorsNamingThem) {

@@ -18,6 +18,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "tools/dpe/cli_util.h"
+#include "tools/dpe/file_args.h"
 #include "tools/dpe/commands.h"
 #include "tools/dpe/dist_option.h"
 #include "tools/dpe/json_report.h"
@@ -70,10 +71,15 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   if (needs_ddp_shards(args.engine.mode) && !args.engine.dist) {  // across processes: in run_train
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(args.engine.devices.size()));
   }
-  if (!args.json.empty()) check_output_path("--json", args.json);
+  // Note [One rule for every output file] (file_args.h): the files written are what the paths link to.
+  if (!args.json.empty()) args.json = check_output_file("--json", args.json);
   DPE_CHECK(!args.checkpoint_given || args.save_every > 0, "--checkpoint ", args.checkpoint,
             " is written only with --save-every N (N >= 1); add it, or drop --checkpoint");
-  if (args.save_every > 0) check_output_path("--checkpoint", args.checkpoint);
+  if (args.save_every > 0) args.checkpoint = check_output_file("--checkpoint", args.checkpoint, kCheckpointTemporarySuffix);
+  const std::string checkpoint = args.save_every > 0 ? args.checkpoint : "";
+  // --resume and --checkpoint may be one file: continue, and keep saving there.
+  check_distinct_files({{"--json", args.json}, {"--checkpoint", checkpoint}, {"--data-dir", args.data_dir}});
+  check_distinct_files({{"--json", args.json}, {"--resume", args.engine.resume}});
   if (!args.engine.resume.empty()) {
     check_input_file("--resume", args.engine.resume);
     *resumed = read_checkpoint_state(args.engine, args.optimizer);
@@ -373,13 +379,13 @@ void add_train_command(CLI::App& app) {
   add_seed_option(*cmd, "--seed", args->engine.seed, "initial weights and data order");
   add_int_option(*cmd, "--limit", args->limit, "use only the first N training samples", 1, int64_t{1} << 40)
       ->default_str("all");
-  cmd->add_option("--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
+  add_path_option(*cmd, "--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
   add_int_option(*cmd, "--save-every", args->save_every,
                  "checkpoint every N epochs and at the end (replica 0, atomic); 0: never", 0, 1000000);
   CLI::Option* checkpoint =
-      cmd->add_option("--checkpoint", args->checkpoint, "checkpoint path for --save-every (checked at start-up)");
-  cmd->add_option("--resume", args->engine.resume, "continue from this checkpoint (the epoch after the saved one)");
-  cmd->add_option("--json", args->json, "write the final report as JSON to this file (checked at start-up)");
+      add_path_option(*cmd, "--checkpoint", args->checkpoint, "checkpoint path for --save-every (checked at start-up)");
+  add_path_option(*cmd, "--resume", args->engine.resume, "continue from this checkpoint (the epoch after the saved one)");
+  add_path_option(*cmd, "--json", args->json, "write the final report as JSON to this file (checked at start-up)");
   cmd->callback([args, checkpoint, cpu_devices] {
     args->cpu_devices_given = cpu_devices->count() > 0;
     args->checkpoint_given = checkpoint->count() > 0;

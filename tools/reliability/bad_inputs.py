@@ -71,6 +71,13 @@ def prepare(tmp, dpe, env):
     f["garbage"].write_bytes(bytes((i * 131 + 7) % 256 for i in range(4096)))
     f["fifo"] = tmp / "fifo"
     os.mkfifo(f["fifo"])
+    f["dangling"] = tmp / "dangling"
+    os.symlink(tmp / "nothing", f["dangling"])
+    # Helper programs that never finish, or never stop writing (in place of python3).
+    for name, script in {"sleeper": "#!/bin/sh\nexec sleep 600\n", "flood": "#!/bin/sh\nexec yes\n"}.items():
+        f[name] = tmp / name
+        f[name].write_text(script)
+        f[name].chmod(0o755)
     # A valid checkpoint of the mlp after one epoch, and variants of it.
     ck = tmp / "ck.safetensors"
     code, out, _ = run([dpe, "train", "--model", "mlp", "--mode", "single", "--epochs", "1", "--limit", "64",
