@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <charconv>
 #include <limits>
 #include <cstdlib>
@@ -21,6 +22,9 @@ namespace {
 // the payload (the sequence number) is checked all the same.
 constexpr int kArrivalTag = 1;
 constexpr int kFailureTag = 2;
+constexpr int kRollCallTag = 3;
+
+std::atomic<void (*)()> after_arrival_hook{nullptr};
 // Large buffers go in pieces of 1 MiB, one collective after the other: Open MPI's non-blocking all-reduce
 // between 2 processes on this machine reaches 4.7 GB/s at 1-4 MiB but 1.0 GB/s on one 64 MiB buffer, and
 // 2.9 GB/s on the same 64 MiB in 1 MiB pieces (256 KiB: 2.7, 4 MiB: 2.3; docs/BENCHMARKS.md). It also keeps
@@ -312,7 +316,10 @@ void MpiComm::arrive(const std::string& what, const std::vector<int64_t>& signat
                         " for collective #", seq_);
     agree = agree && std::equal(token_of(peer), token_of(peer) + width, token_of(0));
   }
-  if (agree) return;
+  if (agree) {
+    if (void (*hook)() = after_arrival_hook.load()) hook();
+    return;
+  }
   std::string values;
   for (int peer = 0; peer < size_; ++peer) {
     values += detail::str_cat(peer == 0 ? "" : ", ", "rank ", peer, " {");
@@ -334,11 +341,70 @@ void MpiComm::wait(MPI_Request& request, std::chrono::steady_clock::time_point d
   });
   if (failed_elsewhere) check_failures(what);
   if (finished && rc == MPI_SUCCESS) return;
-  aborted_ = detail::str_cat("collective #", seq_, " (", what, "): ",
-                             finished ? "MPI_Test failed: " + mpi_error_string(rc) :
-                                        "every rank arrived but the transfer did not finish within " + seconds(timeout_));
+  if (finished) {
+    aborted_ = detail::str_cat("collective #", seq_, " (", what, "): MPI_Test failed: ", mpi_error_string(rc));
+    throw Error(aborted_);
+  }
+  const std::string silent = silent_peers();
+  aborted_ = detail::str_cat("collective #", seq_, " (", what, "): every rank arrived but the transfer did not finish "
+                             "within ", seconds(timeout_), "; ",
+                             silent.empty() ? "every rank still answers (the transfer itself is stuck)"
+                                            : silent + " stopped answering after arriving (stopped, or stuck outside MPI)");
   throw Error(aborted_);
 }
+
+// Note [Naming the rank that stalls a transfer]
+// Every rank arrived (the arrival tokens said so), so a transfer that does not finish has a rank that stopped
+// after arriving (SIGSTOP, a debugger, a frozen node) or cannot move its data. The ranks still running time
+// out too, each one timeout after the same arrival, within milliseconds of each other: each sends every peer
+// one roll-call token (this collective's number) and listens for theirs for a grace period; the peers never
+// heard from are the ones that stalled it. The grace is the timeout, at least 0.5 s (the other ranks' own
+// timeouts run out within it) and at most 5 s; only then does this rank throw and announce its failure, so
+// no running peer has left its wait, heard of the failure and skipped its roll call. The tokens and requests
+// are left to the ending job, as an aborted collective's are.
+std::string MpiComm::silent_peers() {
+  struct RollCall {
+    int64_t sent = 0;
+    std::vector<int64_t> received;
+    std::vector<MPI_Request> receives;
+  };
+  auto* call = new RollCall{seq_, std::vector<int64_t>(static_cast<size_t>(size_), -1), {}};
+  call->receives.assign(static_cast<size_t>(size_), MPI_REQUEST_NULL);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    MPI_Irecv(&call->received[peer], 1, MPI_INT64_T, peer, kRollCallTag, comm_, &call->receives[peer]);
+    MPI_Request send = MPI_REQUEST_NULL;
+    if (MPI_Isend(&call->sent, 1, MPI_INT64_T, peer, kRollCallTag, comm_, &send) == MPI_SUCCESS) {
+      MPI_Request_free(&send);
+    }
+  }
+  std::vector<bool> answered(static_cast<size_t>(size_), false);
+  answered[rank_] = true;
+  const auto grace = std::clamp(timeout_, std::chrono::milliseconds(500), std::chrono::milliseconds(5000));
+  poll_until(std::chrono::steady_clock::now() + grace, [&] {
+    bool all = true;
+    for (int peer = 0; peer < size_; ++peer) {
+      int done = 0;
+      if (!answered[peer] && MPI_Test(&call->receives[peer], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+        answered[peer] = true;
+      }
+      all = all && answered[peer];
+    }
+    return all;
+  });
+  std::string silent;
+  int count = 0;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (!answered[peer]) silent += detail::str_cat(count++ == 0 ? "" : ", ", peer);
+  }
+  if (count == 0) {
+    delete call;  // every request completed
+    return "";
+  }
+  return detail::str_cat(count > 1 ? "ranks " : "rank ", silent);
+}
+
+void MpiComm::set_after_arrival_hook_for_testing(void (*hook)()) { after_arrival_hook = hook; }
 
 namespace {
 

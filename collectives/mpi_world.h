@@ -142,9 +142,16 @@ class MpiComm {
   // Each collective above starts with it; a transport of its own (NCCL) calls it to get the same checks.
   void arrive(const std::string& what, const std::vector<int64_t>& signature, const char* signature_names);
 
+  // Tests only: called by every arrive() on this process once all ranks arrived, before the transfer (a
+  // test stops its process there, to be the rank that stalls a transfer). nullptr: none.
+  static void set_after_arrival_hook_for_testing(void (*hook)());
+
  private:
   // Waits for `request` until the deadline; throws (and aborts the communicator) past it.
   void wait(MPI_Request& request, std::chrono::steady_clock::time_point deadline, const std::string& what);
+  // Note [Naming the rank that stalls a transfer] (mpi_world.cc): "rank 1" (or "ranks 1, 3") that sent no
+  // roll-call token within the grace; "" when every peer did.
+  std::string silent_peers();
   void check_not_aborted(const std::string& what) const;
   // gather and scatter: MPI_Igather or MPI_Iscatter (`call`, named `name`) of `bytes` bytes per process.
   using RootedCall = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, int, MPI_Comm, MPI_Request*);

@@ -3,6 +3,8 @@
 #include "collectives/mpi_world.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <map>
@@ -153,6 +155,32 @@ TEST(MpiComm, ARankThatDoesNotArriveIsNamedAfterTheTimeout) {
     }
   }
   after.barrier("after the timeout");
+}
+
+// The last rank arrives at an all-reduce and stops (SIGSTOP) before its transfer: the others' errors name it
+// (Note [Naming the rank that stalls a transfer]); rank 0 then lets it go on (SIGCONT).
+TEST(MpiComm, ARankThatStopsAfterArrivingIsNamed) {
+  MpiComm stalled(300ms);
+  MpiComm after(30s);
+  const int last = stalled.size() - 1;
+  std::vector<int64_t> pids(static_cast<size_t>(after.size()), 0);
+  pids[after.rank()] = getpid();
+  after.all_reduce(pids.data(), after.size(), DType::Int64, ReduceOp::Sum, "pids");
+  if (stalled.rank() == last) MpiComm::set_after_arrival_hook_for_testing([] { raise(SIGSTOP); });
+  float x = 1;
+  try {
+    stalled.all_reduce(&x, 1, DType::Float32, ReduceOp::Sum, "bucket 7");
+    EXPECT_EQ(stalled.rank(), last) << "the transfer finished without the stopped rank";
+  } catch (const Error& e) {
+    if (stalled.rank() != last) {
+      EXPECT_EQ(std::string(e.what()), "collective #1 (bucket 7): every rank arrived but the transfer did not finish "
+                                       "within 0.3 s; rank " + std::to_string(last) +
+                                       " stopped answering after arriving (stopped, or stuck outside MPI)");
+    }
+  }
+  MpiComm::set_after_arrival_hook_for_testing(nullptr);
+  if (stalled.rank() == 0) kill(static_cast<pid_t>(pids[last]), SIGCONT);
+  after.barrier("after the stall");
 }
 
 }  // namespace
