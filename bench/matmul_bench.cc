@@ -1,6 +1,6 @@
 // Times gemm_cpu (float32) on square sizes and on the MLP's forward/backward shapes, single-threaded and
 // with every hardware thread, against the FMA peak measured here with the widest vectors the CPU has
-// (bench/fma_peak.h): once with the measured per-shape choice (policy "auto", and what it chose) and once
+// (core/fma_peak.h): once with the measured per-shape choice (policy "auto", and what it chose) and once
 // with each library forced; the "default" column names the library the default policy's rule ("onednn")
 // runs the shape on (Note [float32 GEMM choice] in core/kernels/sgemm_cpu.cc). OpenBLAS follows
 // OPENBLAS_CORETYPE, which oneDNN ignores; the header line says which kernel OpenBLAS loaded.
@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/fma_peak.h"
+#include "core/fma_peak.h"
 #include "core/kernels/matmul.h"
 #include "core/kernels/sgemm_choice.h"
 
@@ -121,14 +121,14 @@ int main(int argc, char** argv) {
   const int all_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   // Peak: one core's FMA throughput, with the widest vectors the CPU has (Note [FMA peak probe] in
-  // bench/fma_peak.cc).
-  const std::vector<dpe::bench::FmaPeak> peaks = dpe::bench::probe_fma_peaks();
+  // core/fma_peak.cc).
+  const std::vector<dpe::FmaPeak> peaks = dpe::probe_fma_peaks();
   std::printf("FMA peak probe, one core:");
-  for (const dpe::bench::FmaPeak& p : peaks) std::printf(" %s %.1f GFLOP/s", p.isa.c_str(), p.gflops);
-  const dpe::bench::FmaPeak widest = dpe::bench::widest(peaks);
+  for (const dpe::FmaPeak& p : peaks) std::printf(" %s %.1f GFLOP/s", p.isa.c_str(), p.gflops);
+  const dpe::FmaPeak widest = dpe::widest(peaks);
   const double peak = widest.gflops;
   // Every CPU at once (Note [Every CPU at once]): what t threads can do is t of its CPUs' shares.
-  const dpe::bench::MachinePeak machine = dpe::bench::probe_fma_peak_every_cpu();
+  const dpe::MachinePeak machine = dpe::probe_fma_peak_every_cpu();
   const double per_cpu_together = machine.gflops / static_cast<double>(machine.cpus.size());
   std::printf("\n  -> single-core FP32 peak used below: %.1f GFLOP/s (%s); with %zu CPUs at once %.1f GFLOP/s (%s), "
               "%.1f per CPU for the %d-thread rows\n",

@@ -55,6 +55,12 @@ def dpe_isa_capped_tests(test, args = [], data = [], size = None, tags = []):
             tags = tags,
         )
 
+def dpe_sh_test(name, args = [], data = [], size = None, tags = [], isa_caps = False):
+    """The shell test `<name>.sh` with its `args` and `data`; `isa_caps`: also run under each of ISA_CAPS."""
+    native.sh_test(name = name, srcs = [name + ".sh"], args = args, data = data, size = size, tags = tags)
+    if isa_caps:
+        dpe_isa_capped_tests(name, args = args, data = data, size = size, tags = tags)
+
 def dpe_cc_test(name, copts = [], deps = [], tags = [], isa_caps = False, **kwargs):
     """A gtest test with dpe's flags and test main; `isa_caps`: also run under each of ISA_CAPS."""
     native.cc_test(

@@ -8,7 +8,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "tools/dpe/cli_util.h"
+#include "tools/dpe/fault_injection.h"
 #include "tools/dpe/file_args.h"
 #include "tools/dpe/commands.h"
 #include "tools/dpe/dist_option.h"
@@ -46,8 +46,7 @@ struct TrainArgs {
   std::string dist = "none";
   std::string split = "chunk";
   std::string on_device_failure = "fail";
-  std::string inject_failure;  // tests only: "cpu:1@3" fails the loss on cpu:1 in the run's step 3 (DDP)
-  std::string inject_hang;     // tests only: "cpu:1@3" blocks the loss on cpu:1 in the run's step 3 for good
+  InjectedFaults faults;  // tests only (fault_injection.h)
 };
 
 // Everything that can be refused without loading data or building the engine, in the order a user would
@@ -149,28 +148,8 @@ void run_train(TrainArgs args) {
   std::unique_ptr<DataParallel> dp = make_engine(args.engine, args.optimizer, &first_epoch);
   DPE_INTERNAL_ASSERT(first_epoch == resumed.epoch, "the checkpoint's epoch changed between two reads");
   LossFn loss_fn = models::model_loss(args.engine.model);
-  // --inject-failure / --inject-hang DEVICE@STEP (tests): the loss on DEVICE throws, or never returns (a
-  // kernel stuck for good: the engine declares the device lost), in that step (counted from 0 in this run).
-  int64_t step_in_run = 0;
-  auto device_and_step = [](const char* option, const std::string& value) {
-    const size_t at = value.find('@');
-    DPE_CHECK(at != std::string::npos, option, " ", value, ": expected DEVICE@STEP");
-    return std::pair{Device::parse(value.substr(0, at)), parse_int(option, value.substr(at + 1), 0, int64_t{1} << 40)};
-  };
-  if (!args.inject_failure.empty()) {
-    const auto [device, step] = device_and_step("--inject-failure", args.inject_failure);
-    loss_fn = [inner = loss_fn, device, step, &step_in_run](const Tensor& out, const Tensor& target) {
-      DPE_CHECK(!(out.device() == device && step_in_run == step), "failure injected by --inject-failure on ", device);
-      return inner(out, target);
-    };
-  }
-  if (!args.inject_hang.empty()) {
-    const auto [device, step] = device_and_step("--inject-hang", args.inject_hang);
-    loss_fn = [inner = loss_fn, device, step, &step_in_run](const Tensor& out, const Tensor& target) {
-      while (out.device() == device && step_in_run == step) std::this_thread::sleep_for(std::chrono::hours(1));
-      return inner(out, target);
-    };
-  }
+  int64_t step_in_run = 0;  // what fault injection counts (fault_injection.h)
+  loss_fn = with_injected_faults(std::move(loss_fn), args.faults, step_in_run);
   // --dist mpi: this process's slice of every global batch (training.h); process 0 prints, evaluates, and
   // writes checkpoints and --json.
   const ProcessSlice slice = process_slice(*dp, args.engine.dist.has_value(), args.batch_size);
@@ -361,9 +340,7 @@ void add_train_command(CLI::App& app) {
   add_real_option(*cmd, "--timeout", args->engine.timeout_s, "seconds one device may keep the others waiting: the "
                   "collectives' timeout, and how long after another device finished its work a device still busy "
                   "is declared lost (stuck in a kernel; docs/DATA_PARALLEL.md)", 0, true);
-  // Tests only, hidden from --help.
-  cmd->add_option("--inject-failure", args->inject_failure, "")->group("");
-  cmd->add_option("--inject-hang", args->inject_hang, "")->group("");
+  add_fault_injection_options(*cmd, args->faults);
   cmd->add_option("--precision", args->engine.precision, "fp32; bf16 (autocast: bfloat16 products with float32 "
                   "accumulation and master weights); fp16 (CUDA only, with a gradient scaler; docs/MIXED_PRECISION.md)")
       ->check(CLI::IsMember(kPrecisions));

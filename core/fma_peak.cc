@@ -1,4 +1,4 @@
-#include "bench/fma_peak.h"
+#include "core/fma_peak.h"
 
 #include <immintrin.h>
 
@@ -11,7 +11,7 @@
 #include "core/cpu_cores.h"
 #include "core/cpu_isa.h"
 
-namespace dpe::bench {
+namespace dpe {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -136,4 +136,4 @@ FmaPeak widest(const std::vector<FmaPeak>& peaks) {
                            [](const FmaPeak& x, const FmaPeak& y) { return x.gflops < y.gflops; });
 }
 
-}  // namespace dpe::bench
+}  // namespace dpe

@@ -1,11 +1,11 @@
-// The FMA peak, measured (Note [FMA peak probe] in fma_peak.cc): one core's, what "% of peak" in
-// bench/matmul_bench is relative to, and every CPU's at once, the FMA-peak limit of `dpe bench`.
+// The FMA peak, measured (Note [FMA peak probe] in fma_peak.cc): every CPU's at once, the FMA-peak limit
+// `dpe bench` holds its rows against, and one core's, what "% of peak" in bench/matmul_bench is relative to.
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace dpe::bench {
+namespace dpe {
 
 struct FmaPeak {
   std::string isa;  // "AVX2" or "AVX-512": the vector width the figure was measured with
@@ -32,4 +32,4 @@ struct MachinePeak {
 // where cores share FMA units or clock down together. Takes ~0.3 s per ISA.
 MachinePeak probe_fma_peak_every_cpu();
 
-}  // namespace dpe::bench
+}  // namespace dpe

@@ -1,0 +1,112 @@
+// The parts of `dpe bench` (bench_command.cc, whose file comment says what it measures and why): its options,
+// a row of its table, and the functions of its three jobs: running dpe's rows (bench_rows.cc), PyTorch's side
+// (bench_pytorch.cc), the report (bench_report.cc).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/autograd/profiler.h"
+#include "core/device.h"
+#include "tools/dpe/training.h"
+
+namespace dpe::tool::bench {
+
+// DDP with nothing exchanged (the file's comment says why it exists), and PyTorch's (pytorch_reference.py).
+inline constexpr const char* kNoSyncMode = "ddp-no-sync";
+inline constexpr const char* kPytorchNoSyncConfig = "ddp-gloo-no-sync";
+
+// Modes whose replicas each take a shard of the batch (so every device needs a sample of it).
+inline bool shards_per_replica(const std::string& mode) { return needs_ddp_shards(mode) || mode == kNoSyncMode; }
+
+struct BenchArgs {
+  std::string model = "mlp", json, csv, png, pytorch_script, data_dir;
+  // The PyTorch side's interpreter, run directly (never through a shell): Debian's, which has python3-torch.
+  std::string pytorch_python = "/usr/bin/python3";
+  double pytorch_timeout = 3600;  // seconds the PyTorch side may run
+  std::optional<std::string> device_ids;
+  std::vector<std::string> modes = {"single", "dp", "ddp"};
+  std::vector<std::string> pytorch_configs = {"single-1t", "single-2t", "ddp-gloo"};
+  int64_t batch_size = 256, steps = 30, warmup = 5, repeat = 1;
+  int cpu_devices = 2;
+  bool cpu_devices_given = false;  // --cpu-devices given: CPU devices even where there is a GPU
+  bool compare_pytorch = false;
+  std::string dist = "none";  // "mpi": DDP over the devices of every process of an MPI launch
+  std::string split = "chunk";  // dp and ddp's split rule: chunk, balanced, auto
+  bool deterministic = false;   // dp and ddp in the deterministic mode (rows dp-det, ddp-det)
+  int64_t virtual_shards = 0;
+  std::vector<std::string> precisions = {"fp32"};  // every mode in each (rows ddp, ddp-bf16, ...)
+  std::string reduce_dtype = "fp32";  // ddp's bucket dtype (rows ddp-r16 with bf16 or fp16)
+  bool profile = false;  // after each mode's timed steps, as many again with the backward profiled
+  bool channels_last = false;  // the inputs in channels-last memory (rows ddp-cl, ...)
+  bool cudnn_benchmark = false;  // cuDNN's convolution algorithms measured (core/backends.h)
+};
+
+struct Row {
+  std::string framework = "dpe", config, precision = "fp32";
+  std::string mode;  // dpe rows: the --modes entry (config adds the run's suffixes: -cl, -det, -bf16, ...)
+  int devices = 1;
+  double samples_per_s = 0, step_ms = 0;
+  std::optional<double> scaling;  // against the single row of the same precision; none without one
+  StepReport phases;  // per-step averages of the timed steps (ms), bytes per step
+  std::vector<std::pair<Device, int64_t>> peak;  // peak allocated bytes per device during the timed steps
+  std::string note;
+  bool reports = true;  // --dist mpi: only process 0's rows are shown and written
+  int64_t processes = 1;  // --dist mpi: the processes whose devices the row counts
+  std::vector<double> split_weights, ms_per_sample;  // --split auto: after the last timed step
+  std::vector<autograd::NodeTime> backward_profile;  // --profile: summed over its steps and devices
+  int64_t profiled_steps = 0;
+  // --repeat: every round's measurement of this row, in round order (the row itself is the median one).
+  struct Round {
+    std::string config;  // auto may choose another mode in another round
+    double samples_per_s = 0;
+    std::optional<double> scaling;
+  };
+  std::vector<Round> rounds;
+};
+
+// ---- running dpe's rows (bench_rows.cc) ----
+
+// One row: `mode` (single, single-all, dp, ddp, ddp-no-sync, auto) in `precision` on `devices`: its warm-up,
+// then its timed steps over `data`'s training set (and as many again profiled, with --profile).
+Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string& precision,
+               const std::vector<Device>& devices, const ModelData& data);
+// Scaling: against the single-device row of the same precision (and the run's other flags, which every row
+// shares) of the same round.
+void set_scaling(std::vector<Row>& rows);
+// --repeat: each row's median round, with every round's figures attached (bench_command.cc says which). The
+// rounds ran the same modes and PyTorch configurations in the same order.
+std::vector<Row> median_rounds(std::vector<std::vector<Row>> rounds);
+
+// ---- PyTorch's side (bench_pytorch.cc) ----
+
+// The configurations tools/bench/pytorch_reference.py knows (its parse_config): single, single-Nt (N >= 1
+// threads), cuda, dp, ddp-gloo, ddp-gloo-no-sync. Checked at start-up, so that a typo fails before dpe's runs.
+bool is_pytorch_config(const std::string& c);
+// --pytorch-script, or the repository's tools/bench/pytorch_reference.py.
+std::string pytorch_script_path(const BenchArgs& args);
+// PyTorch's rows: the script run (python3, an argument vector, under --pytorch-timeout) on the first `samples`
+// training samples; throws naming the command and what failed.
+std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples);
+
+// ---- the report (bench_report.cc) ----
+
+// DPE_PEAK_GFLOPS: the machine's FMA peak in GFLOP/s, all cores together, where the user states it (a
+// figure from the CPU's data sheet, say); unset: measured. Set but not a positive number: an error naming the
+// value.
+std::optional<double> peak_override();
+// The table, then the exchanges' costs, the FMA-peak limit and the GEMM choices (CPU devices).
+void print_table(const BenchArgs& args, const std::vector<Row>& rows);
+// --repeat: every round of every row.
+void print_rounds(const std::vector<Row>& rows);
+// --split auto: the weights each row settled on, per device.
+void print_split_weights(const std::vector<Row>& rows, const std::vector<Device>& devices);
+// --profile: a row's backward by node kind, per step, the largest first.
+void print_backward_profile(const Row& r, const std::vector<Device>& devices);
+// --json, --csv, --png.
+void write_outputs(const BenchArgs& args, const std::vector<Row>& rows);
+
+}  // namespace dpe::tool::bench
