@@ -102,7 +102,7 @@ std::unique_ptr<NcclComms> NcclComms::shrink(const std::vector<int>& excluded) {
   shrunk->first_rank = impl_->first_rank - static_cast<int>(std::lower_bound(excluded.begin(), excluded.end(),
                                                                              impl_->first_rank) - excluded.begin());
   // NCCL takes a non-const list (it sorts it). It refuses an empty one (ncclCommInitChildComm in NCCL's
-  // src/init.cc requires excludeRanksCount > 0; the first GPU run saw "invalid argument"), so a shrink by
+  // src/init.cc requires excludeRanksCount > 0: "invalid argument" otherwise), so a shrink by
   // nobody splits every communicator into one of the same members instead: a new communicator either way,
   // the parents aborted.
   std::vector<int> excluded_ranks = excluded;

@@ -78,7 +78,7 @@ void reduce_plain(ReduceOp op, const std::vector<const void*>& inputs, const std
 // non-temporal store writes whole lines past the caches without fetching them, and the partner reads them from memory,
 // which its prefetchers stream. On the MLP's DDP step (2 CPU devices, 2.7 MB of gradients) the step got 0.06-0.11 ms
 // shorter in four alternating pairs, the all-reduce taking 0.18-0.26 against 0.18-0.38 ms (docs/BENCHMARKS.md,
-// eighteenth session). The member's own sums stay plain stores: its optimizer reads them next, from this core's cache.
+// "What each CPU kernel gained in the step"). The member's own sums stay plain stores: its optimizer reads them next, from this core's cache.
 // The sfence at the end orders the streamed stores before whatever the member stores next, so the rendezvous that tells
 // the partner the sums are there publishes them too. Only the two-member float32 pass streams (the measured case: these
 // VMs have two cores); more members write every output plainly.

@@ -590,7 +590,7 @@ class FailsOnOneDevice : public Cloneable<FailsOnOneDevice> {
   Phase phase_;
 };
 
-// Regression (issue 13, item 2): the caller got a partner's secondary "process group is aborted" error
+// Regression: the caller got a partner's secondary "process group is aborted" error
 // (replica 0's) instead of the failed replica's own.
 TEST(DdpTest, AFailedReplicaIsReportedAsItselfNotAsItsPartners) {
   for (int failing : {1, 2}) {

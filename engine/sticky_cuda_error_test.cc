@@ -1,4 +1,4 @@
-// Issue 19's question, asked on a GPU: how far does a sticky CUDA error reach? One DDP replica's kernel writes
+// Asked on a GPU: how far does a sticky CUDA error reach? One DDP replica's kernel writes
 // through an illegal address under on_device_failure = drop_device. cudaErrorIllegalAddress is sticky: every
 // later call in that GPU's CUDA context fails with it, for the life of the process (CUDA's documented rule).
 // - Two GPUs (cuda:0, cuda:1 on different physical GPUs): the error is confined to cuda:1's context, so dpe

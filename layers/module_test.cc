@@ -106,7 +106,7 @@ TEST(ModuleTest, CloneIsADeepCopyOnTheTargetDevice) {
 }
 
 // Regression: a clone's parameters all came back with requires_grad true, so a frozen parameter was
-// trainable on every DataParallel replica but the master (issue 13, item 1).
+// trainable on every DataParallel replica but the master.
 TEST(ModuleTest, CloneKeepsFrozenParametersFrozen) {
   Mlp m;
   m.fc1->weight.set_requires_grad(false);

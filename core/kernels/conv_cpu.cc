@@ -156,7 +156,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Conv2dShape& s, bool 
 // 2026-11-25 Xeon (AMX) VM, batch 128, 32 -> 64 channels, 14 x 14, reorders included: float32 forward
 // 11.3 -> 5.5 ms, backward data 13.1 -> 5.3, backward weights 10.0 -> 5.3; bfloat16 7.5 -> 1.5, 8.4 -> 1.8,
 // 6.7 -> 2.2. The activations are reordered at every call (a backward's two passes share dy's reorder:
-// conv2d_backward_cpu); keeping them blocked between layers would save those copies too (issue 16).
+// conv2d_backward_cpu); keeping them blocked between layers would save those copies too.
 struct Relayout {
   int arg = 0;                  // DNNL_ARG_SRC, ...
   bool output = false;          // reordered from the chosen layout into the caller's after the primitive

@@ -263,7 +263,8 @@ Choice choose(const char* what, Pass pass, int device, cudnnHandle_t handle, con
 // algorithm of Note [cuDNN algorithm choice] (its math set on d.conv) and that algorithm's workspace size.
 // Built by the shape's first call and kept, as PyTorch keeps its cuDNN plans: a training loop repeats its
 // shapes every step, and the workspace-size query alone costs 33 us of host time per call (cuDNN 9.14 on an
-// H100 machine; the descriptors 1 us), more than a small convolution's kernel (docs/GPU.md, "Sixth GPU run").
+// H100 machine; the descriptors 1 us), more than a small convolution's kernel (docs/BENCHMARKS.md,
+// cudnn_call_overhead_bench).
 // Never changed once cached, so calls may share one; the key's device keeps devices apart (each has its own
 // handle and stream).
 struct Plan {

@@ -440,7 +440,7 @@ TEST(PoolTest, Errors) {
 
 // Runs f on cpu:0 and on `device` with fresh leaves holding the inputs' values, backward with the same dy, and
 // compares outputs and input gradients within tol. Fresh leaves on both sides: reusing the caller's tensors
-// would accumulate their gradients across calls (the first GPU run's PoolsMatchCpu failure).
+// would accumulate their gradients across calls (PoolsMatchCpu once failed so on a GPU).
 void expect_device_matches_cpu(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                                const std::vector<Tensor>& inputs, double tol, Device device = Device::cuda(0)) {
   std::vector<Tensor> cpu_inputs, device_inputs;

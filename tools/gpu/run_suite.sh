@@ -418,8 +418,7 @@ if ((bench)); then
   # @2dev rows run two logical devices on it: the multi-device code paths and their overhead, not scaling.
   if ((gpus > 0)) && [[ -x "$dpe_tool" ]]; then
     mkdir -p "$results/bench"
-    # First, issue 20's items 5 and 4: dpe beside PyTorch, and training to an accuracy. PyTorch on the same GPU,
-    # models, data and batch (item 5): the machine's own torch, run by dpe bench --compare-pytorch through a
+    # First dpe beside PyTorch, and training to an accuracy. PyTorch on the same GPU, models, data and batch: the machine's own torch, run by dpe bench --compare-pytorch through a
     # wrapper that gives it the machine's library path, not the bundle's. Its rows hold dpe's own.
     dpe_only_models=()
     torch_py=""
@@ -444,7 +443,7 @@ if ((bench)); then
             --pytorch-configs cuda,dp --json "$results/bench/dpe_vs_pytorch_$model$suffix.json"
         done
       done
-      # Where the backward spends its time on the GPU, node by node (issue 20, item 5), and the CNN's phases
+      # Where the backward spends its time on the GPU, node by node, and the CNN's phases
       # with every launch synchronous (CUDA_LAUNCH_BLOCKING=1: each phase's host time is then its GPU time plus
       # the launches, so a phase much longer there than in the normal row is GPU-bound).
       for model in tiny-llama cnn; do
@@ -487,7 +486,7 @@ if ((bench)); then
       bench_fail=$((bench_fail + 1))
       dpe_only_models=(mlp cnn tiny-llama)
     fi
-    # Training to an accuracy (issue 20, item 4): the CNN for 2 epochs on cuda:0 and on two logical devices,
+    # Training to an accuracy: the CNN for 2 epochs on cuda:0 and on two logical devices,
     # DP and DDP, each within 0.5 points of the same run on CPU devices.
     train_args=(train --model cnn --epochs 2)
     run_bench "train_cnn_cpu" "" "$dpe_tool" "${train_args[@]}" --mode ddp --cpu-devices 2 \
@@ -535,7 +534,7 @@ EOF
   elif [[ -x "$dpe_tool" ]]; then
     say "   (no GPU: the dpe bench / dpe collectives GPU benchmarks are not run)"
   fi
-  # Issue 18's auto split on two CPU devices that are unequal without sharing a core (2 cores against 6: the
+  # The auto split on two CPU devices that are unequal without sharing a core (2 cores against 6: the
   # development VMs can only time-share one), where the machine has the cores: the even split, then auto.
   if (($(nproc) >= 8)) && [[ -x "$dpe_tool" ]]; then
     for split in chunk auto; do

@@ -2,8 +2,8 @@
 # run_suite.sh's verdicts on what compute-sanitizer prints, without a GPU: a bundle of one test binary
 # (run_suite_fixture: a case the CUDA filter picks, making no CUDA call), stand-ins for nvidia-smi (one GPU)
 # and for compute-sanitizer (it runs the program, then prints what $FAKE_SANITIZER names), and the runner's
-# sanitizer pass over the picked case. The seventh GPU run counted a host-only binary's sanitizer rows as
-# failures ("no summary"); they are rows with nothing to check.
+# sanitizer pass over the picked case. A host-only binary's sanitizer rows are rows with nothing to check, not
+# failures ("no summary", as they were once counted).
 #   run_suite_test.sh RUN_SUITE_SH FIXTURE_BINARY
 set -uo pipefail
 runner="$1" fixture="$2"
