@@ -22,15 +22,15 @@ Dataset load_fashion_mnist(const std::string& dir, Split split, const FashionMni
   const std::string prefix = split == Split::Train ? "train" : "t10k";
   const std::string images_path = join_path(dir, prefix + "-images-idx3-ubyte.gz");
   const std::string labels_path = join_path(dir, prefix + "-labels-idx1-ubyte.gz");
-  const IdxReadOptions read_options{.max_items = options.limit, .open_hint = kInstallHint};
-
-  // Labels first: the small file, so a missing or mismatched data set fails fast.
-  IdxArray labels = read_idx(labels_path, kIdxLabelsMagic, read_options);
-  IdxArray images = read_idx(images_path, kIdxImagesMagic, read_options);
-
-  DPE_CHECK(images.dims[1] == kFashionMnistSide && images.dims[2] == kFashionMnistSide, images_path,
-            ": images are ", images.dims[1], "x", images.dims[2], "; expected ", kFashionMnistSide, "x",
-            kFashionMnistSide);
+  // Labels first: the small file, so a missing or mismatched data set fails fast. The images' 28x28 is
+  // checked by read_idx right after the header, before their payload is read.
+  IdxArray labels = read_idx(labels_path, kIdxLabelsMagic, {.max_items = options.limit, .open_hint = kInstallHint});
+  IdxArray images = read_idx(images_path, kIdxImagesMagic,
+                             {.max_items = options.limit,
+                              .open_hint = kInstallHint,
+                              .item_dims = {kFashionMnistSide, kFashionMnistSide},
+                              .item_name = "images"});
+  DPE_INTERNAL_ASSERT(images.dims[1] == kFashionMnistSide && images.dims[2] == kFashionMnistSide);
   DPE_CHECK(images.file_items == labels.file_items, images_path, " holds ", images.file_items,
             " images but ", labels_path, " holds ", labels.file_items, " labels; expected the same count");
   const int64_t n = labels.dims[0];

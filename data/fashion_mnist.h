@@ -5,9 +5,11 @@
 //   data::Dataset train = data::load_fashion_mnist(data::kFashionMnistDir, data::Split::Train);
 //   // train.images: (60000, 1, 28, 28) float32 on cpu:0, normalised; train.labels: (60000) int64 in [0, 10)
 //
-// Validation (every failure a dpe::Error naming the file): each file's magic number, header and exact
-// payload length (data/idx_reader.h); images are 28x28; the image and label files hold the same number of
-// items; every label is below 10. A missing file says how to install the data set.
+// Validation (every failure a dpe::Error naming the file): each file is a regular file (a FIFO is refused
+// without waiting for a writer), its magic number, header and exact payload length, trailing data found
+// without reading it (data/idx_reader.h); images are 28x28, checked right after their header, before the
+// payload is read; the image and label files hold the same number of items; every label is below 10. A
+// missing file says how to install the data set.
 #pragma once
 
 #include <cstdint>

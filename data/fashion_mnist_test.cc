@@ -2,7 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -164,7 +173,7 @@ TEST(FashionMnistFiles, TrailingData) {
   FakeSplit s;
   s.pixels.resize(3 * 28 * 28 + 5);
   const std::string dir = write_split(s);
-  expect_contains(load_error(dir), dir + "/train-images-idx3-ubyte.gz: 5 unexpected trailing bytes");
+  expect_contains(load_error(dir), dir + "/train-images-idx3-ubyte.gz: trailing data after 3 items");
 }
 
 TEST(FashionMnistFiles, CountMismatch) {
@@ -184,6 +193,35 @@ TEST(FashionMnistFiles, WrongImageSize) {
   s.pixels.resize(3 * 28 * 27);
   const std::string dir = write_split(s);
   expect_contains(load_error(dir), "train-images-idx3-ubyte.gz: images are 28x27; expected 28x28");
+}
+
+// Regression (hardening round 3, item 6): the image size was checked after the payload was read, so 28x29
+// images with a short payload failed as "truncated payload". The size is checked right after the header.
+TEST(FashionMnistFiles, WrongImageSizeIsFoundBeforeThePayload) {
+  FakeSplit s;
+  s.image_dims = {3, 28, 29};
+  s.pixels.resize(100);  // far less than 3 * 28 * 29
+  const std::string dir = write_split(s);
+  const std::string message = load_error(dir);
+  expect_contains(message, dir + "/train-images-idx3-ubyte.gz: images are 28x29; expected 28x28 (the header's "
+                                 "sizes are [3, 28, 29])");
+  EXPECT_EQ(message.find("truncated"), std::string::npos) << message;
+}
+
+// Regression (hardening round 3, item 6): a FIFO without a writer in --data-dir blocked forever in open().
+TEST(FashionMnistFiles, AFifoIsRefusedWithoutWaitingForAWriter) {
+  const std::string dir = write_split(FakeSplit{});
+  const std::string labels = dir + "/train-labels-idx1-ubyte.gz";
+  std::filesystem::remove(labels);
+  ASSERT_EQ(::mkfifo(labels.c_str(), 0644), 0) << std::strerror(errno);
+  auto result = std::async(std::launch::async, [&] { return load_error(dir); });
+  if (result.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+    ADD_FAILURE() << "load_fashion_mnist blocked on a FIFO without a writer";
+    const int fd = ::open(labels.c_str(), O_WRONLY | O_NONBLOCK);  // lets the blocked open() return
+    if (fd >= 0) ::close(fd);
+  }
+  expect_contains(result.get(), "cannot read " + labels + ": it is a FIFO (named pipe), not a regular file; "
+                                "expected an IDX file; install the data set");
 }
 
 TEST(FashionMnistFiles, LabelOutOfRange) {

@@ -37,24 +37,45 @@ std::string describe_magic(uint32_t magic) {
 // file of n bytes decompresses to more than n * kMaxDeflateRatio bytes.
 constexpr int64_t kMaxDeflateRatio = 1032;
 
+const char* file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 // An open gzip (or plain) file; closes on destruction. Opens the descriptor itself so that it knows what the
-// path is (a directory is refused by name) and, for a regular file, its size on disk.
+// path is: a directory, FIFO, device or socket is refused by name, and the size on disk bounds the payload.
+// O_NONBLOCK: opening a FIFO must not wait for a writer (it waited forever); it is refused by the fstat of the
+// descriptor just opened (no window between a check and the open), and the flag is cleared for the reads.
 class GzFile {
  public:
   GzFile(const std::string& path, const std::string& open_hint) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       const int err = errno;
       DPE_CHECK(false, "cannot open ", path, ": ", std::strerror(err), open_hint.empty() ? "" : "; ", open_hint);
     }
     struct stat st;
-    if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
-      const int err = S_ISDIR(st.st_mode) ? EISDIR : errno;
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
       ::close(fd);
-      DPE_CHECK(false, "cannot read ", path, ": ", std::strerror(err), "; expected an IDX file",
+      DPE_CHECK(false, "cannot read ", path, ": ", std::strerror(err));
+    }
+    if (S_ISDIR(st.st_mode)) {
+      ::close(fd);
+      DPE_CHECK(false, "cannot read ", path, ": ", std::strerror(EISDIR), "; expected an IDX file",
                 open_hint.empty() ? "" : "; ", open_hint);
     }
-    if (S_ISREG(st.st_mode)) file_bytes_ = static_cast<int64_t>(st.st_size);
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      DPE_CHECK(false, "cannot read ", path, ": it is ", file_kind(st.st_mode),
+                ", not a regular file; expected an IDX file", open_hint.empty() ? "" : "; ", open_hint);
+    }
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    file_bytes_ = static_cast<int64_t>(st.st_size);
     errno = 0;
     file_ = gzdopen(fd, "rb");  // on success owns fd (gzclose_r closes it)
     if (file_ == nullptr) {
@@ -64,7 +85,7 @@ class GzFile {
   }
   ~GzFile() { gzclose_r(file_); }
 
-  // The file's size on disk, or -1 when it is not a regular file (a FIFO, a device): no bound is known then.
+  // The file's size on disk (a regular file's: nothing else is opened).
   int64_t file_bytes() const { return file_bytes_; }
   // Whether the file is plain (not gzip). Valid after the first read.
   bool is_plain() { return gzdirect(file_) == 1; }
@@ -113,6 +134,14 @@ std::string dims_str(const std::vector<int64_t>& dims) {
   return s + "]";
 }
 
+// "28x29".
+template <typename It>
+std::string sizes_str(It begin, It end) {
+  std::string s;
+  for (It it = begin; it != end; ++it) s += (it == begin ? "" : "x") + std::to_string(*it);
+  return s;
+}
+
 uint32_t load_be32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
@@ -140,6 +169,19 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic, const IdxRea
     got = file.read(word, 4);
     DPE_CHECK(got == 4, path, ": the header ends early: size ", d, " of ", ndims, " is missing");
     result.dims.push_back(load_be32(word));
+  }
+  // The items' own sizes against what the caller expects (28x28 images), right after the header: before any
+  // payload is read, and before their product (whose overflow is about these sizes too). A file of other
+  // images once failed as "truncated", or was read whole, before its sizes were looked at.
+  if (!options.item_dims.empty()) {
+    DPE_CHECK(options.item_dims.size() == result.dims.size() - 1, "read_idx: item_dims ",
+              dims_str(options.item_dims), " has ", options.item_dims.size(), " sizes but ", path, "'s magic ",
+              hex32(magic), " has ", ndims - 1, " per item");
+    if (!std::equal(options.item_dims.begin(), options.item_dims.end(), result.dims.begin() + 1)) {
+      DPE_CHECK(false, path, ": ", options.item_name, " are ", sizes_str(result.dims.begin() + 1, result.dims.end()),
+                "; expected ", sizes_str(options.item_dims.begin(), options.item_dims.end()),
+                " (the header's sizes are ", dims_str(result.dims), ")");
+    }
   }
   // Sizes are uint32, so each fits; their product may not. Both products are bounded, the item's on its own:
   // with dims[0] == 0 the total stays 0 however large an item is.
@@ -200,12 +242,17 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic, const IdxRea
             header_bytes, "-byte header");
   if (limited) return result;
 
-  // Nothing may follow the payload. Reading to the end also makes zlib check the gzip CRC and length.
-  int64_t trailing = 0;
-  uint8_t sink[4096];
-  for (size_t r; (r = file.read(sink, sizeof sink)) > 0;) trailing += static_cast<int64_t>(r);
-  DPE_CHECK(trailing == 0, path, ": ", trailing, " unexpected trailing bytes after the payload of ",
-            total_bytes, " bytes (", result.file_items, " items of ", row_bytes, " bytes)");
+  // Nothing may follow the payload: one more byte is asked for, never more (all the trailing data was once
+  // read and counted, which took 25 s for a sparse 20 GB file or a gzip bomb). Reaching the end makes zlib
+  // check the gzip CRC and length.
+  uint8_t extra = 0;
+  if (file.read(&extra, 1) != 0) {
+    const int64_t after_payload = file.file_bytes() - header_bytes - total_bytes;
+    DPE_CHECK(false, path, ": trailing data after ", result.file_items, " items (the ", total_bytes,
+              "-byte payload the header promises: ", result.file_items, " items of ", row_bytes, " bytes)",
+              file.is_plain() ? dpe::detail::str_cat(": ", after_payload, " more bytes follow") : std::string(),
+              "; expected the file to end there");
+  }
   return result;
 }
 

@@ -8,13 +8,16 @@
 // DD = the number of dimensions), DD big-endian uint32 sizes, then prod(sizes) elements, row-major, and
 // nothing after them. Only unsigned bytes are read (the magic numbers below).
 //
-// Validation, every failure a dpe::Error whose message starts with the file's path: the file opens and is
-// not a directory; the magic number is the expected one; the header is complete; every size is >= 0 and
-// their product is at most 2^40 bytes; the payload the header promises fits in the file (a regular file's
-// size on disk when plain, 1032 times it when gzip: deflate's largest ratio), checked before anything is
-// allocated; the payload holds exactly prod(sizes) bytes (a short payload and trailing bytes are both
-// errors); the gzip stream is intact (zlib's CRC and length checks at its end). Memory grows with the data
-// actually read (a FIFO or device has no size to check against); running out is an error naming the sizes.
+// Validation, every failure a dpe::Error naming the file: the file opens and is a regular file (a directory,
+// FIFO, device or socket is refused by what it is; a FIFO is opened without waiting for a writer); the magic
+// number is the expected one; the header is complete; every size is >= 0 and their product is at most 2^40
+// bytes; the items' sizes are the expected ones (IdxReadOptions::item_dims), checked right after the header;
+// the payload the header promises fits in the file (its size on disk when plain, 1032 times it when gzip:
+// deflate's largest ratio), checked before anything is allocated; the payload holds exactly prod(sizes)
+// bytes: a short payload is an error, and so is trailing data, found by reading one byte past the payload,
+// never more (a gzip bomb or a sparse 20 GB file after a valid payload fails at once); the gzip stream is
+// intact (zlib's CRC and length checks at its end). Memory grows with the data actually read; running out is
+// an error naming the sizes.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,11 @@ struct IdxReadOptions {
   int64_t max_items = -1;
   // Appended to the "cannot open" message, e.g. how to install the missing file.
   std::string open_hint;
+  // The sizes every item must have (the file's dimensions after the first), checked right after the header,
+  // before any payload is read: {28, 28} for Fashion-MNIST images. Empty: any sizes.
+  std::vector<int64_t> item_dims = {};
+  // What the items are called when their sizes differ ("images are 28x29; expected 28x28").
+  std::string item_name = "items";
 };
 
 struct IdxArray {

@@ -1,11 +1,18 @@
 #include "data/idx_reader.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -112,7 +119,105 @@ TEST(IdxReader, TrailingData) {
   const std::string path = test_dir() + "/labels.gz";
   write_gz(path, idx_bytes(kIdxLabelsMagic, {3}, iota_bytes(5)));  // 3 promised, 5 present
   expect_contains(error_of([&] { read_idx(path, kIdxLabelsMagic); }),
-                  {path, "2 unexpected trailing bytes after the payload of 3 bytes"});
+                  {path + ": trailing data after 3 items (the 3-byte payload the header promises: 3 items of 1 "
+                          "bytes); expected the file to end there"});
+  // A plain file says how much follows (its size on disk tells).
+  const std::string plain = test_dir() + "/labels";
+  const std::vector<uint8_t> bytes = idx_bytes(kIdxLabelsMagic, {3}, iota_bytes(5));
+  std::ofstream(plain, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  expect_contains(error_of([&] { read_idx(plain, kIdxLabelsMagic); }),
+                  {plain + ": trailing data after 3 items", ": 2 more bytes follow; expected the file to end there"});
+}
+
+// Bytes this process has read with read(2) and its kin so far (/proc/self/io's rchar); -1 when unknown.
+int64_t bytes_read_so_far() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return -1;
+}
+
+// Regression (hardening round 3, item 6): trailing data was read to its end to be counted: a gzip bomb, or a
+// sparse 20 GB file, after a valid payload took 25 s. Now one byte past the payload is asked for, never more:
+// the 200 MB of zeros after the payload (200 KB compressed) are neither decompressed nor even read.
+TEST(IdxReader, TrailingGzipBombIsNotDecompressed) {
+  const std::string path = test_dir() + "/labels.gz";
+  {
+    gzFile f = gzopen(path.c_str(), "wb9");
+    ASSERT_NE(f, nullptr);
+    const std::vector<uint8_t> valid = idx_bytes(kIdxLabelsMagic, {3}, iota_bytes(3));
+    ASSERT_EQ(gzwrite(f, valid.data(), static_cast<unsigned>(valid.size())), static_cast<int>(valid.size()));
+    const std::vector<uint8_t> zeros(1 << 20, 0);
+    for (int i = 0; i < 200; ++i) ASSERT_EQ(gzwrite(f, zeros.data(), 1 << 20), 1 << 20);
+    ASSERT_EQ(gzclose(f), Z_OK);
+  }
+  const int64_t gz_bytes = static_cast<int64_t>(std::filesystem::file_size(path));
+  ASSERT_GT(gz_bytes, 150 * 1024);  // the whole compressed stream is much more than zlib's first buffer
+  const int64_t before = bytes_read_so_far();
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = error_of([&] { read_idx(path, kIdxLabelsMagic); });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t read = bytes_read_so_far() - before;
+  expect_contains(message, {path + ": trailing data after 3 items"});
+  EXPECT_LT(seconds, 5.0);
+  if (before >= 0) {
+    EXPECT_LT(read, 64 * 1024) << read << " of the " << gz_bytes << " compressed bytes were read";
+  }
+}
+
+// The same for a plain file whose payload is followed by a sparse gigabyte (no disk space used).
+TEST(IdxReader, TrailingSparseDataIsNotRead) {
+  const std::string path = test_dir() + "/labels";
+  const std::vector<uint8_t> bytes = idx_bytes(kIdxLabelsMagic, {3}, iota_bytes(3));
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::filesystem::resize_file(path, uint64_t{1} << 30);
+  const int64_t before = bytes_read_so_far();
+  const std::string message = error_of([&] { read_idx(path, kIdxLabelsMagic); });
+  const int64_t read = bytes_read_so_far() - before;
+  expect_contains(message, {path + ": trailing data after 3 items", std::to_string((int64_t{1} << 30) - 11) +
+                                                                       " more bytes follow"});
+  if (before >= 0) {
+    EXPECT_LT(read, 1 << 20) << read << " bytes were read";
+  }
+}
+
+// Regression (hardening round 3, item 6): the items' sizes were checked after the whole payload was read, so a
+// file of 28x29 images with a short payload failed as "truncated", and a long one was read before failing.
+// They are checked right after the header.
+TEST(IdxReader, ItemSizesAreCheckedBeforeThePayload) {
+  const std::string path = test_dir() + "/images.gz";
+  const IdxReadOptions images{.item_dims = {28, 28}, .item_name = "images"};
+  write_gz(path, idx_bytes(kIdxImagesMagic, {3, 28, 29}, iota_bytes(10)));  // 3 * 28 * 29 promised
+  std::string message = error_of([&] { read_idx(path, kIdxImagesMagic, images); });
+  expect_contains(message, {path + ": images are 28x29; expected 28x28 (the header's sizes are [3, 28, 29])"});
+  EXPECT_EQ(message.find("truncated"), std::string::npos) << message;
+  // Sizes whose product overflows are about the sizes too, not the arithmetic.
+  write_gz(path, idx_bytes(kIdxImagesMagic, {0xffffffff, 0xffffffff, 0xffff}, {}));
+  expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic, images); }),
+                  {path + ": images are 4294967295x65535; expected 28x28"});
+  // The right sizes read as before; options whose rank differs from the file's are the caller's error.
+  write_gz(path, idx_bytes(kIdxImagesMagic, {1, 2, 2}, iota_bytes(4)));
+  EXPECT_EQ(read_idx(path, kIdxImagesMagic, {.item_dims = {2, 2}}).data, iota_bytes(4));
+  expect_contains(error_of([&] { read_idx(path, kIdxImagesMagic, {.item_dims = {4}}); }),
+                  {"read_idx: item_dims [4] has 1 sizes but " + path + "'s magic 0x00000803 has 2 per item"});
+}
+
+// Regression (hardening round 3, item 6): a FIFO without a writer blocked forever in open(). It is refused at
+// once, naming the file and what it is. (Were it to block, a writer is opened after 2 s so the test ends.)
+TEST(IdxReader, AFifoWithoutAWriterIsRefusedAtOnce) {
+  const std::string fifo = test_dir() + "/labels.gz";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  auto result = std::async(std::launch::async, [&] { return error_of([&] { read_idx(fifo, kIdxLabelsMagic); }); });
+  if (result.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+    ADD_FAILURE() << "read_idx blocked on a FIFO without a writer";
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // lets the blocked open() return
+    if (fd >= 0) ::close(fd);
+  }
+  expect_contains(result.get(), {"cannot read " + fifo + ": it is a FIFO (named pipe), not a regular file; "
+                                                         "expected an IDX file"});
 }
 
 TEST(IdxReader, HugeSizesAreACorruptHeaderNotAnAllocation) {
@@ -174,10 +279,11 @@ TEST(IdxReader, DirectoriesAndDevices) {
   const std::string dir = test_dir();
   expect_contains(error_of([&] { read_idx(dir, kIdxLabelsMagic, {.open_hint = "pass --data-dir"}); }),
                   {"cannot read " + dir + ": Is a directory; expected an IDX file; pass --data-dir"});
-  expect_contains(error_of([] { read_idx("/dev/zero", kIdxLabelsMagic); }),
-                  {"/dev/zero: bad magic number 0 (0x00000000"});
+  expect_contains(error_of([] { read_idx("/dev/zero", kIdxLabelsMagic, {.open_hint = "pass --data-dir"}); }),
+                  {"cannot read /dev/zero: it is a character device, not a regular file; expected an IDX file; "
+                   "pass --data-dir"});
   expect_contains(error_of([] { read_idx("/dev/null", kIdxLabelsMagic); }),
-                  {"/dev/null: the file is too short for an IDX header (0 bytes)"});
+                  {"cannot read /dev/null: it is a character device, not a regular file"});
 }
 
 TEST(IdxReader, DamagedGzipStream) {

@@ -73,9 +73,8 @@ void add_record(std::string record, std::vector<std::string>& records) {
   if (!record.empty()) records.push_back(std::move(record));
 }
 
-}  // namespace
-
-std::vector<std::string> split_records(const std::string& text) {
+// split_records, also counting the separator lines (for the message when there are too few records).
+std::vector<std::string> split_counting(const std::string& text, int64_t* separators) {
   std::vector<std::string> records;
   std::string current;
   size_t pos = 0;
@@ -86,6 +85,7 @@ std::vector<std::string> split_records(const std::string& text) {
     if (line == "%" || line == "%\r") {
       add_record(std::move(current), records);
       current.clear();
+      ++*separators;
     } else {
       current.append(text, pos, next - pos);  // the line with its newline
     }
@@ -95,24 +95,83 @@ std::vector<std::string> split_records(const std::string& text) {
   return records;
 }
 
+// What was read from one file, for the message when there are too few records.
+struct FileSummary {
+  std::string path;
+  int64_t bytes = 0;
+  int64_t records = 0;
+  int64_t separators = 0;
+};
+
+std::string plural(int64_t n, const char* word) {
+  return dpe::detail::str_cat(n, " ", word, n == 1 ? "" : "s");
+}
+
+// "45 bytes, no line holding only \"%\"" / "empty" / "3 lines holding only \"%\"".
+std::string describe(const FileSummary& f) {
+  if (f.bytes == 0) return "empty";
+  return dpe::detail::str_cat(plural(f.bytes, "byte"), ", ",
+                              f.separators == 0 ? std::string("no line") : plural(f.separators, "line"),
+                              " holding only \"%\"");
+}
+
+}  // namespace
+
+std::vector<std::string> split_records(const std::string& text) {
+  int64_t separators = 0;
+  return split_counting(text, &separators);
+}
+
+namespace {
+
+// Note [Too few records]: a multi-line file without "%" lines is one record (the rule), and was refused by
+// the tool as "the text corpus has 1 records", naming neither the file nor the rule. The message names every
+// file with what it held, the count, what was expected, and the rule (TextCorpusOptions::min_records).
+[[noreturn]] void fail_too_few(const std::vector<FileSummary>& files, int64_t found, int64_t expected) {
+  std::string where;
+  if (files.size() == 1) {
+    where = dpe::detail::str_cat(files[0].path, " (", describe(files[0]), ")");
+  } else {
+    where = dpe::detail::str_cat(files.size(), " files (");
+    for (size_t i = 0; i < files.size(); ++i) {
+      where += dpe::detail::str_cat(i ? "; " : "", files[i].path, ": ", plural(files[i].records, "record"), ", ",
+                                    describe(files[i]));
+    }
+    where += ")";
+  }
+  DPE_CHECK(false, "load_text_corpus: ", found == 0 ? std::string("no records") : plural(found, "record"), " in ",
+            where, "; expected at least ", plural(expected, "record"),
+            ": records are separated by lines holding only \"%\" (the fortune(6) format), so a file without "
+            "such lines is one record, and empty records are skipped");
+  __builtin_unreachable();
+}
+
+}  // namespace
+
 TextCorpus load_text_corpus(const std::vector<std::string>& paths, int64_t seq_len, const TextCorpusOptions& options) {
   DPE_CHECK(seq_len >= 1, "load_text_corpus: seq_len ", seq_len, " is invalid; expected seq_len >= 1");
   DPE_CHECK(!paths.empty(), "load_text_corpus: no files given");
   DPE_CHECK(options.max_bytes >= 0, "load_text_corpus: max_bytes ", options.max_bytes, " is negative");
+  DPE_CHECK(options.min_records >= 1, "load_text_corpus: min_records ", options.min_records,
+            " is invalid; expected min_records >= 1");
   std::vector<std::string> records;
+  std::vector<FileSummary> files;
   int64_t total = 0;
   for (const std::string& path : paths) {
     std::string text = read_file(path, options.max_bytes, &total);
+    FileSummary summary{.path = path, .bytes = static_cast<int64_t>(text.size())};
     try {
-      std::vector<std::string> file_records = split_records(text);
+      std::vector<std::string> file_records = split_counting(text, &summary.separators);
+      summary.records = static_cast<int64_t>(file_records.size());
       std::move(file_records.begin(), file_records.end(), std::back_inserter(records));
+      files.push_back(std::move(summary));
     } catch (const std::bad_alloc&) {
       DPE_CHECK(false, "load_text_corpus: out of memory splitting ", path, " (", text.size(), " bytes) into records");
     }
   }
-  std::string names;
-  for (const std::string& path : paths) names += (names.empty() ? "" : ", ") + path;
-  DPE_CHECK(!records.empty(), "load_text_corpus: no records in ", names, " (every file is empty)");
+  if (static_cast<int64_t>(records.size()) < options.min_records) {
+    fail_too_few(files, static_cast<int64_t>(records.size()), options.min_records);
+  }
 
   // sequence: (seq_len + 1) = [BOS] bytes [EOS] [PAD ...], cut to length
   // inputs: (N, seq_len) = sequence[0 : seq_len]   targets: (N, seq_len) = sequence[1 : seq_len + 1]

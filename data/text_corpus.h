@@ -26,7 +26,8 @@
 //
 // Errors (dpe::Error): a file that cannot be opened or read, or is a directory (naming it, and how to install
 // the default corpus), more than max_bytes of text (naming the file and the sizes), running out of memory
-// (naming the file and the bytes read), seq_len < 1, no paths, no records in all the files.
+// (naming the file and the bytes read), seq_len < 1, no paths, fewer than TextCorpusOptions::min_records
+// records in all the files (at least 1; naming each file, what it held and the separator rule).
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,10 @@ inline constexpr int64_t kMaxTextCorpusBytes = int64_t{256} << 20;
 
 struct TextCorpusOptions {
   int64_t max_bytes = kMaxTextCorpusBytes;  // the most text all the files together may hold
+  // The fewest records all the files together must hold (>= 1): 2 for a corpus that is split into a training
+  // and a test part. Fewer is an error naming each file (its size and its "%" lines), the count, this number
+  // and the separator rule.
+  int64_t min_records = 1;
 };
 
 // Reads every file in `paths` (in order, records in file order). seq_len >= 1.

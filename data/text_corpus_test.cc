@@ -118,6 +118,41 @@ TEST(TextCorpus, Errors) {
   EXPECT_NE(error_of([&] { load_text_corpus({}, 8); }).find("no files given"), std::string::npos);
 }
 
+// Regression (hardening round 3, item 11): a multi-line file without "%" lines is one record, and was refused
+// as "the text corpus has 1 records", naming neither the file nor the rule. The message names the file, what
+// it held, the count, what was expected and the separator rule.
+TEST(TextCorpus, TooFewRecordsNameTheFilesAndTheSeparatorRule) {
+  const std::string dir = test_dir();
+  const std::string prose = write_text(dir, "prose.txt", "line one\nline two\nline three\n");
+  EXPECT_EQ(load_text_corpus({prose}, 8).size(), 1);  // one record is a corpus (min_records = 1)
+  std::string e = error_of([&] { load_text_corpus({prose}, 8, {.min_records = 2}); });
+  EXPECT_NE(e.find("load_text_corpus: 1 record in " + prose + " (29 bytes, no line holding only \"%\"); expected "
+                   "at least 2 records: records are separated by lines holding only \"%\" (the fortune(6) format), "
+                   "so a file without such lines is one record, and empty records are skipped"),
+            std::string::npos)
+      << e;
+  // Several files: each with its own count.
+  const std::string two = write_text(dir, "two.txt", "a\n%\nb\n");
+  const std::string none = write_text(dir, "none.txt", "");
+  e = error_of([&] { load_text_corpus({two, none, prose}, 8, {.min_records = 4}); });
+  EXPECT_NE(e.find("load_text_corpus: 3 records in 3 files (" + two + ": 2 records, 6 bytes, 1 line holding only "
+                   "\"%\"; " + none + ": 0 records, empty; " + prose + ": 1 record, 29 bytes, no line holding only "
+                   "\"%\"); expected at least 4 records: records are separated by lines"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(load_text_corpus({two, none, prose}, 8, {.min_records = 3}).size(), 3);
+  // No records at all says the rule too.
+  const std::string separators = write_text(dir, "separators.txt", "%\n%\n");
+  e = error_of([&] { load_text_corpus({separators}, 8); });
+  EXPECT_NE(e.find("load_text_corpus: no records in " + separators + " (4 bytes, 2 lines holding only \"%\"); "
+                   "expected at least 1 record: records are separated by lines holding only \"%\""),
+            std::string::npos)
+      << e;
+  EXPECT_NE(error_of([&] { load_text_corpus({prose}, 8, {.min_records = 0}); })
+                .find("min_records 0 is invalid; expected min_records >= 1"),
+            std::string::npos);
+}
+
 // The corpus the tiny-llama example trains on (Debian's fortunes-min, installed by tools/setup.sh): fails,
 // never skips, when it is missing.
 // An endless stream (/dev/zero) is read up to the limit and refused; it once grew until memory ran out.

@@ -1,6 +1,7 @@
 #include "io/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -20,6 +22,8 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "io/safetensors_header.h"
+#include "io/temp_file.h"
+#include "optim/grad_scaler.h"
 
 namespace dpe::io {
 
@@ -77,15 +81,42 @@ struct Entry {
   Tensor host;  // contiguous, on cpu:0
 };
 
-void write_all(int fd, const char* data, size_t n, const std::string& tmp) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    DPE_CHECK(w > 0, "save_checkpoint: writing ", tmp, " failed: ", std::strerror(errno));
-    data += w;
-    n -= static_cast<size_t>(w);
+// Writes the checkpoint's bytes to the temporary, counting them, so that an error can say how far it got.
+struct TemporaryWriter {
+  int fd;
+  const std::string& tmp;
+  uint64_t total;  // the checkpoint's size
+  uint64_t written = 0;
+
+  void write_all(const char* data, size_t n) {
+    while (n > 0) {
+      ssize_t w = ::write(fd, data, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail_write(w < 0 ? errno : EIO);
+      data += w;
+      n -= static_cast<size_t>(w);
+      written += static_cast<uint64_t>(w);
+    }
   }
-}
+
+  [[noreturn]] void fail_write(int err) const {
+    // EFBIG: past the file size limit (SIGXFSZ is ignored while saving: io/temp_file.h) or the file system's
+    // largest file.
+    if (err == EFBIG) {
+      rlimit limit;
+      if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < total) {
+        DPE_CHECK(false, "save_checkpoint: writing ", tmp, " failed: ", std::strerror(err), ": the checkpoint is ",
+                  total, " bytes but the file size limit (`ulimit -f`, RLIMIT_FSIZE) is ", limit.rlim_cur,
+                  " bytes; expected a limit of at least ", total, " bytes (`ulimit -f unlimited`)");
+      }
+      DPE_CHECK(false, "save_checkpoint: writing ", tmp, " failed: ", std::strerror(err), " at byte ", written,
+                " of ", total, ": the checkpoint is larger than the file system's largest file");
+    }
+    DPE_CHECK(false, "save_checkpoint: writing ", tmp, " failed at byte ", written, " of ", total, ": ",
+              std::strerror(err));
+    __builtin_unreachable();
+  }
+};
 
 // Creates `<path>.tmp.XXXXXX` (6 random letters and digits) with O_EXCL in the target's directory and returns
 // its descriptor; *tmp receives the name. Note [Checkpoint temporaries]: a name of its own per save, so two
@@ -93,8 +124,10 @@ void write_all(int fd, const char* data, size_t n, const std::string& tmp) {
 // would do the same but creates the file 0600, which would make checkpoints in a shared directory unreadable
 // to the others; open(O_CREAT | O_EXCL, 0644) keeps the umask-governed permissions a plain open gave.
 // Temporaries left by killed runs are never read (load opens only `path`) and never removed by other saves (a
-// live writer's temporary looks the same).
-int create_temporary(const std::string& path, std::string* tmp) {
+// live writer's temporary looks the same). Each name is registered in *scope (io/temp_file.h) before the file
+// is created, so SIGINT, SIGTERM or SIGHUP during the save removes it; a name another writer holds is
+// unregistered at once.
+int create_temporary(const std::string& path, std::string* tmp, std::optional<TemporaryFileScope>* scope) {
   static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   thread_local std::mt19937_64 rng(std::random_device{}() ^
                                    (static_cast<uint64_t>(::getpid()) << 32) ^
@@ -102,12 +135,14 @@ int create_temporary(const std::string& path, std::string* tmp) {
   for (int attempt = 0; attempt < 100; ++attempt) {
     std::string name = path + ".tmp.";
     for (int i = 0; i < 6; ++i) name += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
+    scope->emplace(name);
     const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0) {
       *tmp = std::move(name);
       return fd;
     }
     const int err = errno;
+    scope->reset();
     DPE_CHECK(err == EEXIST || err == EINTR, "save_checkpoint: cannot create a temporary file ", name,
               " next to ", path, ": ", std::strerror(err));
   }
@@ -117,18 +152,22 @@ int create_temporary(const std::string& path, std::string* tmp) {
 }
 
 // Writes the header block and the entries to a fresh temporary, fsyncs it, renames it over `path` and fsyncs
-// the directory. On any failure the temporary is removed and `path` is left as it was.
+// the directory. On any failure the temporary is removed and `path` is left as it was; a fatal signal while
+// the temporary exists removes it too (io/temp_file.h), and a write past `ulimit -f` is an error naming the
+// limit instead of SIGXFSZ.
 void write_atomically(const std::string& path, const std::string& header_block, const std::vector<Entry>& entries) {
   struct stat st;
   DPE_CHECK(!(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)), "save_checkpoint: ", path,
             " is a directory; expected a file path");
+  uint64_t total = header_block.size();
+  for (const Entry& e : entries) total += e.host.nbytes();
   std::string tmp;
-  int fd = create_temporary(path, &tmp);
+  std::optional<TemporaryFileScope> scope;  // until the temporary is renamed or removed
+  int fd = create_temporary(path, &tmp, &scope);
   try {
-    write_all(fd, header_block.data(), header_block.size(), tmp);
-    for (const Entry& e : entries) {
-      write_all(fd, static_cast<const char*>(e.host.data_ptr()), e.host.nbytes(), tmp);
-    }
+    TemporaryWriter writer{fd, tmp, total};
+    writer.write_all(header_block.data(), header_block.size());
+    for (const Entry& e : entries) writer.write_all(static_cast<const char*>(e.host.data_ptr()), e.host.nbytes());
     DPE_CHECK(::fsync(fd) == 0, "save_checkpoint: fsync of ", tmp, " failed: ", std::strerror(errno));
   } catch (...) {
     ::close(fd);
@@ -146,6 +185,7 @@ void write_atomically(const std::string& path, const std::string& header_block, 
     ::unlink(tmp.c_str());
     DPE_CHECK(false, "save_checkpoint: renaming ", tmp, " to ", path, " failed: ", std::strerror(err));
   }
+  scope.reset();
   // Make the rename itself durable (best effort: the new file is complete either way).
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
@@ -345,6 +385,18 @@ ParsedFile read_and_validate(const std::string& path) {
     }
     f.tensors[name] = std::move(t);
   }
+  // Two tensors sharing bytes (the same or overlapping data_offsets) were once accepted: loading one into a
+  // model and writing it back would change the other.
+  {
+    std::vector<safetensors::TensorRange> ranges;
+    ranges.reserve(f.tensors.size());
+    for (const auto& [name, t] : f.tensors) ranges.push_back({name, t.begin, t.end});
+    try {
+      safetensors::check_disjoint_ranges(std::move(ranges));
+    } catch (const Error& e) {
+      fail(path, e.what());
+    }
+  }
   // A file of another safetensors writer has no version (its tensors still load); a dpe checkpoint of
   // another format version may mean anything.
   auto version = f.metadata.find("dpe.checkpoint_version");
@@ -462,6 +514,40 @@ optim::OptimizerStateDict read_optimizer_state(const std::string& path, const Pa
     sd.tensors[i][name] = materialize(f, key, t);
   }
   return sd;
+}
+
+// Note [Checkpoint values checked when loaded]: the optimizer's hyper-parameters and state scalars, against
+// the ranges of the optimizer being loaded into (Note [Hyper-parameter ranges], optim/optimizer.h), named by
+// their metadata key and the text in the file. A NaN or negative learning rate once loaded without a word and
+// failed at the first training step, without naming the file. Only for a state of the optimizer's own type
+// (another type is refused by check_state_dict, naming both).
+void check_optimizer_values(const std::string& path, const ParsedFile& f, const optim::OptimizerStateDict& sd,
+                            const optim::Optimizer& optimizer) {
+  const std::string& type = optimizer.type_name();
+  auto check = [&](const std::string& key, const std::string& name, const std::string& expected) {
+    if (expected.empty()) return;
+    auto it = f.metadata.find(key);
+    fail(path, "__metadata__ '", key, "' = '", it == f.metadata.end() ? "?" : it->second, "' is not a valid ", type,
+         " ", name, ": ", expected);
+  };
+  for (size_t g = 0; g < sd.param_groups.size(); ++g) {
+    const std::string prefix = "optimizer.param_groups." + std::to_string(g) + ".";
+    const auto& group = sd.param_groups[g];
+    check(prefix + "lr", "learning rate", optimizer.hyper_parameter_violation("lr", group.lr));
+    for (const auto& [name, value] : group.options) {
+      check(prefix + name, name, optimizer.hyper_parameter_violation(name, value));
+    }
+    const std::string rule = optimizer.param_group_violation(group.lr, group.options);
+    if (!rule.empty()) {
+      fail(path, "__metadata__ 'optimizer.param_groups.", g, ".*' is not a valid ", type, " param group: ", rule);
+    }
+  }
+  for (const auto& [i, named] : sd.scalars) {
+    for (const auto& [name, value] : named) {
+      check(std::string(kOptimizerStatePrefix) + std::to_string(i) + "." + name, "state scalar '" + name + "'",
+            optimizer.state_scalar_violation(name, value));
+    }
+  }
 }
 
 std::string join(const std::vector<std::string>& names) {
@@ -611,6 +697,7 @@ void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimize
   if (optimizer != nullptr) {
     if (!f.metadata.count("optimizer.type")) fail(path, "holds no optimizer state, but an optimizer was given");
     opt_state = read_optimizer_state(path, f);
+    if (opt_state.type == optimizer->type_name()) check_optimizer_values(path, f, opt_state, *optimizer);
     try {
       optimizer->check_state_dict(opt_state);
     } catch (const Error& e) {
@@ -635,6 +722,15 @@ void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimize
         loaded.metadata[key.substr(user_prefix.size())] = value;
       } else if (key.rfind(scaler_prefix, 0) == 0) {
         loaded.grad_scaler[key.substr(scaler_prefix.size())] = parse_double(path, key, value);
+      }
+    }
+    // A loss scaler's state is checked here, naming the file, not when a GradScaler is given it (Note
+    // [Checkpoint values checked when loaded]).
+    if (!loaded.grad_scaler.empty()) {
+      try {
+        optim::GradScaler::check_state_dict(loaded.grad_scaler);
+      } catch (const Error& e) {
+        fail(path, "__metadata__ 'training.grad_scaler.*' is not a valid loss scaler state: ", e.what());
       }
     }
   }

@@ -20,8 +20,11 @@
 // Atomicity: save writes a temporary of its own, `<path>.tmp.XXXXXX` in the same directory (created with
 // O_EXCL, so concurrent writers of one path never share one), fsyncs it, renames it over `path` and fsyncs the
 // directory: a crash leaves either the old file or the new one, never a torn one, and of two concurrent saves
-// one complete file wins. On any failure the temporary is removed and `path` is left as it was. Temporaries
-// of killed runs are never read and never removed (they look like a live writer's).
+// one complete file wins. On any failure the temporary is removed and `path` is left as it was, a write past
+// the file size limit included (SIGXFSZ is ignored while saving: the error names the limit, `ulimit -f`); a
+// SIGINT, SIGTERM or SIGHUP that ends the process during the save removes the temporary first and the process
+// still ends by that signal (io/temp_file.h, Note [Temporaries and fatal signals]). Temporaries of runs killed
+// otherwise (SIGKILL, a crash) are never read and never removed (they look like a live writer's).
 // Validation: load opens `path` (refusing a directory, FIFO or device by name), reads the 8-byte length and
 // the header, checks them against the file's actual size (header length, JSON, dtypes, shapes with checked
 // arithmetic, offsets inside the data, a dpe.checkpoint_version other than 1), then reads each tensor's byte range into a new tensor, and checks

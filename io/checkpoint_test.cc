@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,12 +24,15 @@
 #include "layers/loss.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "io/safetensors_header.h"
+#include "tests/testing/errors.h"
 #include "tests/testing/golden.h"
 
 namespace dpe::io {
 namespace {
 
 namespace fs = std::filesystem;
+using dpe::testing::error_of;
 
 // fc1: Linear(4, 3), relu, fc2: Linear(3, 2); optionally an int64 buffer (checkpoints keep every dtype).
 class Mlp : public nn::Cloneable<Mlp> {
@@ -113,7 +117,11 @@ TEST(CheckpointTest, RoundTripIsBitExact) {
                    .step = 17,
                    .rng = {},
                    .metadata = {{"note", "h\xc3\xa9 \"quoted\"\n\\"}, {"k", ""}},
-                   .grad_scaler = {{"scale", 32768.0}, {"growth_tracker", 1999}, {"backoff_factor", 0.1}}};
+                   .grad_scaler = {{"scale", 32768.0},
+                                   {"growth_tracker", 1999},
+                                   {"backoff_factor", 0.1},
+                                   {"growth_factor", 2.0},
+                                   {"growth_interval", 2000}}};
   const std::string path = temp_path("roundtrip.safetensors");
   save_checkpoint(path, model, &opt, st);
   EXPECT_TRUE(fs::exists(path));
@@ -361,6 +369,144 @@ TEST_F(CorruptFileTest, OptimizerMismatches) {
   EXPECT_NE(load_error(p, true).find("belongs to a Adam optimizer, not SGD"), std::string::npos);
 }
 
+// A copy of the checkpoint `src` with __metadata__[key] = value (the data unchanged).
+void rewrite_metadata(const std::string& src, const std::string& dst,
+                      const std::map<std::string, std::string>& changes) {
+  const std::string bytes = read_bytes(src);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  safetensors::Json header = safetensors::parse_header(std::string_view(bytes).substr(8, n));
+  for (const auto& [key, value] : changes) header["__metadata__"][key] = value;
+  std::string text = safetensors::dump_header(header);
+  text.append((8 - text.size() % 8) % 8, ' ');
+  write_raw(dst, text, bytes.substr(8 + n));
+}
+
+// Regression (hardening round 3, item 9): a checkpoint's NaN or negative hyper-parameters loaded without a
+// word and failed at the first training step, without naming the file. They are refused when the file is
+// loaded, naming the file, the key, the value and what was expected; nothing is modified.
+TEST_F(CorruptFileTest, OptimizerHyperParametersAreCheckedWhenLoaded) {
+  const std::string src = temp_path("sgd_state.safetensors");
+  Mlp source(DType::Float32);
+  optim::SGD sgd(source.parameters(), {.lr = 0.1, .momentum = 0.9});
+  save_checkpoint(src, source, &sgd);
+  {
+    Mlp m(DType::Float32);
+    optim::SGD o(m.parameters(), {.lr = 0.3, .momentum = 0.5});
+    ASSERT_EQ(error_of([&] { load_checkpoint(src, m, &o); }), "(no error)");  // the unchanged file loads
+  }
+  const std::string p = temp_path("sgd_bad.safetensors");
+  const std::string g = "__metadata__ 'optimizer.param_groups.0.";
+  const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
+      {{{"optimizer.param_groups.0.lr", "nan"}},
+       g + "lr' = 'nan' is not a valid SGD learning rate: expected a finite number >= 0"},
+      {{{"optimizer.param_groups.0.lr", "-0.5"}},
+       g + "lr' = '-0.5' is not a valid SGD learning rate: expected a finite number >= 0"},
+      {{{"optimizer.param_groups.0.lr", "inf"}}, g + "lr' = 'inf' is not a valid SGD learning rate"},
+      {{{"optimizer.param_groups.0.momentum", "-0.9"}},
+       g + "momentum' = '-0.9' is not a valid SGD momentum: expected a finite number >= 0"},
+      {{{"optimizer.param_groups.0.weight_decay", "NaN"}}, g + "weight_decay' = 'NaN' is not a valid SGD weight_decay"},
+      {{{"optimizer.param_groups.0.dampening", "-inf"}},
+       g + "dampening' = '-inf' is not a valid SGD dampening: expected a finite number"},
+      {{{"optimizer.param_groups.0.nesterov", "2"}},
+       g + "nesterov' = '2' is not a valid SGD nesterov: expected 0 or 1"},
+      {{{"optimizer.param_groups.0.nesterov", "1"}, {"optimizer.param_groups.0.dampening", "0.5"}},
+       "__metadata__ 'optimizer.param_groups.0.*' is not a valid SGD param group: nesterov requires momentum > 0 "
+       "and dampening 0, got momentum 0.9 and dampening 0.5"},
+  };
+  for (const auto& [changes, expected] : cases) {
+    rewrite_metadata(src, p, changes);
+    const std::string e = load_error(p, /*with_optimizer=*/true);
+    EXPECT_NE(e.find("load_checkpoint: " + p + ": " + expected), std::string::npos) << e;
+  }
+
+  // Adam: betas in [0, 1), eps >= 0, and the per-parameter step a whole number.
+  Batch b = make_batch();
+  const std::string adam_src = temp_path("adam_state.safetensors");
+  Mlp source64(DType::Float64);
+  optim::Adam adam(source64.parameters(), {.lr = 0.01});
+  train_step(source64, adam, b.x, b.y);
+  save_checkpoint(adam_src, source64, &adam);
+  Mlp target(DType::Float64);
+  optim::Adam target_adam(target.parameters(), {.lr = 0.5});
+  const std::vector<Tensor> target_before = snapshot(target);
+  const std::vector<std::pair<std::map<std::string, std::string>, std::string>> adam_cases = {
+      {{{"optimizer.param_groups.0.beta1", "1"}},
+       g + "beta1' = '1' is not a valid Adam beta1: expected a number in [0, 1)"},
+      {{{"optimizer.param_groups.0.beta2", "nan"}}, g + "beta2' = 'nan' is not a valid Adam beta2"},
+      {{{"optimizer.param_groups.0.eps", "-1e-8"}},
+       g + "eps' = '-1e-8' is not a valid Adam eps: expected a finite number >= 0"},
+      {{{"optimizer.state.0.step", "nan"}},
+       "__metadata__ 'optimizer.state.0.step' = 'nan' is not a valid Adam state scalar 'step': expected a whole "
+       "number in [0, 2^53]"},
+      {{{"optimizer.state.1.step", "-1"}},
+       "__metadata__ 'optimizer.state.1.step' = '-1' is not a valid Adam state scalar"},
+      {{{"optimizer.state.2.step", "1.5"}},
+       "__metadata__ 'optimizer.state.2.step' = '1.5' is not a valid Adam state scalar"},
+  };
+  for (const auto& [changes, expected] : adam_cases) {
+    rewrite_metadata(adam_src, p, changes);
+    const std::string e = error_of([&] { load_checkpoint(p, target, &target_adam); });
+    EXPECT_NE(e.find("load_checkpoint: " + p + ": " + expected), std::string::npos) << e;
+    EXPECT_EQ(target_adam.param_groups()[0].lr, 0.5);
+    EXPECT_TRUE(target_adam.state_dict().scalars.empty());
+    EXPECT_TRUE(same_state(target, target_before));
+  }
+  EXPECT_EQ(error_of([&] { load_checkpoint(adam_src, target, &target_adam); }), "(no error)");
+}
+
+// A loss scaler's state in the training state is checked when the checkpoint is loaded, naming the file.
+TEST_F(CorruptFileTest, GradScalerStateIsCheckedWhenLoaded) {
+  const std::string src = temp_path("scaler_state.safetensors");
+  Mlp source(DType::Float32);
+  save_checkpoint(src, source, nullptr,
+                  {.grad_scaler = {{"scale", 65536.0},
+                                   {"growth_factor", 2.0},
+                                   {"backoff_factor", 0.5},
+                                   {"growth_interval", 2000},
+                                   {"growth_tracker", 3}}});
+  {
+    Mlp m(DType::Float32);
+    TrainingState st;
+    ASSERT_EQ(error_of([&] { load_checkpoint(src, m, nullptr, &st); }), "(no error)");
+    EXPECT_EQ(st.grad_scaler.at("growth_tracker"), 3);
+  }
+  const std::string p = temp_path("scaler_bad.safetensors");
+  rewrite_metadata(src, p, {{"training.grad_scaler.scale", "nan"}});
+  std::string e = load_error(p);
+  EXPECT_NE(e.find(p + ": __metadata__ 'training.grad_scaler.*' is not a valid loss scaler state: "
+                       "GradScaler::load_state_dict: scale must be finite and > 0 as a float32, got nan"),
+            std::string::npos)
+      << e;
+  rewrite_metadata(src, p, {{"training.grad_scaler.growth_tracker", "1e300"}});
+  e = load_error(p);
+  EXPECT_NE(e.find("growth_tracker 1e+300 is above 2^53"), std::string::npos) << e;
+}
+
+// Regression (hardening round 3, item 9): two tensors sharing bytes (aliased or overlapping data_offsets)
+// were accepted. Refused when the header is read, naming both tensors and their ranges.
+TEST_F(CorruptFileTest, AliasedOrOverlappingDataOffsets) {
+  const std::string p = temp_path("overlap.safetensors");
+  write_raw(p,
+            R"({"fc1.weight": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]},)"
+            R"( "fc1.bias": {"dtype": "F32", "shape": [3], "data_offsets": [40, 52]}})",
+            std::string(52, 'x'));
+  std::string e = load_error(p);
+  EXPECT_NE(e.find(p + ": entries 'fc1.weight' (data_offsets [0, 48]) and 'fc1.bias' (data_offsets [40, 52]) "
+                       "overlap in bytes [40, 48) of the data section"),
+            std::string::npos)
+      << e;
+  write_raw(p,
+            R"({"fc2.bias": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},)"
+            R"( "fc1.bias": {"dtype": "F64", "shape": [1], "data_offsets": [8, 16]}})",
+            std::string(16, 'x'));
+  e = load_error(p);
+  EXPECT_NE(e.find("entries 'fc1.bias' (data_offsets [8, 16]) and 'fc2.bias' (data_offsets [8, 16]) are the "
+                   "same bytes"),
+            std::string::npos)
+      << e;
+}
+
 // Headers that claim more than the file holds fail before anything that large is allocated, naming the sizes.
 TEST_F(CorruptFileTest, HeaderClaimingHugeTensors) {
   const std::string p = temp_path("huge.safetensors");
@@ -559,6 +705,124 @@ TEST(CheckpointTest, FailedSaveKeepsTheOldFileAndLeavesNoTemporary) {
         << e.what();
   }
   EXPECT_TRUE(temporaries_of(dir).empty());
+}
+
+// A model of one float32 parameter of `numel` elements: a checkpoint of about 4 * numel bytes.
+class Flat : public nn::Cloneable<Flat> {
+ public:
+  explicit Flat(int64_t numel) : Cloneable("Flat"), numel_(numel) { reset(); }
+  void reset() override { w = register_parameter("w", zeros({numel_})); }
+  Tensor w;
+
+ private:
+  int64_t numel_;
+};
+
+// The wait status of `pid` ("exit 3", "signal 15 (Terminated)") for messages.
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return "signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  }
+  return "status " + std::to_string(status);
+}
+
+// Regression (hardening round 3, item 4): SIGINT or SIGTERM during a save left a full-size
+// `<path>.tmp.XXXXXX` every time. A child saves a large checkpoint; the parent signals it as soon as the
+// temporary appears. The child must die of that signal (the status a shell or scheduler expects) and leave no
+// temporary. When the save won the race (the checkpoint exists: the signal came after the rename), the round
+// proves nothing and is repeated with a larger model.
+TEST(CheckpointTest, ASignalDuringASaveRemovesTheTemporaryAndEndsTheProcess) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    const std::string path = temp_path("signalled_" + std::to_string(sig) + ".safetensors");
+    bool interrupted = false;
+    for (int64_t numel = int64_t{1} << 24; !interrupted && numel <= (int64_t{1} << 27); numel *= 2) {
+      fs::remove(path);
+      ASSERT_TRUE(temporaries_of(path).empty());
+      const Flat model(numel);  // built here: the child only saves (no thread pools across fork)
+      const pid_t pid = ::fork();
+      ASSERT_GE(pid, 0) << std::strerror(errno);
+      if (pid == 0) {
+        try {
+          save_checkpoint(path, model, nullptr);
+        } catch (...) {
+          ::_exit(3);
+        }
+        ::_exit(0);
+      }
+      int status = 0;
+      pid_t done = 0;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (temporaries_of(path).empty() && (done = ::waitpid(pid, &status, WNOHANG)) == 0 &&
+             std::chrono::steady_clock::now() < deadline) {
+        ::usleep(100);
+      }
+      if (done == 0) {
+        ::kill(pid, sig);
+        ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      }
+      if (fs::exists(path)) continue;  // the save finished before the signal: again, larger
+      interrupted = true;
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig)
+          << strsignal(sig) << " during a save of " << 4 * numel << " bytes: " << describe_status(status);
+      EXPECT_TRUE(temporaries_of(path).empty())
+          << strsignal(sig) << " during a save left " << temporaries_of(path).front();
+    }
+    EXPECT_TRUE(interrupted) << "every save of " << path << " finished before " << strsignal(sig) << " arrived";
+    for (const std::string& name : temporaries_of(path)) fs::remove(fs::path(path).parent_path() / name);
+    fs::remove(path);
+  }
+}
+
+// Regression (hardening round 3, item 4): under `ulimit -f` below the checkpoint's size the run died of
+// SIGXFSZ without a word and left the temporary. A child with RLIMIT_FSIZE below the size (and SIGXFSZ at its
+// default disposition, as in a shell) must get a dpe::Error naming the file, the sizes and `ulimit -f`,
+// exit normally, leave no temporary and keep the old checkpoint intact.
+TEST(CheckpointTest, AFileSizeLimitIsAnErrorNamingItNotSigxfsz) {
+  const std::string path = temp_path("fsize_limited.safetensors");
+  Mlp small(DType::Float32);
+  save_checkpoint(path, small, nullptr, {.epoch = 1});
+  const std::string before = read_bytes(path);
+  const Flat big(64 * 1024);  // 256 KiB of data
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0) << std::strerror(errno);
+  if (pid == 0) {
+    ::close(pipe_fds[0]);
+    ::signal(SIGXFSZ, SIG_DFL);
+    rlimit limit;
+    ::getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = 64 * 1024;
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(10);
+    std::string message = "(no error)";
+    try {
+      save_checkpoint(path, big, nullptr, {.epoch = 2});
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    if (::write(pipe_fds[1], message.data(), message.size()) != static_cast<ssize_t>(message.size())) ::_exit(11);
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string message;
+  char buf[4096];
+  for (ssize_t r; (r = ::read(pipe_fds[0], buf, sizeof buf)) != 0;) {
+    if (r < 0 && errno == EINTR) continue;
+    ASSERT_GT(r, 0) << std::strerror(errno);
+    message.append(buf, static_cast<size_t>(r));
+  }
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe_status(status);
+  EXPECT_NE(message.find("save_checkpoint: writing " + path + ".tmp."), std::string::npos) << message;
+  EXPECT_NE(message.find("File too large: the checkpoint is "), std::string::npos) << message;
+  EXPECT_NE(message.find("bytes but the file size limit (`ulimit -f`, RLIMIT_FSIZE) is 65536 bytes"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_TRUE(temporaries_of(path).empty());
 }
 
 // Temporaries of killed runs (the old fixed name and the new random ones) are never read nor removed.

@@ -1,5 +1,6 @@
 #include "io/safetensors_header.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <iterator>
 #include <unordered_set>
@@ -164,6 +165,28 @@ std::string dump_header(const Json& v) {
     DPE_CHECK(false, "JSON: cannot write a string that is not valid UTF-8 (", e.what(), ")");
   }
   __builtin_unreachable();
+}
+
+void check_disjoint_ranges(std::vector<TensorRange> ranges) {
+  std::erase_if(ranges, [](const TensorRange& r) { return r.end <= r.begin; });  // empty: no bytes to share
+  std::sort(ranges.begin(), ranges.end(), [](const TensorRange& a, const TensorRange& b) {
+    return a.begin != b.begin ? a.begin < b.begin : (a.end != b.end ? a.end < b.end : a.name < b.name);
+  });
+  // Sorted by begin, a range shares bytes with an earlier one exactly when it begins before the largest end
+  // so far; the range holding that end is the one named.
+  const TensorRange* reach = nullptr;
+  for (const TensorRange& r : ranges) {
+    if (reach != nullptr && r.begin < reach->end) {
+      const uint64_t shared_end = std::min(reach->end, r.end);
+      const bool same = r.begin == reach->begin && r.end == reach->end;
+      DPE_CHECK(false, "entries '", reach->name, "' (data_offsets [", reach->begin, ", ", reach->end, "]) and '",
+                r.name, "' (data_offsets [", r.begin, ", ", r.end, "]) ",
+                same ? "are the same bytes" : "overlap in bytes [", same ? "" : std::to_string(r.begin),
+                same ? "" : ", ", same ? "" : std::to_string(shared_end), same ? "" : ")",
+                " of the data section; expected every tensor to have bytes of its own");
+    }
+    if (reach == nullptr || r.end > reach->end) reach = &r;
+  }
 }
 
 const char* kind_name(const Json& v) {

@@ -14,8 +14,10 @@
 // the members in the order they were read, and a checkpoint's header is written in the order it was built.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +37,20 @@ Json parse_header(std::string_view text);
 
 // Compact JSON text (no whitespace). A string that is not valid UTF-8 cannot be written as JSON: dpe::Error.
 std::string dump_header(const Json& v);
+
+// One tensor's data_offsets: bytes [begin, end) of the data section.
+struct TensorRange {
+  std::string name;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// Refuses byte ranges that share a byte: two tensors with the same data_offsets (aliased) or partly
+// overlapping ones, which safetensors' own reader refuses too (writing one tensor would change the other).
+// Empty ranges share nothing. Throws dpe::Error naming both tensors, their ranges and the shared bytes
+// ("entries 'a' (data_offsets [0, 48]) and 'b' (data_offsets [16, 64]) overlap in bytes [16, 48) ...").
+// O(n log n) in the number of ranges.
+void check_disjoint_ranges(std::vector<TensorRange> ranges);
 
 // "object", "array", "string", "integer", "number" (a double: never in a parsed header), "boolean", "null".
 const char* kind_name(const Json& v);

@@ -111,5 +111,34 @@ TEST(SafetensorsHeaderTest, DumpRoundTrips) {
   EXPECT_THROW(dump_header(Json("\xff")), Error);  // not UTF-8: not JSON
 }
 
+// Regression (hardening round 3, item 9): tensors sharing bytes were accepted. Both are named with their
+// ranges; touching and empty ranges are fine, in any order.
+TEST(SafetensorsHeaderTest, OverlappingRangesAreRefused) {
+  auto error = [](std::vector<TensorRange> ranges) {
+    try {
+      check_disjoint_ranges(std::move(ranges));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error({{"a", 0, 8}, {"b", 8, 16}, {"c", 16, 16}, {"d", 4, 4}, {"e", 16, 20}}), "");
+  EXPECT_EQ(error({}), "");
+  EXPECT_NE(error({{"w", 0, 48}, {"v", 0, 48}}).find("entries 'v' (data_offsets [0, 48]) and 'w' (data_offsets [0, "
+                                                      "48]) are the same bytes of the data section"),
+            std::string::npos)
+      << error({{"w", 0, 48}, {"v", 0, 48}});
+  EXPECT_NE(error({{"late", 40, 52}, {"early", 0, 48}}).find("entries 'early' (data_offsets [0, 48]) and 'late' "
+                                                             "(data_offsets [40, 52]) overlap in bytes [40, 48)"),
+            std::string::npos);
+  // Nested in a long range that began before a range in between.
+  EXPECT_NE(error({{"outer", 0, 100}, {"x", 0, 10}, {"inner", 50, 60}}).find("overlap"), std::string::npos);
+  EXPECT_NE(error({{"big", 0, 100}, {"a", 10, 20}, {"b", 100, 110}}).find("'big' (data_offsets [0, 100]) and "
+                                                                          "'a' (data_offsets [10, 20])"),
+            std::string::npos);
+  EXPECT_NE(error({{"u", 0, UINT64_MAX}, {"v", UINT64_MAX - 1, UINT64_MAX}}).find("overlap in bytes ["),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace dpe::io::safetensors

@@ -42,6 +42,24 @@ Adam::Adam(std::vector<Tensor> params, const char* type_name, double lr, std::pa
   add_param_group(ParamGroup{std::move(params), lr, {}});
 }
 
+std::string Adam::hyper_parameter_violation(const std::string& name, double value) const {
+  if (name == "beta1" || name == "beta2") return value >= 0 && value < 1 ? "" : "expected a number in [0, 1)";
+  if (name == "eps" || name == "weight_decay") {
+    return std::isfinite(value) && value >= 0 ? "" : "expected a finite number >= 0";
+  }
+  return Optimizer::hyper_parameter_violation(name, value);  // lr
+}
+
+std::string Adam::state_scalar_violation(const std::string& name, double value) const {
+  // 2^53: the largest count a double holds exactly.
+  if (name == "step") {
+    return std::isfinite(value) && value >= 0 && value <= 9007199254740992.0 && std::floor(value) == value
+               ? ""
+               : "expected a whole number in [0, 2^53]";
+  }
+  return Optimizer::state_scalar_violation(name, value);
+}
+
 void Adam::step() {
   NoGradGuard no_grad;
   int64_t index = 0;

@@ -39,6 +39,10 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options);
   void step() override;
+  // lr, eps, weight_decay: finite and >= 0; beta1, beta2 in [0, 1); the "step" scalar a whole number >= 0
+  // (Note [Hyper-parameter ranges], optim/optimizer.h).
+  std::string hyper_parameter_violation(const std::string& name, double value) const override;
+  std::string state_scalar_violation(const std::string& name, double value) const override;
 
  protected:
   // decoupled: AdamW's weight decay. type_name: "Adam" or "AdamW".

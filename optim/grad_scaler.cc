@@ -186,8 +186,7 @@ GradScalerStateDict GradScaler::state_dict() const {
           {"growth_tracker", static_cast<double>(growth_tracker_)}};
 }
 
-void GradScaler::load_state_dict(const GradScalerStateDict& state) {
-  if (!options_.enabled) return;  // PyTorch's: nothing to load into
+void GradScaler::check_state_dict(const GradScalerStateDict& state) {
   DPE_CHECK(!state.empty(), "GradScaler::load_state_dict: the state is empty, possibly because it was saved "
             "from a disabled GradScaler");
   for (const char* key : kStateKeys) {
@@ -204,6 +203,17 @@ void GradScaler::load_state_dict(const GradScalerStateDict& state) {
   check_options(scale, state.at("growth_factor"), state.at("backoff_factor"), state.at("growth_interval"));
   DPE_CHECK(is_whole(tracker) && tracker >= 0, "GradScaler::load_state_dict: growth_tracker must be a whole "
             "number >= 0, got ", tracker);
+  // Both become int64_t: a count beyond 2^53 is not a count a run reaches (and 1e300 would not convert).
+  constexpr double kMaxCount = 9007199254740992.0;
+  DPE_CHECK(tracker <= kMaxCount && state.at("growth_interval") <= kMaxCount, "GradScaler::load_state_dict: ",
+            tracker > kMaxCount ? "growth_tracker " : "growth_interval ",
+            tracker > kMaxCount ? tracker : state.at("growth_interval"), " is above 2^53; expected a count");
+}
+
+void GradScaler::load_state_dict(const GradScalerStateDict& state) {
+  if (!options_.enabled) return;  // PyTorch's: nothing to load into
+  check_state_dict(state);
+  const double scale = state.at("scale"), tracker = state.at("growth_tracker");
   options_.growth_factor = state.at("growth_factor");
   options_.backoff_factor = state.at("backoff_factor");
   options_.growth_interval = static_cast<int64_t>(state.at("growth_interval"));

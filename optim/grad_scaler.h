@@ -104,6 +104,9 @@ class GradScaler {
   // Throws dpe::Error naming the key or value (a missing or unknown key, a value the options would refuse, a
   // growth_tracker that is not a whole number >= 0); nothing is modified then.
   void load_state_dict(const GradScalerStateDict& state);
+  // The checks of load_state_dict alone, enabled or not (checkpoints validate a saved state when they are
+  // loaded, before anything is modified).
+  static void check_state_dict(const GradScalerStateDict& state);
 
  private:
   enum class Stage { Unscaled, Stepped };

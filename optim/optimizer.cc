@@ -87,6 +87,16 @@ void Optimizer::check_state_dict(const OptimizerStateDict& state) const {
       DPE_CHECK(saved.options.count(key), T, ".load_state_dict: param group ", gi, " lacks hyper-parameter '", key,
                 "'");
     }
+    // Values (Note [Hyper-parameter ranges]): a NaN or negative learning rate once loaded silently and failed
+    // at the first step.
+    std::string expected = hyper_parameter_violation("lr", saved.lr);
+    DPE_CHECK(expected.empty(), T, ".load_state_dict: param group ", gi, " has lr ", saved.lr, "; ", expected);
+    for (const auto& [key, value] : saved.options) {
+      expected = hyper_parameter_violation(key, value);
+      DPE_CHECK(expected.empty(), T, ".load_state_dict: param group ", gi, " has ", key, " ", value, "; ", expected);
+    }
+    expected = param_group_violation(saved.lr, saved.options);
+    DPE_CHECK(expected.empty(), T, ".load_state_dict: param group ", gi, ": ", expected);
     for (size_t i = 0; i < saved.params.size(); ++i) {
       DPE_CHECK(saved.params[i] == static_cast<int64_t>(packed.size()), T, ".load_state_dict: param group ", gi,
                 " parameter ", i, " has index ", saved.params[i], ", expected ", packed.size());
@@ -120,6 +130,9 @@ void Optimizer::check_state_dict(const OptimizerStateDict& state) const {
     for (const auto& [name, v] : named) {
       DPE_CHECK(known(scalar_names, name), T, ".load_state_dict: unknown state scalar '", name, "' for parameter ",
                 i);
+      const std::string expected = state_scalar_violation(name, v);
+      DPE_CHECK(expected.empty(), T, ".load_state_dict: state scalar '", name, "' of parameter ", i, " is ", v, "; ",
+                expected);
     }
   }
   // A parameter's state is all or nothing: a step must never find half of it.
@@ -137,6 +150,17 @@ void Optimizer::check_state_dict(const OptimizerStateDict& state) const {
     }
   }
 }
+
+std::string Optimizer::hyper_parameter_violation(const std::string& name, double value) const {
+  if (name == "lr") return std::isfinite(value) && value >= 0 ? "" : "expected a finite number >= 0";
+  return std::isfinite(value) ? "" : "expected a finite number";
+}
+
+std::string Optimizer::state_scalar_violation(const std::string&, double value) const {
+  return std::isfinite(value) ? "" : "expected a finite number";
+}
+
+std::string Optimizer::param_group_violation(double, const std::map<std::string, double>&) const { return ""; }
 
 void Optimizer::load_state_dict(const OptimizerStateDict& state) {
   check_state_dict(state);

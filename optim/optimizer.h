@@ -73,6 +73,19 @@ class Optimizer {
   // The checks of load_state_dict alone (checkpoints validate everything before touching anything).
   void check_state_dict(const OptimizerStateDict& state) const;
 
+  // Note [Hyper-parameter ranges]: "" when `value` is valid for hyper-parameter `name` ("lr", or an option
+  // such as "momentum", "beta1") of this optimizer, else what was expected ("expected a finite number >= 0");
+  // "" for a name this optimizer does not have (check_state_dict reports those). The base allows a finite lr
+  // >= 0 and any finite option; SGD and Adam narrow their own. check_state_dict (and so load_state_dict and
+  // load_checkpoint) refuses values outside these ranges, so a NaN or negative value in a saved state fails
+  // when it is loaded, naming the value, not at the first step.
+  virtual std::string hyper_parameter_violation(const std::string& name, double value) const;
+  // The same for a per-parameter state scalar (Adam's "step"); the base allows any finite value.
+  virtual std::string state_scalar_violation(const std::string& name, double value) const;
+  // The same for rules between the hyper-parameters of one group (SGD's nesterov needs momentum > 0 and
+  // dampening 0); the base has none.
+  virtual std::string param_group_violation(double lr, const std::map<std::string, double>& options) const;
+
  protected:
   Optimizer(std::string type_name, std::map<std::string, double> defaults, double default_lr);
   // Names of the per-parameter state tensors and scalars this optimizer keeps.

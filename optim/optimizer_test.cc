@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 
 #include "core/autograd/grad_mode.h"
@@ -306,6 +307,52 @@ TEST(OptimizerTest, LoadStateDictMismatchesAreClearErrorsAndChangeNothing) {
   OptimizerStateDict groups = good;
   groups.param_groups.push_back(groups.param_groups[0]);
   EXPECT_NE(load_error(opt, groups).find("the state has 2 param groups, the optimizer 1"), std::string::npos);
+}
+
+// Regression (hardening round 3, item 9): a state with a NaN or negative hyper-parameter loaded silently and
+// failed at the first step. load_state_dict refuses it (Note [Hyper-parameter ranges]) and changes nothing.
+TEST(OptimizerTest, LoadStateDictRefusesHyperParametersOutOfRange) {
+  Tensor w = ones({2, 3}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  AdamW adam({w}, {.lr = 0.1});
+  w.set_grad(ones({2, 3}, TensorOptions(DType::Float64)));
+  adam.step();
+  const OptimizerStateDict good = adam.state_dict();
+  auto with = [&](const std::function<void(OptimizerStateDict&)>& change) {
+    OptimizerStateDict sd = good;
+    change(sd);
+    return load_error(adam, sd);
+  };
+  EXPECT_NE(with([](auto& sd) { sd.param_groups[0].lr = std::nan(""); })
+                .find("AdamW.load_state_dict: param group 0 has lr nan; expected a finite number >= 0"),
+            std::string::npos);
+  EXPECT_NE(with([](auto& sd) { sd.param_groups[0].lr = -0.1; }).find("has lr -0.1; expected"), std::string::npos);
+  EXPECT_NE(with([](auto& sd) { sd.param_groups[0].options["beta2"] = 1.0; })
+                .find("param group 0 has beta2 1; expected a number in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(with([](auto& sd) { sd.param_groups[0].options["eps"] = -1e-8; }).find("has eps -1e-08; expected"),
+            std::string::npos);
+  EXPECT_NE(with([](auto& sd) { sd.scalars[0]["step"] = -3; })
+                .find("state scalar 'step' of parameter 0 is -3; expected a whole number in [0, 2^53]"),
+            std::string::npos);
+  EXPECT_EQ(adam.param_groups()[0].lr, 0.1);  // untouched
+  EXPECT_EQ(adam.state_dict().scalars.at(0).at("step"), 1.0);
+
+  Tensor v = ones({2}, TensorOptions(DType::Float64)).set_requires_grad(true);
+  SGD sgd({v}, {.lr = 0.1, .momentum = 0.9});
+  OptimizerStateDict sd = sgd.state_dict();
+  sd.param_groups[0].options["momentum"] = -0.9;
+  EXPECT_NE(load_error(sgd, sd).find("SGD.load_state_dict: param group 0 has momentum -0.9; expected a finite "
+                                     "number >= 0"),
+            std::string::npos);
+  sd = sgd.state_dict();
+  sd.param_groups[0].options["nesterov"] = 1;
+  sd.param_groups[0].options["dampening"] = 0.5;
+  EXPECT_NE(load_error(sgd, sd).find("param group 0: nesterov requires momentum > 0 and dampening 0"),
+            std::string::npos);
+  sd = sgd.state_dict();
+  sd.param_groups[0].lr = std::numeric_limits<double>::infinity();
+  EXPECT_NE(load_error(sgd, sd).find("has lr inf; expected a finite number >= 0"), std::string::npos);
+  EXPECT_EQ(sgd.param_groups()[0].options.at("momentum"), 0.9);
 }
 
 TEST(OptimizerTest, InvalidOptionsAreErrors) {

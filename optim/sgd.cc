@@ -1,5 +1,7 @@
 #include "optim/sgd.h"
 
+#include <cmath>
+
 #include "core/autograd/grad_mode.h"
 #include "core/dispatch.h"
 #include "core/error.h"
@@ -41,6 +43,24 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o)
                 o.lr) {
   check_options(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov);
   add_param_group(ParamGroup{std::move(params), o.lr, {}});
+}
+
+std::string SGD::hyper_parameter_violation(const std::string& name, double value) const {
+  if (name == "momentum" || name == "weight_decay") {
+    return std::isfinite(value) && value >= 0 ? "" : "expected a finite number >= 0";
+  }
+  if (name == "nesterov") return value == 0 || value == 1 ? "" : "expected 0 or 1 (false or true)";
+  return Optimizer::hyper_parameter_violation(name, value);  // lr, dampening
+}
+
+std::string SGD::param_group_violation(double, const std::map<std::string, double>& options) const {
+  auto get = [&](const char* key) {
+    auto it = options.find(key);
+    return it == options.end() ? 0.0 : it->second;
+  };
+  if (get("nesterov") == 0 || (get("momentum") > 0 && get("dampening") == 0)) return "";
+  return dpe::detail::str_cat("nesterov requires momentum > 0 and dampening 0, got momentum ", get("momentum"),
+                         " and dampening ", get("dampening"));
 }
 
 void SGD::step() {

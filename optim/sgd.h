@@ -31,6 +31,10 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options);
   void step() override;
+  // lr, momentum, weight_decay: finite and >= 0; dampening: finite; nesterov: 0 or 1, and then momentum > 0
+  // and dampening 0 (Note [Hyper-parameter ranges], optim/optimizer.h).
+  std::string hyper_parameter_violation(const std::string& name, double value) const override;
+  std::string param_group_violation(double lr, const std::map<std::string, double>& options) const override;
 
  protected:
   std::vector<std::string> state_tensor_names() const override { return {"momentum_buffer"}; }

@@ -13,6 +13,7 @@ targets=(
   //data/...
   //io:checkpoint_test
   //io:safetensors_header_test
+  //io:temp_file_test
   //engine:worker_pool_test
   //engine:data_parallel_test
   //engine:gradient_reducer_test

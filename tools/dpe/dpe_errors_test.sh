@@ -29,6 +29,16 @@ if [[ $status -ne 2 ]] || ! grep -q "^dpe devices: cannot write the standard out
   echo "FAILED: dpe devices >/dev/full: status $status (want 2): $out"; fail=1
 fi
 
+# ---- a file size limit below the checkpoint: an error naming both sizes, no SIGXFSZ, no temporary left ----
+mkdir -p "$tmp/fsize"
+out=$(ulimit -f 1024; timeout 120 "$bin" train --model mlp --epochs 1 --limit 64 --batch-size 32 --save-every 1 \
+      --checkpoint "$tmp/fsize/ck.safetensors" 2>&1)
+status=$?
+if [[ $status -ne 2 ]] || ! grep -q "File too large: the checkpoint is [0-9]* bytes but the file size limit (\`ulimit -f\`, RLIMIT_FSIZE) is 1048576 bytes" <<<"$out"; then
+  echo "FAILED: ulimit -f 1024: status $status (want 2, 153 = SIGXFSZ):"; echo "$out" | tail -3; fail=1
+fi
+if compgen -G "$tmp/fsize/*" >/dev/null; then echo "FAILED: ulimit -f 1024 left $(ls "$tmp/fsize")"; fail=1; fi
+
 # ---- no threads left: `ulimit -u 1` (RLIMIT_NPROC, which binds users other than root) ----
 # oneTBB's failure to start a worker is "out of memory or threads" (exit 3), not an unexpected error (4). As an
 # unused uid, from a copy of the tool that uid may run. OPENBLAS_NUM_THREADS=1 as the tool sets it: OpenBLAS

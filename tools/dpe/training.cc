@@ -22,10 +22,10 @@ namespace dpe::tool {
 ModelData load_model_data(const std::string& model, const std::string& data_dir, int64_t limit, bool with_test) {
   ModelData data;
   if (model == "tiny-llama") {
+    // At least 2 records: a training and a test part.
     data::TextCorpus corpus = data::load_text_corpus({data_dir.empty() ? data::kFortunesPath : data_dir},
-                                                     models::kTinyLlamaSeqLen);
+                                                     models::kTinyLlamaSeqLen, {.min_records = 2});
     int64_t n = corpus.size(), test = std::max<int64_t>(1, n / 10), train = n - test;
-    DPE_CHECK(train > 0, "the text corpus has ", n, " records; expected at least 2");
     if (limit >= 0) train = std::min(train, limit);
     DPE_CHECK(train > 0, "the training set is empty (--limit ", limit, "); expected at least one sample");
     data.train_inputs = corpus.inputs.narrow(0, 0, train);

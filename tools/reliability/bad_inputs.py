@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 FASHION_MNIST = pathlib.Path("/usr/share/datasets/fashion-mnist")
 TIME_LIMIT_S = 120  # far above any case's run time: reaching it is a hang
@@ -51,12 +52,35 @@ def rewrite_checkpoint(src, dst, mutate):
     dst.write_bytes(struct.pack("<Q", len(text)) + text + blob[8 + n:])
 
 
+def overlap_second_tensor(header):
+    """The second tensor in the data section made to start where the first does (aliased bytes)."""
+    tensors = sorted((v for k, v in header.items() if k != "__metadata__"), key=lambda t: t["data_offsets"][0])
+    first, second = tensors[0], tensors[1]
+    size = second["data_offsets"][1] - second["data_offsets"][0]
+    second["data_offsets"] = [first["data_offsets"][0], first["data_offsets"][0] + size]
+
+
 def first_tensor(header):
     return header[next(k for k in header if k != "__metadata__")]
 
 
+def idx_bytes(magic_type, dims, payload):
+    return bytes([0, 0, magic_type, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims) + payload
+
+
 def gzipped_idx(magic_type, dims, payload):
-    return gzip.compress(bytes([0, 0, magic_type, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims) + payload)
+    return gzip.compress(idx_bytes(magic_type, dims, payload))
+
+
+def gzip_with_zeros(data, zeros):
+    """`data` then `zeros` zero bytes, gzipped a MiB at a time (a small file that decompresses to a lot)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    out = [z.compress(data)]
+    chunk = bytes(1 << 20)
+    for _ in range(zeros // len(chunk)):
+        out.append(z.compress(chunk))
+    out.append(z.flush())
+    return b"".join(out)
 
 
 def prepare(tmp, dpe, env):
@@ -92,6 +116,8 @@ def prepare(tmp, dpe, env):
         "ck_step_negative": {"training.step": "-1"},
         "ck_rng_garbled": {"training.rng.cpu:0": "12;34"},
         "ck_version": {"dpe.checkpoint_version": "99"},
+        "ck_lr_nan": {"optimizer.param_groups.0.lr": "nan"},
+        "ck_momentum_negative": {"optimizer.param_groups.0.momentum": "-0.9"},
     }.items():
         f[name] = tmp / f"{name}.safetensors"
         rewrite_checkpoint(ck, f[name], lambda h, changes=changes: h["__metadata__"].update(changes))
@@ -100,6 +126,7 @@ def prepare(tmp, dpe, env):
         "ck_shape_wraps": lambda h: first_tensor(h).update(shape=[1 << 32, 1 << 32, 1 << 2]),
         "ck_dtype_unknown": lambda h: first_tensor(h).update(dtype="Q7"),
         "ck_shape_wrong": lambda h: first_tensor(h).update(shape=[3, 3]),
+        "ck_offsets_overlap": overlap_second_tensor,
     }.items():
         f[name] = tmp / f"{name}.safetensors"
         rewrite_checkpoint(ck, f[name], mutate)
@@ -121,6 +148,8 @@ def prepare(tmp, dpe, env):
         "idx_labels_out_of_range": (labels, gzipped_idx(0x08, [60000], bytes([200]) * 60000)),
         "idx_count_mismatch": (labels, gzipped_idx(0x08, [59999], bytes(59999))),
         "idx_not_gzip": (labels, b"\x1f\x8b\x08\x00garbage that is not deflate"),
+        "idx_images_28x29": (images, gzipped_idx(0x08, [60000, 28, 29], bytes(16))),
+        "idx_trailing_zeros": (labels, gzip_with_zeros(idx_bytes(0x08, [60000], bytes(60000)), 200 << 20)),
     }.items():
         d = tmp / name
         d.mkdir()
@@ -129,6 +158,23 @@ def prepare(tmp, dpe, env):
                 os.symlink(real, d / real.name)
         (d / file).write_bytes(content)
         f[name] = d
+    # Labels that are not regular files: a FIFO without a writer, a character device; a plain file followed by
+    # a sparse 20 GB tail.
+    for name, make in {
+        "idx_fifo": lambda p: os.mkfifo(p),
+        "idx_device": lambda p: os.symlink("/dev/zero", p),
+        "idx_trailing_sparse": lambda p: (p.write_bytes(struct.pack(">II", 0x801, 60000) + bytes(60000)),
+                                          os.truncate(p, 20 << 30)),
+    }.items():
+        d = tmp / name
+        d.mkdir()
+        for real in FASHION_MNIST.iterdir():
+            if real.name != labels:
+                os.symlink(real, d / real.name)
+        make(d / labels)
+        f[name] = d
+    f["corpus_prose"] = tmp / "corpus_prose"
+    f["corpus_prose"].write_text("line one\nline two\nline three\n")
     return f
 
 
