@@ -87,8 +87,8 @@ CachingAllocator::~CachingAllocator() {
 size_t CachingAllocator::round_size(size_t nbytes) {
   // Rounding up would wrap for sizes within a MiB of SIZE_MAX (a tiny block for a huge request); no address
   // space holds more than 2^63 bytes, so such a request is out of memory whatever the device.
-  DPE_CHECK(nbytes <= size_t{1} << 63, "out of memory: cannot allocate ", nbytes,
-            " bytes (more than any address space holds)");
+  DPE_CHECK_WITH(ErrorKind::OutOfMemory, nbytes <= size_t{1} << 63, "out of memory: cannot allocate ", nbytes,
+                 " bytes (more than any address space holds)");
   if (nbytes > 16 * kLargeRound) return (nbytes + kLargeRound - 1) / kLargeRound * kLargeRound;
   return (nbytes + kRoundBytes - 1) / kRoundBytes * kRoundBytes;
 }
@@ -108,9 +108,9 @@ void* CachingAllocator::allocate(size_t nbytes) {
     if (ptr == nullptr) {
       detail::remove_block(cache_, size);
       int64_t free_bytes = backend_->free_bytes();
-      DPE_CHECK(false, "out of memory on ", device_, ": tried to allocate ", size, " bytes with ",
-                stats_.allocated_bytes, " bytes already allocated",
-                free_bytes >= 0 ? detail::str_cat(" and ", free_bytes, " bytes free on the device") : "");
+      DPE_CHECK_WITH(ErrorKind::OutOfMemory, false, "out of memory on ", device_, ": tried to allocate ", size,
+                     " bytes with ", stats_.allocated_bytes, " bytes already allocated",
+                     free_bytes >= 0 ? detail::str_cat(" and ", free_bytes, " bytes free on the device") : "");
     }
     stats_.reserved_bytes += size;
     ++stats_.num_backend_allocations;

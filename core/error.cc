@@ -30,8 +30,8 @@ std::string printable(const std::string& message) {
   return out;
 }
 
-void throw_error(const char* file, int line, const std::string& message) {
-  throw Error(str_cat(message, " (", short_path(file), ":", line, ")"));
+void throw_error(const char* file, int line, const std::string& message, ErrorKind kind) {
+  throw Error(str_cat(message, " (", short_path(file), ":", line, ")"), kind);
 }
 
 void throw_internal_error(const char* file, int line, const char* condition, const std::string& message) {
@@ -41,3 +41,19 @@ void throw_internal_error(const char* file, int line, const char* condition, con
 }
 
 }  // namespace dpe::detail
+
+namespace dpe {
+
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::InvalidArgument: return "invalid argument";
+    case ErrorKind::OutOfMemory: return "out of memory";
+    case ErrorKind::Timeout: return "timeout";
+    case ErrorKind::Aborted: return "aborted";
+    case ErrorKind::DeviceLost: return "device lost";
+    case ErrorKind::Internal: return "internal";
+  }
+  return "unknown";
+}
+
+}  // namespace dpe

@@ -80,7 +80,8 @@ class GzFile {
     file_ = gzdopen(fd, "rb");  // on success owns fd (gzclose_r closes it)
     if (file_ == nullptr) {
       ::close(fd);
-      DPE_CHECK(false, "cannot open ", path, ": out of memory (zlib could not allocate its buffers)");
+      DPE_CHECK_WITH(ErrorKind::OutOfMemory, false, "cannot open ", path,
+                     ": out of memory (zlib could not allocate its buffers)");
     }
   }
   ~GzFile() { gzclose_r(file_); }
@@ -230,8 +231,8 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic, const IdxRea
     try {
       result.data.resize(static_cast<size_t>(have + chunk));
     } catch (const std::bad_alloc&) {
-      DPE_CHECK(false, path, ": out of memory reading the payload: ", have + chunk, " of the ", want,
-                " bytes the header promises (", items, " items of ", row_bytes, " bytes)");
+      DPE_CHECK_WITH(ErrorKind::OutOfMemory, false, path, ": out of memory reading the payload: ", have + chunk,
+                     " of the ", want, " bytes the header promises (", items, " items of ", row_bytes, " bytes)");
     }
     const int64_t r = static_cast<int64_t>(file.read(result.data.data() + have, static_cast<size_t>(chunk)));
     have += r;

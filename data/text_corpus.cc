@@ -58,7 +58,8 @@ std::string read_file(const std::string& path, int64_t max_bytes, int64_t* total
       text.append(buf, static_cast<size_t>(got));
     }
   } catch (const std::bad_alloc&) {
-    DPE_CHECK(false, "load_text_corpus: out of memory reading ", path, " after ", text.size(), " bytes");
+    DPE_CHECK_WITH(ErrorKind::OutOfMemory, false, "load_text_corpus: out of memory reading ", path, " after ",
+                   text.size(), " bytes");
   }
   *total += static_cast<int64_t>(text.size());
   return text;
@@ -166,7 +167,8 @@ TextCorpus load_text_corpus(const std::vector<std::string>& paths, int64_t seq_l
       std::move(file_records.begin(), file_records.end(), std::back_inserter(records));
       files.push_back(std::move(summary));
     } catch (const std::bad_alloc&) {
-      DPE_CHECK(false, "load_text_corpus: out of memory splitting ", path, " (", text.size(), " bytes) into records");
+      DPE_CHECK_WITH(ErrorKind::OutOfMemory, false, "load_text_corpus: out of memory splitting ", path, " (",
+                     text.size(), " bytes) into records");
     }
   }
   if (static_cast<int64_t>(records.size()) < options.min_records) {

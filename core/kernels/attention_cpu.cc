@@ -73,8 +73,9 @@ void causal_attention_backward_cpu(const AttentionShape& s, MatrixBatch q, Matri
     const float* p = probs + i * T * T;
     const size_t bytes = static_cast<size_t>(T * T + d * T) * sizeof(float);
     const detail::ScratchBuffer buffer = detail::scratch(bytes);  // dP, then dS: T x T; dK^T: d x T
-    DPE_CHECK(buffer != nullptr, "causal_attention_backward_cpu: out of memory for a head's ", T, " x ", T,
-              " scores and ", d, " x ", T, " key gradient (", bytes, " bytes)");
+    DPE_CHECK_WITH(ErrorKind::OutOfMemory, buffer != nullptr,
+                   "causal_attention_backward_cpu: out of memory for a head's ", T, " x ", T, " scores and ", d, " x ",
+                   T, " key gradient (", bytes, " bytes)");
     float* ds = static_cast<float*>(buffer.get());
     float* dk_t = ds + T * T;
     product(T, d, T, p, T, Transpose::Yes, matrix(dout, i), dout.ld, Transpose::No, matrix(dv, i), dv.ld);

@@ -257,8 +257,8 @@ using Buffer = detail::ScratchBuffer;
 
 Buffer allocate(const char* what, const char* purpose, size_t bytes, const Conv2dShape& s) {
   Buffer buffer = detail::scratch(bytes);
-  DPE_CHECK(buffer != nullptr, what, ": out of memory allocating the ", bytes, "-byte ", purpose, " for N ", s.n,
-            ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ", s.c_out);
+  DPE_CHECK_WITH(ErrorKind::OutOfMemory, buffer != nullptr, what, ": out of memory allocating the ", bytes, "-byte ",
+                 purpose, " for N ", s.n, ", C_in ", s.c_in, ", H ", s.h, ", W ", s.w, ", C_out ", s.c_out);
   return buffer;
 }
 

@@ -401,7 +401,8 @@ void forward(const Conv2dShape& s, const float* x, const float* w, const float* 
   detail::parallel_tasks(s.n, g.h_p * g.w_p * g.c_pad * g.taps * 4, [&](int64_t n) {
     // The padded input, then (NCHW only) a pooled row channels last, to be transposed into its planes.
     detail::ScratchBuffer buffer = detail::scratch(static_cast<size_t>(image_floats + g.w_p * g.c_pad) * sizeof(float));
-    DPE_CHECK(buffer != nullptr, "conv2d_relu_max_pool2d_cpu: out of memory for a sample's buffer");
+    DPE_CHECK_WITH(ErrorKind::OutOfMemory, buffer != nullptr,
+                   "conv2d_relu_max_pool2d_cpu: out of memory for a sample's buffer");
     float* image = static_cast<float*>(buffer.get());
     float* staged = image + image_floats;
     load_padded_image(s, g, x, n, image);
@@ -450,11 +451,13 @@ void backward(const Conv2dShape& s, const float* x, const float* dy, const uint8
   const Geometry g(s);
   const int64_t per_sample = (g.taps + 1) * g.c_pad;
   detail::ScratchBuffer buffer = detail::scratch(static_cast<size_t>(s.n * per_sample) * sizeof(float));
-  DPE_CHECK(buffer != nullptr, "conv2d_relu_max_pool2d_backward_cpu: out of memory for ", s.n, " samples' sums");
+  DPE_CHECK_WITH(ErrorKind::OutOfMemory, buffer != nullptr, "conv2d_relu_max_pool2d_backward_cpu: out of memory for ",
+                 s.n, " samples' sums");
   float* sums = static_cast<float*>(buffer.get());
   detail::parallel_tasks(s.n, g.h_p * g.w_p * g.c_pad * g.taps * 2, [&](int64_t n) {
     detail::ScratchBuffer mem = detail::scratch(static_cast<size_t>(g.backward_floats(s)) * sizeof(float));
-    DPE_CHECK(mem != nullptr, "conv2d_relu_max_pool2d_backward_cpu: out of memory for a sample's buffer");
+    DPE_CHECK_WITH(ErrorKind::OutOfMemory, mem != nullptr,
+                   "conv2d_relu_max_pool2d_backward_cpu: out of memory for a sample's buffer");
     float* mine = sums + n * per_sample;
     std::fill(mine, mine + per_sample, 0.0f);
     backward_sample(s, g, dw != nullptr ? x : nullptr, dy, codes, n, mine, static_cast<float*>(mem.get()));

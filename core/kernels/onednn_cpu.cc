@@ -108,8 +108,9 @@ dnnl::engine& onednn_cpu_engine() {
 void check_space_for_onednn_build(const char* what, const std::string& context) {
   apply_cpu_isa_cap_to_onednn();
   void* p = mmap(nullptr, kOneDnnBuildReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  DPE_CHECK(p != MAP_FAILED, what, ": out of memory: building oneDNN's kernels ", context, " needs address space, and ",
-            kOneDnnBuildReserve >> 20, " MiB of it cannot be reserved (Note [Exceptions and oneDNN])");
+  DPE_CHECK_WITH(ErrorKind::OutOfMemory, p != MAP_FAILED, what, ": out of memory: building oneDNN's kernels ", context,
+                 " needs address space, and ", kOneDnnBuildReserve >> 20,
+                 " MiB of it cannot be reserved (Note [Exceptions and oneDNN])");
   munmap(p, kOneDnnBuildReserve);
 }
 
@@ -120,10 +121,11 @@ void rethrow_onednn_failure(const char* what, const std::string& context) {
   } catch (const Error&) {
     throw;
   } catch (const dnnl::error& e) {
-    DPE_CHECK(e.status != dnnl_out_of_memory, what, ": out of memory inside oneDNN (", e.what(), ") ", context);
+    DPE_CHECK_WITH(ErrorKind::OutOfMemory, e.status != dnnl_out_of_memory, what, ": out of memory inside oneDNN (",
+                   e.what(), ") ", context);
     DPE_CHECK(false, what, ": oneDNN failed: ", e.what(), " (status ", dnnl_status2str(e.status), ") ", context);
   } catch (const std::bad_alloc& e) {
-    DPE_CHECK(false, what, ": out of memory inside oneDNN (", e.what(), ") ", context);
+    DPE_CHECK_WITH(ErrorKind::OutOfMemory, false, what, ": out of memory inside oneDNN (", e.what(), ") ", context);
   } catch (const std::exception& e) {
     DPE_CHECK(false, what, ": oneDNN failed with an exception: ", e.what(), " ", context);
   } catch (...) {

@@ -128,8 +128,8 @@ void onednn_matmul(const GemmArgs& g, const void* a, const void* b, float* c) {
         {DNNL_ARG_DST, dnnl::memory(prim->c, engine, c)}};
     if (prim->scratchpad_bytes > 0) {
       scratchpad = scratch(prim->scratchpad_bytes);
-      DPE_CHECK(scratchpad != nullptr, "gemm_cpu: out of memory allocating the ", prim->scratchpad_bytes,
-                "-byte oneDNN matmul scratchpad for m ", g.m, ", n ", g.n, ", k ", g.k);
+      DPE_CHECK_WITH(ErrorKind::OutOfMemory, scratchpad != nullptr, "gemm_cpu: out of memory allocating the ",
+                     prim->scratchpad_bytes, "-byte oneDNN matmul scratchpad for m ", g.m, ", n ", g.n, ", k ", g.k);
       args.emplace(DNNL_ARG_SCRATCHPAD,
                    dnnl::memory(dnnl::memory::desc({static_cast<int64_t>(prim->scratchpad_bytes)},
                                                    dnnl::memory::data_type::u8, dnnl::memory::format_tag::x),

@@ -181,8 +181,9 @@ void onednn_sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
   // memory) is reported as an error.
   DPE_INTERNAL_ASSERT(status != dnnl_invalid_arguments, "dnnl_sgemm rejected m ", g.m, ", n ", g.n, ", k ", g.k,
                       ", lda ", g.lda, ", ldb ", g.ldb, ", ldc ", g.ldc);
-  DPE_CHECK(status != dnnl_out_of_memory, "gemm_cpu: out of memory inside oneDNN (dnnl_sgemm returned ",
-            dnnl_status2str(status), ") for m ", g.m, ", n ", g.n, ", k ", g.k);
+  DPE_CHECK_WITH(ErrorKind::OutOfMemory, status != dnnl_out_of_memory,
+                 "gemm_cpu: out of memory inside oneDNN (dnnl_sgemm returned ", dnnl_status2str(status), ") for m ",
+                 g.m, ", n ", g.n, ", k ", g.k);
   DPE_CHECK(status == dnnl_success, "dnnl_sgemm failed: ", dnnl_status2str(status), " (m ", g.m, ", n ", g.n,
             ", k ", g.k, ")");
   if (first) sgemm_variants_built.fetch_or(variant, std::memory_order_relaxed);
@@ -216,9 +217,10 @@ bool openblas_buffer_mappable() {
 }
 
 void openblas_sgemm(const GemmArgs& g, const float* a, const float* b, float* c) {
-  DPE_CHECK(openblas_buffer_mappable(), "gemm_cpu: out of memory: OpenBLAS needs a 128 MiB work buffer per thread "
-            "and the address space for it cannot be mapped (m ", g.m, ", n ", g.n, ", k ", g.k,
-            "; Note [OpenBLAS and address-space limits])");
+  DPE_CHECK_WITH(ErrorKind::OutOfMemory, openblas_buffer_mappable(),
+                 "gemm_cpu: out of memory: OpenBLAS needs a 128 MiB work buffer per thread "
+                 "and the address space for it cannot be mapped (m ",
+                 g.m, ", n ", g.n, ", k ", g.k, "; Note [OpenBLAS and address-space limits])");
   // cblas takes 32-bit ints (Debian's libopenblas0 is the LP64 build).
   DPE_CHECK(fits_int(g), "gemm_cpu: OpenBLAS needs sizes and leading dimensions that fit in int; got m ", g.m,
             ", n ", g.n, ", k ", g.k, ", lda ", g.lda, ", ldb ", g.ldb, ", ldc ", g.ldc);
@@ -270,8 +272,8 @@ SgemmChoice measure(const GemmArgs& g, int threads) {
   s.ldc = g.n;
   const size_t bytes = (static_cast<size_t>(g.m) * static_cast<size_t>(g.n) * sizeof(float) + 63) / 64 * 64;
   std::unique_ptr<void, FreeDeleter> scratch(std::aligned_alloc(64, bytes));
-  DPE_CHECK(scratch != nullptr, "gemm_cpu: out of memory allocating ", bytes, " bytes to time m ", g.m, ", n ",
-            g.n, ", k ", g.k, " on each float32 GEMM library");
+  DPE_CHECK_WITH(ErrorKind::OutOfMemory, scratch != nullptr, "gemm_cpu: out of memory allocating ", bytes,
+                 " bytes to time m ", g.m, ", n ", g.n, ", k ", g.k, " on each float32 GEMM library");
   float* c = static_cast<float*>(scratch.get());
   const auto* a = static_cast<const float*>(g.a);
   const auto* b = static_cast<const float*>(g.b);

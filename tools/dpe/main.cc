@@ -6,8 +6,9 @@
 //   dpe bench         the same model, data and batch in single, DP and DDP mode, side by side
 //
 // Exit status: 0 success; 2 a dpe::Error (a bad argument, file or configuration; the message names it);
-// 3 out of memory (std::bad_alloc outside dpe's allocators, which report it as a dpe::Error themselves, or
-// a thread that could not be created); 4 any other exception (a bug: please report it); CLI11's own codes (100 and up) for command-line syntax errors.
+// 3 out of memory (a dpe::Error of kind OutOfMemory, a std::bad_alloc, a thread that could not be created);
+// 4 any other exception (a bug: please report it); CLI11's own codes (100 and up) for command-line syntax
+// errors.
 // Every error is one line on stderr, "dpe <command>: <message>"; nothing ends in abort().
 #include <unistd.h>
 
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app->exit(e);
   } catch (const dpe::Error& e) {
-    status = report("", e.what(), "", 2);
+    status = report("", e.what(), "", e.kind() == dpe::ErrorKind::OutOfMemory ? 3 : 2);
   } catch (const std::bad_alloc& e) {
     status = report("out of memory (", e.what(),
                     ") in an allocation outside dpe's allocators, which name what they allocate", 3);
