@@ -175,30 +175,37 @@ cudaStream_t stream(int logical) {
   return s.stream;
 }
 
-cublasHandle_t cublas_handle(int logical) {
-  Slot& s = slot(logical);
-  std::call_once(s.cublas_once, [&] {
+namespace {
+
+// A library's handle of `logical`: made by `create` on the device at the first call, bound to its stream by
+// `bind`, kept in `handle` for the process. Thread-safe (call_once).
+template <typename Handle, typename Create, typename Bind>
+Handle lazy_handle(int logical, std::once_flag& once, Handle& handle, Create create, Bind bind) {
+  std::call_once(once, [&] {
     cudaStream_t st = stream(logical);
     DeviceGuard guard(logical);
-    cublasHandle_t handle = nullptr;
-    DPE_CUBLAS_CHECK(cublasCreate(&handle));
-    DPE_CUBLAS_CHECK(cublasSetStream(handle, st));
-    s.cublas = handle;
+    Handle made = nullptr;
+    create(&made);
+    bind(made, st);
+    handle = made;
   });
-  return s.cublas;
+  return handle;
+}
+
+}  // namespace
+
+cublasHandle_t cublas_handle(int logical) {
+  Slot& s = slot(logical);
+  return lazy_handle(
+      logical, s.cublas_once, s.cublas, [](cublasHandle_t* h) { DPE_CUBLAS_CHECK(cublasCreate(h)); },
+      [](cublasHandle_t h, cudaStream_t st) { DPE_CUBLAS_CHECK(cublasSetStream(h, st)); });
 }
 
 cudnnHandle_t cudnn_handle(int logical) {
   Slot& s = slot(logical);
-  std::call_once(s.cudnn_once, [&] {
-    cudaStream_t st = stream(logical);
-    DeviceGuard guard(logical);
-    cudnnHandle_t handle = nullptr;
-    DPE_CUDNN_CHECK(cudnnCreate(&handle));
-    DPE_CUDNN_CHECK(cudnnSetStream(handle, st));
-    s.cudnn = handle;
-  });
-  return s.cudnn;
+  return lazy_handle(
+      logical, s.cudnn_once, s.cudnn, [](cudnnHandle_t* h) { DPE_CUDNN_CHECK(cudnnCreate(h)); },
+      [](cudnnHandle_t h, cudaStream_t st) { DPE_CUDNN_CHECK(cudnnSetStream(h, st)); });
 }
 
 void synchronize(int logical) {
