@@ -15,7 +15,8 @@
 
 namespace dpe::tool::bench {
 
-// DDP with nothing exchanged (the file's comment says why it exists), and PyTorch's (pytorch_reference.py).
+// DDP with nothing exchanged (bench_command.cc's file comment says why it exists), and PyTorch's
+// (pytorch_reference.py).
 inline constexpr const char* kNoSyncMode = "ddp-no-sync";
 inline constexpr const char* kPytorchNoSyncConfig = "ddp-gloo-no-sync";
 
