@@ -34,7 +34,9 @@
 
 namespace dpe::collectives {
 
-// One member's arguments for the collective in flight; lives on the member's stack for the whole call.
+// One member's arguments for the collective in flight. The group owns it (a shared_ptr) from the moment the
+// member posts it until no member can read it any more (Note [A member that leaves early] in
+// process_group.cc): it holds its tensors, never refers into the caller's frame.
 struct Posted {
   Collective kind;
   int root = 0;
@@ -44,7 +46,7 @@ struct Posted {
   Tensor flat;                // the tensor forms' other side (all_gather output, reduce_scatter input)
   std::vector<Tensor> list;   // all_gather/gather outputs, reduce_scatter/scatter/all_to_all inputs
   std::vector<Tensor> list2;  // all_to_all outputs
-  const std::vector<uint8_t>* bytes = nullptr;
+  std::vector<uint8_t> bytes;  // broadcast_object: the root's bytes (a copy; empty on the other members)
   double scale = 1.0;         // all_reduce_into: this member's factor
 };
 

@@ -264,7 +264,7 @@ std::vector<uint8_t> MpiBackend::broadcast_object(int rank, const PostedAll& pos
   const int root_process = root / size();
   const std::string what = detail::str_cat("broadcast_object, member ", rank);
   std::vector<uint8_t> bytes;
-  if (process_index_ == root_process) bytes = *posted[root % size()]->bytes;
+  if (process_index_ == root_process) bytes = posted[root % size()]->bytes;
   int64_t count = static_cast<int64_t>(bytes.size());
   cross_[rank]->broadcast(&count, sizeof count, root_process, what);
   bytes.resize(static_cast<size_t>(count));

@@ -10,6 +10,7 @@
 #include "core/autograd/grad_mode.h"
 #include "core/copy.h"
 #include "core/error.h"
+#include "core/lost_thread.h"
 
 namespace dpe {
 
@@ -73,6 +74,7 @@ ProcessGroup::ProcessGroup(std::vector<Device> devices, ProcessGroupOptions opti
       backend_(options.backend),
       rendezvous_(checked_members(devices_), options.timeout),
       posted_(devices_.size(), nullptr),
+      owned_(devices_.size()),
       sequence_(devices_.size(), 0) {
   std::set<Device> seen;
   for (const Device& d : devices_) {
@@ -122,6 +124,22 @@ void ProcessGroup::abort(const std::string& reason) noexcept {
     // members must be woken all the same.
   }
   rendezvous_.abort(reason);
+}
+
+bool ProcessGroup::reset() noexcept {
+  std::lock_guard lock(state_mutex_);
+  if (inside_ > 0) return false;  // Note [A member that leaves early]: it stays aborted
+  rendezvous_.reset();
+  for (size_t r = 0; r < owned_.size(); ++r) {
+    posted_[r] = nullptr;
+    owned_[r].reset();  // the arguments members left behind on an error: nobody can read them now
+  }
+  return true;
+}
+
+int ProcessGroup::members_inside() const {
+  std::lock_guard lock(state_mutex_);
+  return inside_;
 }
 
 void ProcessGroup::set_work_shares(const std::vector<double>& shares) {
@@ -251,43 +269,119 @@ void ProcessGroup::check_flat(int rank, const char* what, const Tensor& flat, co
   }
 }
 
+// Note [A member that leaves early]
+// A collective is two meetings (collectives/rendezvous.h); between them every member reads the others' posted
+// arguments and may write their buffers, and normally none leaves before the second meeting, when all are done.
+// But the second meeting can end in an error on one member while a partner is still between the two: it timed
+// out waiting for a slow partner (a millisecond --timeout on a loaded machine), or an abort woke it. That
+// member used to return at once, destroying its Posted (then on its stack) and with it the last reference to
+// tensors the partner was still reading and writing: ASan's heap-use-after-free in the backend's
+// all_reduce_into, SIGSEGV in check_common, heap corruption. An owner that then called reset() made matters
+// worse: the slow member went on into the second meeting of a reopened rendezvous and counted as a member of
+// the next collective. So:
+//  - a member's arguments are a Posted the group owns (owned_[rank], a shared_ptr) from the moment the member
+//    posts them; a Posted holds its tensors, so their storage lives as long as it does;
+//  - a member that leaves after both meetings succeeded releases its slot (nobody reads it any more); one that
+//    leaves on an error leaves it to the group, which releases it at reset() or at that member's next post;
+//  - a member posts only while the group is not aborted (under state_mutex_): every error that ends a meeting
+//    early aborts the group, so a member that left early cannot overwrite its slot, nor meet anyone, while a
+//    partner is still inside the collective it left;
+//  - reset() reopens the group only when no member is inside a call (inside_ counts them); otherwise the
+//    group stays aborted for good.
+// A worker declared lost and left behind (engine/worker_pool.h, Note [Lost workers]) may stay inside for good:
+// its group is never reset again, and its owner, who keeps it alive, builds a new one (engine/ddp_mode.cc).
+// The calls are also lost-thread checkpoints (core/lost_thread.h): on entry (before reading the caller's
+// arguments), after the first meeting (before writing into the others' buffers) and after the second (before
+// returning into the caller), a worker declared lost parks instead of going on.
+class ProcessGroup::Inside {
+ public:
+  Inside(ProcessGroup& group, int rank, std::shared_ptr<const Posted> mine) : group_(group), rank_(rank) {
+    std::lock_guard lock(group_.state_mutex_);
+    group_.rendezvous_.check_open();  // aborted: a partner may still read this member's slot
+    group_.posted_[static_cast<size_t>(rank)] = mine.get();
+    group_.owned_[static_cast<size_t>(rank)] = std::move(mine);
+    ++group_.inside_;
+  }
+  ~Inside() {
+    std::shared_ptr<const Posted> released;  // destroyed after the lock is released
+    std::lock_guard lock(group_.state_mutex_);
+    --group_.inside_;
+    if (!met_) return;
+    group_.posted_[static_cast<size_t>(rank_)] = nullptr;
+    released = std::move(group_.owned_[static_cast<size_t>(rank_)]);
+  }
+  Inside(const Inside&) = delete;
+  Inside& operator=(const Inside&) = delete;
+  // Both meetings succeeded: every member is done with this member's arguments.
+  void met() { met_ = true; }
+
+ private:
+  ProcessGroup& group_;
+  int rank_;
+  bool met_ = false;
+};
+
 template <typename Validate, typename Work>
-void ProcessGroup::run(int rank, Posted& mine, const Validate& validate, const Work& work) {
-  check_rank(rank, collective_name(mine.kind));
-  if (mine.kind == injected_kind_ && injected_rank_.load() == rank) {
+void ProcessGroup::run(int rank, std::shared_ptr<const Posted> mine, const Validate& validate, const Work& work) {
+  const Collective kind = mine->kind;
+  check_rank(rank, collective_name(kind));
+  if (kind == injected_kind_ && injected_rank_.load() == rank) {
     injected_rank_.store(-1);
-    DPE_CHECK(false, "failure injected into ", collective_name(mine.kind), " on member ", rank);
+    DPE_CHECK(false, "failure injected into ", collective_name(kind), " on member ", rank);
   }
   NoGradGuard no_grad;
-  std::string what = detail::str_cat(collective_name(mine.kind), " #", ++sequence_[rank]);
-  posted_[rank] = &mine;
-  rendezvous_.meet(rank, what);
-  // Every member checks every member's arguments, so a bad argument fails on all of them alike.
-  std::string error = check_common(mine);
-  if (error.empty()) error = validate();
+  std::string what = detail::str_cat(collective_name(kind), " #", ++sequence_[rank]);
+  checkpoint_if_lost();
+  std::string error;
   std::exception_ptr failure;
-  if (error.empty()) {
-    try {
-      work();
-    } catch (...) {
-      failure = std::current_exception();
+  bool refused_across_processes = false;
+  {
+    const Posted& me = *mine;  // alive until `inside` ends
+    Inside inside(*this, rank, std::move(mine));
+    rendezvous_.meet(rank, what);
+    checkpoint_if_lost();  // before touching the others' arguments and buffers
+    if (kind == stall_kind_ && stall_rank_.load() == rank) {
+      stall_rank_.store(-1);
+      std::function<void()> stall = std::move(stall_);
+      stall();
     }
+    // Every member checks every member's arguments, so a bad argument fails on all of them alike.
+    error = check_common(me);
+    if (error.empty()) error = validate();
+    if (error.empty()) {
+      try {
+        work();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    // An error in arguments only this process sees leaves the other processes' members waiting for it inside
+    // the backend: tell them (they throw "rank p failed: <it>"), and end the group here too, as there.
+    refused_across_processes = !error.empty() && backend_impl_->processes() > 1;
+    if (refused_across_processes && rank == 0) backend_impl_->abort(detail::str_cat_or_empty(what, ": ", error));
+    rendezvous_.meet(rank, what);  // nobody touches another member's buffers past this point
+    inside.met();
   }
-  // An error in arguments only this process sees leaves the other processes' members waiting for it inside
-  // the backend: tell them (they throw "rank p failed: <it>"), and end the group here too, as there.
-  const bool refused_across_processes = !error.empty() && backend_impl_->processes() > 1;
-  if (refused_across_processes && rank == 0) backend_impl_->abort(detail::str_cat_or_empty(what, ": ", error));
-  rendezvous_.meet(rank, what);  // nobody touches another member's buffers past this point
+  checkpoint_if_lost();  // before returning into a caller that may be gone
   if (refused_across_processes && rank == 0) rendezvous_.abort(detail::str_cat_or_empty(what, ": ", error));
   DPE_CHECK(error.empty(), what, ": ", error);
   if (failure) std::rethrow_exception(failure);
-  if (rank == 0) calls_[static_cast<size_t>(mine.kind)].fetch_add(1);
+  if (rank == 0) calls_[static_cast<size_t>(kind)].fetch_add(1);
 }
 
+namespace {
+
+std::shared_ptr<const collectives::Posted> post(collectives::Posted arguments) {
+  return std::make_shared<const collectives::Posted>(std::move(arguments));
+}
+
+}  // namespace
+
 void ProcessGroup::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {
-  Posted mine{.kind = Collective::AllReduce, .op = op, .tensor = tensor};
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  auto mine = post(Posted{.kind = Collective::AllReduce, .op = op, .tensor = tensor});
   auto validate = [&] { return check_every(&Posted::tensor, "tensor", 0); };
-  run(rank, mine, validate, [&] { backend_impl_->all_reduce(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->all_reduce(rank, posted_); });
 }
 
 void ProcessGroup::check_pieces(int rank, const Tensor& output, const std::vector<Tensor>& inputs, double scale) {
@@ -326,6 +420,7 @@ void ProcessGroup::check_pieces(int rank, const Tensor& output, const std::vecto
 }
 
 void ProcessGroup::all_reduce_into(int rank, const Tensor& output, const std::vector<Tensor>& inputs, double scale) {
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
   check_pieces(rank, output, inputs, scale);
   const bool in_place = backend_impl_->reduces_pieces_in_place(output.dtype());
   if (!in_place) {
@@ -341,8 +436,8 @@ void ProcessGroup::all_reduce_into(int rank, const Tensor& output, const std::ve
       fail_alone(detail::str_cat("all_reduce_into: ", member(devices_, rank), " could not copy its inputs: ", e.what()));
     }
   }
-  Posted mine{.kind = Collective::AllReduceInto, .tensor = output, .list = in_place ? inputs : std::vector<Tensor>{},
-              .scale = scale};
+  auto mine = post(Posted{.kind = Collective::AllReduceInto, .tensor = output,
+                          .list = in_place ? inputs : std::vector<Tensor>{}, .scale = scale});
   auto validate = [&]() -> std::string {
     if (std::string e = check_every(&Posted::tensor, "output", 0); !e.empty() || !in_place) return e;
     // Every member's pieces line up with member 0's (the backend reduces them piece by piece).
@@ -363,7 +458,7 @@ void ProcessGroup::all_reduce_into(int rank, const Tensor& output, const std::ve
     }
     return "";
   };
-  run(rank, mine, validate, [&] {
+  run(rank, std::move(mine), validate, [&] {
     if (in_place) {
       backend_impl_->all_reduce_into(rank, posted_);
     } else {
@@ -373,76 +468,85 @@ void ProcessGroup::all_reduce_into(int rank, const Tensor& output, const std::ve
 }
 
 void ProcessGroup::broadcast(int rank, const Tensor& tensor, int root) {
-  Posted mine{.kind = Collective::Broadcast, .root = root, .tensor = tensor};
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  auto mine = post(Posted{.kind = Collective::Broadcast, .root = root, .tensor = tensor});
   auto validate = [&] { return check_every(&Posted::tensor, "tensor", local_member(root)); };
-  run(rank, mine, validate, [&] { backend_impl_->broadcast(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->broadcast(rank, posted_); });
 }
 
 void ProcessGroup::reduce(int rank, const Tensor& tensor, int root, ReduceOp op) {
-  Posted mine{.kind = Collective::Reduce, .root = root, .op = op, .tensor = tensor};
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  auto mine = post(Posted{.kind = Collective::Reduce, .root = root, .op = op, .tensor = tensor});
   auto validate = [&] { return check_every(&Posted::tensor, "tensor", local_member(root)); };
-  run(rank, mine, validate, [&] { backend_impl_->reduce(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->reduce(rank, posted_); });
 }
 
 void ProcessGroup::all_gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input) {
-  Posted mine{.kind = Collective::AllGather, .tensor = input, .list = outputs};
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  auto mine = post(Posted{.kind = Collective::AllGather, .tensor = input, .list = outputs});
   auto validate = [&]() -> std::string {
     std::string e = check_every(&Posted::tensor, "input", 0);
     return e.empty() ? check_every_list("outputs", "an output", "its input") : e;
   };
-  run(rank, mine, validate, [&] { backend_impl_->all_gather(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->all_gather(rank, posted_); });
 }
 
 void ProcessGroup::all_gather_into_tensor(int rank, const Tensor& output, const Tensor& input) {
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
   check_flat(rank, "all_gather_into_tensor", output, "output", input);
   std::vector<Tensor> outputs;
   for (int k = 0; k < world_size(); ++k) outputs.push_back(flat_slice(output, k * input.numel(), (k + 1) * input.numel()));
   // A backend without a flat form gets the list form over the output's slices (validated as lists).
   if (backend_impl_->flat_forms() == collectives::FlatForms::AsLists) return all_gather(rank, outputs, input);
-  Posted mine{.kind = Collective::AllGather, .tensor = input, .flat = output, .list = outputs};
+  auto mine = post(Posted{.kind = Collective::AllGather, .tensor = input, .flat = output, .list = outputs});
   auto validate = [&]() -> std::string {
     std::string e = check_every(&Posted::tensor, "input", 0);
     return e.empty() ? check_every(&Posted::flat, "output", 0) : e;
   };
-  run(rank, mine, validate, [&] { backend_impl_->all_gather_into_tensor(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->all_gather_into_tensor(rank, posted_); });
 }
 
 void ProcessGroup::reduce_scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
-  Posted mine{.kind = Collective::ReduceScatter, .op = op, .tensor = output, .list = inputs};
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  auto mine = post(Posted{.kind = Collective::ReduceScatter, .op = op, .tensor = output, .list = inputs});
   auto validate = [&]() -> std::string {
     std::string e = check_every(&Posted::tensor, "output", 0);
     return e.empty() ? check_every_list("inputs", "an input", "its output") : e;
   };
-  run(rank, mine, validate, [&] { backend_impl_->reduce_scatter(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->reduce_scatter(rank, posted_); });
 }
 
 void ProcessGroup::reduce_scatter_tensor(int rank, const Tensor& output, const Tensor& input, ReduceOp op) {
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
   check_flat(rank, "reduce_scatter_tensor", input, "input", output);
   std::vector<Tensor> inputs;
   for (int k = 0; k < world_size(); ++k) inputs.push_back(flat_slice(input, k * output.numel(), (k + 1) * output.numel()));
   if (backend_impl_->flat_forms() == collectives::FlatForms::AsLists) return reduce_scatter(rank, output, inputs, op);
-  Posted mine{.kind = Collective::ReduceScatter, .op = op, .tensor = output, .flat = input, .list = inputs};
+  auto mine = post(Posted{.kind = Collective::ReduceScatter, .op = op, .tensor = output, .flat = input, .list = inputs});
   auto validate = [&]() -> std::string {
     std::string e = check_every(&Posted::tensor, "output", 0);
     return e.empty() ? check_every(&Posted::flat, "input", 0) : e;
   };
-  run(rank, mine, validate, [&] { backend_impl_->reduce_scatter_tensor(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->reduce_scatter_tensor(rank, posted_); });
 }
 
 void ProcessGroup::gather(int rank, const std::vector<Tensor>& outputs, const Tensor& input, int root) {
-  Posted mine{.kind = Collective::Gather, .root = root, .tensor = input, .list = outputs};
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  auto mine = post(Posted{.kind = Collective::Gather, .root = root, .tensor = input, .list = outputs});
   auto validate = [&] { return check_root_list(root, "outputs", "input", "the root's output for it"); };
-  run(rank, mine, validate, [&] { backend_impl_->gather(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->gather(rank, posted_); });
 }
 
 void ProcessGroup::scatter(int rank, const Tensor& output, const std::vector<Tensor>& inputs, int root) {
-  Posted mine{.kind = Collective::Scatter, .root = root, .tensor = output, .list = inputs};
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  auto mine = post(Posted{.kind = Collective::Scatter, .root = root, .tensor = output, .list = inputs});
   auto validate = [&] { return check_root_list(root, "inputs", "output", "the root's input for it"); };
-  run(rank, mine, validate, [&] { backend_impl_->scatter(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->scatter(rank, posted_); });
 }
 
 void ProcessGroup::all_to_all(int rank, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) {
-  Posted mine{.kind = Collective::AllToAll, .list = inputs, .list2 = outputs};
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  auto mine = post(Posted{.kind = Collective::AllToAll, .list = inputs, .list2 = outputs});
   auto validate = [&]() -> std::string {
     for (size_t k = 0; k < posted_.size(); ++k) {
       const Posted& p = *posted_[k];
@@ -462,18 +566,22 @@ void ProcessGroup::all_to_all(int rank, const std::vector<Tensor>& outputs, cons
     }
     return "";
   };
-  run(rank, mine, validate, [&] { backend_impl_->all_to_all(rank, posted_); });
+  run(rank, std::move(mine), validate, [&] { backend_impl_->all_to_all(rank, posted_); });
 }
 
 void ProcessGroup::barrier(int rank) {
-  Posted mine{.kind = Collective::Barrier};
-  run(rank, mine, [] { return std::string(); }, [&] { backend_impl_->barrier(rank); });
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  auto mine = post(Posted{.kind = Collective::Barrier});
+  run(rank, std::move(mine), [] { return std::string(); }, [&] { backend_impl_->barrier(rank); });
 }
 
 std::vector<uint8_t> ProcessGroup::broadcast_object(int rank, const std::vector<uint8_t>& bytes, int root) {
-  Posted mine{.kind = Collective::BroadcastObject, .root = root, .bytes = &bytes};
+  checkpoint_if_lost();  // Note [A member that leaves early]: before this call reads its arguments
+  // Only the root's bytes are read, and the group keeps them past this call (a copy).
+  auto mine = post(Posted{.kind = Collective::BroadcastObject, .root = root,
+                          .bytes = global_rank(rank) == root ? bytes : std::vector<uint8_t>{}});
   std::vector<uint8_t> result;
-  run(rank, mine, [] { return std::string(); }, [&] { result = backend_impl_->broadcast_object(rank, posted_); });
+  run(rank, std::move(mine), [] { return std::string(); }, [&] { result = backend_impl_->broadcast_object(rank, posted_); });
   return result;
 }
 

@@ -35,7 +35,11 @@
 //  - a member that does not arrive within the timeout is an error naming its device, raised on every member
 //    that waits; the group is then aborted (every call throws) until reset();
 //  - a call returns when this member's outputs are written (CUDA: ordered before later work on the member's
-//    stream) and no other member touches its buffers any more.
+//    stream) and no other member touches its buffers any more. The exception: a call that fails at its second
+//    meeting (a timeout, an abort) returns while a slow partner may still be between the meetings, reading
+//    this member's arguments and writing its buffers: the group keeps them alive until that partner has left
+//    (Note [A member that leaves early] in process_group.cc), so that is never a use after free; their
+//    contents are the failed call's own business.
 // In place: all_reduce/broadcast/reduce work on `tensor` itself; all_gather_into_tensor is in place when
 // `input` is output's slice `rank`, reduce_scatter_tensor when `output` is input's slice `rank`.
 #pragma once
@@ -44,7 +48,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -131,15 +137,22 @@ class ProcessGroup {
   const std::vector<double>& work_shares() const { return work_shares_; }  // normalised; empty: equal
 
   // Wakes every member waiting in a collective with an error carrying `reason` (a replica failed and its
-  // partners must not wait for it); every collective throws until reset(), which the owner calls once no
-  // member is inside one.
+  // partners must not wait for it); every collective throws until reset().
   // Backends 'mpi' and 'mpi-nccl': the other processes are told too, and their members' waits end with this reason (every
   // later collective of the group then throws, in every process: reset() cannot bring processes back).
   // Never throws, so that it can run in failure handlers: out of memory, the members are woken all the same
   // (an empty reason, or one that cannot be kept, reads "the reason was lost"); build reasons with
   // detail::str_cat_or_empty for the same reason.
   void abort(const std::string& reason) noexcept;
-  void reset() { rendezvous_.reset(); }
+  // Makes an aborted group usable again, if no member is inside a collective (between entering the call and
+  // leaving it), and returns true; otherwise leaves it aborted for good and returns false: a member still
+  // inside (slow, or a thread declared lost and left behind: engine/worker_pool.h) would take part in the
+  // next collective's meetings. The owner calls it once every member's thread has returned from its last
+  // collective; a member that may still come (a lost thread about to enter one) is the owner's to rule out
+  // (such a group is replaced, never reset: engine/ddp_mode.cc). Never throws.
+  bool reset() noexcept;
+  // Members inside a collective now (tests; see reset()).
+  int members_inside() const;
   // A group of the members left when the ranks `excluded` go (PyTorch's shrink of a process group; DataParallel
   // drops a failed device with it): the same options, the survivors in rank order (renumbered 0..). NCCL:
   // ncclCommShrink with NCCL_SHRINK_ABORT, which first ends collectives still in flight on this group's
@@ -162,13 +175,22 @@ class ProcessGroup {
     injected_kind_ = kind;
     injected_rank_ = rank;
   }
+  // Tests: member `rank`'s next call of `kind` runs `stall` between its two meetings, after the lost-thread
+  // checkpoint and before it reads any member's arguments (a member preempted there, or slow in the backend:
+  // Note [A member that leaves early] in process_group.cc). Call between collectives.
+  void inject_stall_for_tests(int rank, Collective kind, std::function<void()> stall) {
+    stall_ = std::move(stall);
+    stall_kind_ = kind;
+    stall_rank_ = rank;
+  }
 
  private:
   // The public constructor's work, with `backend` ready made (shrink) or, when null, made here.
   ProcessGroup(std::vector<Device> devices, ProcessGroupOptions options, std::unique_ptr<collectives::Backend> backend);
   using Posted = collectives::Posted;
+  class Inside;  // a member's stay inside one collective (process_group.cc)
   template <typename Validate, typename Work>
-  void run(int rank, Posted& mine, const Validate& validate, const Work& work);
+  void run(int rank, std::shared_ptr<const Posted> mine, const Validate& validate, const Work& work);
   std::string check_common(const Posted& mine) const;
   // Every member's `field`: on its own device, contiguous, of member `reference`'s count and dtype ("" if so).
   std::string check_every(Tensor Posted::*field, const char* name, size_t reference) const;
@@ -192,7 +214,12 @@ class ProcessGroup {
   std::vector<Device> devices_;
   CollectiveBackend backend_;
   Rendezvous rendezvous_;
-  std::vector<const Posted*> posted_;  // member r's arguments, valid between its two meetings
+  // Note [A member that leaves early] (process_group.cc). state_mutex_ guards the slots' writes and inside_;
+  // the slots are read without it between a collective's two meetings, which order them with those writes.
+  mutable std::mutex state_mutex_;
+  std::vector<const Posted*> posted_;                     // member r's arguments, as the backends read them
+  std::vector<std::shared_ptr<const Posted>> owned_;      // what keeps posted_[r] alive
+  int inside_ = 0;                                        // members between entering a call and leaving it
   std::vector<int64_t> sequence_;      // per member: collectives called (error messages)
   std::vector<double> work_shares_;   // set_work_shares's, normalised
   std::array<std::atomic<int64_t>, kNumCollectives> calls_{};
@@ -201,6 +228,9 @@ class ProcessGroup {
   // race with that write; TSan saw it).
   std::atomic<int> injected_rank_{-1};
   Collective injected_kind_ = Collective::AllReduce;
+  std::atomic<int> stall_rank_{-1};  // inject_stall_for_tests, as injected_rank_
+  Collective stall_kind_ = Collective::AllReduce;
+  std::function<void()> stall_;
 };
 
 }  // namespace dpe

@@ -15,6 +15,7 @@
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
 #include "tests/testing/failing_new.h"
+#include "tests/testing/gate.h"
 
 #if DPE_WITH_CUDA
 #include "core/cuda/cuda_device.h"
@@ -338,6 +339,48 @@ TEST(ProcessGroupTest, AbortWakesWaitingMembersEvenWhenItCannotKeepItsReason) {
   }
   EXPECT_LT(built.size(), full.size());
   EXPECT_EQ(full.substr(0, built.size()), built);
+}
+
+// Note [A member that leaves early]: member 0 times out at the second meeting while member 1 is still between
+// the two (stalled there); member 0 returns and its frame, pieces and output go. Member 1 must still read
+// member 0's pieces and write its output (the group keeps them), the group must stay aborted while member 1
+// is inside (reset() refuses; member 0 cannot post again), and be usable again once member 1 has left. It
+// read freed memory before (ASan: heap-use-after-free in all_reduce_into, SIGSEGV in check_common).
+TEST(ProcessGroupTest, AMemberThatLeavesEarlyLeavesItsArgumentsToAPartnerStillInside) {
+  auto devices = cpu_devices(2);
+  ProcessGroup group(devices, {.timeout = std::chrono::milliseconds(200)});
+  testing::Gate gate;
+  group.inject_stall_for_tests(1, Collective::AllReduceInto, [&] { gate.wait(); });
+  const int64_t count = 1000;
+  Tensor out1 = zeros({count}, devices[1]);
+  std::string error0, error1;
+  std::thread member1([&] {
+    std::vector<Tensor> in1 = {full({400}, 2.0, devices[1]), full({count - 400}, 2.0, devices[1])};
+    error1 = error_of([&] { group.all_reduce_into(1, out1, in1); });
+  });
+  std::thread member0([&] {
+    Tensor out0 = zeros({count}, devices[0]);
+    std::vector<Tensor> in0 = {full({400}, 1.0, devices[0]), full({count - 400}, 1.0, devices[0])};
+    error0 = error_of([&] { group.all_reduce_into(0, out0, in0); });
+  });  // member 0's tensors go with its thread
+  member0.join();
+  EXPECT_NE(error0.find("all_reduce_into #1 timed out after 200 ms on cpu:0: waiting for cpu:1 (rank 1)"),
+            std::string::npos) << error0;
+  EXPECT_EQ(group.members_inside(), 1);
+  EXPECT_FALSE(group.reset());  // member 1 is inside: the group stays aborted
+  EXPECT_NE(error_of([&] { group.barrier(0); }).find("process group is aborted"), std::string::npos);
+  gate.release();
+  member1.join();
+  // Member 1 reduced its half from both members' pieces (member 0's where member 0 left them), member 0 its own
+  // half before it left: the whole sum.
+  EXPECT_EQ(out1.to_vector<float>(), std::vector<float>(count, 3.0f));
+  EXPECT_NE(error1.find("process group is aborted: all_reduce_into #1 timed out after 200 ms"), std::string::npos)
+      << error1;
+  EXPECT_EQ(group.members_inside(), 0);
+  EXPECT_TRUE(group.reset());
+  std::vector<Tensor> t = {ones({4}, devices[0]), ones({4}, devices[1])};
+  EXPECT_EQ(run_members(2, [&](int r) { group.all_reduce(r, t[r]); }), std::vector<std::string>(2, ""));
+  EXPECT_EQ(t[1].to_vector<float>(), std::vector<float>(4, 2.0f));
 }
 
 // shrink: the survivors in rank order, renumbered, with the group's options; the old group is aborted.

@@ -90,6 +90,11 @@ std::vector<int> Rendezvous::missing_at_last_timeout() const {
   return missing_at_last_timeout_;
 }
 
+void Rendezvous::check_open() const {
+  std::lock_guard lock(mutex_);
+  DPE_CHECK(!aborted_, "process group is aborted: ", reason());
+}
+
 bool Rendezvous::aborted() const {
   std::lock_guard lock(mutex_);
   return aborted_;

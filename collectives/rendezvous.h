@@ -35,6 +35,8 @@ class Rendezvous {
   void abort(const std::string& reason) noexcept;
   void reset();
   bool aborted() const;
+  // Throws the error meet() would throw now that the rendezvous is aborted; returns when it is not.
+  void check_open() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   // The ranks the last timeout waited for (empty before any); kept across reset(), replaced by the next.
   std::vector<int> missing_at_last_timeout() const;

@@ -144,7 +144,7 @@ void SharedMemoryBackend::all_to_all(int rank, const PostedAll& posted) {
 }
 
 std::vector<uint8_t> SharedMemoryBackend::broadcast_object(int rank, const PostedAll& posted) {
-  return *posted[posted[rank]->root]->bytes;
+  return posted[posted[rank]->root]->bytes;
 }
 
 }  // namespace dpe::collectives

@@ -5,7 +5,8 @@
 // process group): it stops at its next checkpoint and parks there for good (sleeps until the process
 // exits), keeping alive only what its own stack holds.
 //
-// Checkpoints: the end of every kernel dispatch (core/dispatch.h), each autograd node of a backward pass
+// Checkpoints: the end of every kernel dispatch (core/dispatch.h), every collective of a ProcessGroup (on entry,
+// after its first meeting, on return: collectives/process_group.cc), each autograd node of a backward pass
 // (core/autograd/backward.cc), and the engine's step tasks after every phase that runs a model (forward,
 // loss, backward) before they write their results. Contract for code that runs on a device worker: between
 // a call that may block for long and a write to anything the task does not own, pass a checkpoint.

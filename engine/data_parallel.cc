@@ -77,9 +77,16 @@ void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
   }
   check_deterministic_options();
   pool_ = make_pool();
-  if (options_.mode == ParallelMode::DDP) init_ddp();
-  if (options_.mode == ParallelMode::DP && spans_processes(options_.backend)) init_dp_across_processes();
-  build_reducer();
+  try {
+    if (options_.mode == ParallelMode::DDP) init_ddp();
+    if (options_.mode == ParallelMode::DP && spans_processes(options_.backend)) init_dp_across_processes();
+    build_reducer();
+  } catch (...) {
+    // No destructor runs for a constructor that throws: what a worker lost in init_ddp's broadcast may still
+    // reach is kept alive here (Note [Lost workers] in engine/worker_pool.cc).
+    abandon_to_lost_workers();
+    throw;
+  }
 }
 
 void DataParallel::build_reducer() {
@@ -97,10 +104,11 @@ void DataParallel::build_reducer() {
       reducer_options.bucket_cap_bytes = static_cast<size_t>(*options_.bucket_cap_mb * 1024 * 1024);
       reducer_options.first_bucket_bytes = reducer_options.bucket_cap_bytes;
     }
-    ddp_reducer_.reset();  // its hooks go before the new reducer's are registered
+    // Its hooks go before the new reducer's are registered (kept for a lost worker, they stay disarmed).
+    retire(std::shared_ptr<DdpReducer>(std::move(ddp_reducer_)));
     ddp_reducer_ = std::make_unique<DdpReducer>(std::move(params), std::move(names), group_, reducer_options);
   } else if (device_ids_.size() > 1) {
-    reducer_.reset();
+    retire(std::shared_ptr<GradientReducer>(std::move(reducer_)));
     reducer_ =
         std::make_unique<GradientReducer>(std::move(params), device_ids_, options_.bucket_bytes, options_.timeout);
   }

@@ -336,6 +336,9 @@ class DataParallel {
   // Keeps alive for good what the pool's lost workers may still reach (their replicas and optimizers, the
   // group, the reducers): their threads are left behind (Note [Lost workers] in engine/worker_pool.cc).
   void abandon_to_lost_workers();
+  // Every other place that frees or replaces one of those (a reducer rebuilt, a mode switched, optimizers
+  // replaced) hands it here: dropped as usual, or kept for good once a worker of the pool was ever lost.
+  void retire(std::shared_ptr<void> object);
   void connect_replicas();  // DDP: the process group over device_ids_ and the SyncBatchNorm layers' groups
   double forward_backward_deterministic(const Tensor& input, const Tensor& target, const LossFn& loss);
   void check_deterministic_options() const;

@@ -52,6 +52,7 @@ void DataParallel::init_ddp() {
   DPE_CHECK(!options_.bucket_cap_mb.has_value() || *options_.bucket_cap_mb > 0, "DDP: bucket_cap_mb must be positive, got ",
             options_.bucket_cap_mb.value_or(0));
   verify_replica_structure();
+  retire(std::move(group_));
   group_ = std::make_shared<ProcessGroup>(device_ids_, ProcessGroupOptions{options_.backend, options_.timeout});
   if (group_->world_size() > group_->size()) verify_structure_across_processes(*group_);
   // PyTorch's _sync_module_states: replica 0's parameters and buffers, broadcast to every replica.
@@ -64,6 +65,7 @@ void DataParallel::init_ddp() {
 
 void DataParallel::connect_replicas() {
   if (!group_ || group_->size() != static_cast<int>(device_ids_.size())) {
+    retire(std::move(group_));
     group_ = std::make_shared<ProcessGroup>(device_ids_, ProcessGroupOptions{options_.backend, options_.timeout});
   }
   if (auto_split_) group_->set_work_shares(auto_split_->weights());  // see observe_split
@@ -83,7 +85,12 @@ void DataParallel::run_replicas(const std::function<void(size_t)>& fn) {
   try {
     pool_->run(device_ids_.size(), fn, abort_group);
   } catch (...) {
-    if (group_) group_->reset();  // every worker has returned: nobody is inside a collective
+    // The group is reopened only when every worker's task has returned. A worker the pool declared lost (in
+    // this run or an earlier one) may still be inside a collective of the group, or about to enter one: the
+    // group stays aborted for good (ProcessGroup::reset refuses too while a member is inside, Note [A member
+    // that leaves early] in collectives/process_group.cc), and dropping the device replaces it with a new
+    // group while the lost thread keeps the old one alive (drop_device, abandon_to_lost_workers).
+    if (group_ && !pool_->has_lost_workers()) group_->reset();
     throw;
   }
 }
@@ -178,7 +185,9 @@ double DataParallel::forward_backward_ddp(const Tensor& input, const Tensor& tar
       // Note [What the auto split measures]: until the replica began waiting in its last collective.
       const std::optional<Clock::time_point> arrived = sync ? ddp_reducer_->entered_last_collective(r) : std::nullopt;
       arrived_ms[r] = std::chrono::duration<double, std::milli>(arrived.value_or(Clock::now()) - step_start).count();
-      losses[r] = loss.item();
+      const double value = loss.item();  // a CUDA device waits for the step here
+      checkpoint_if_lost();
+      losses[r] = value;
       if (across_processes && sync) global_loss[r] = loss_over_processes(*group_, rank, losses[r], sizes[r]);
     });
   } catch (...) {

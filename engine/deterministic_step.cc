@@ -151,7 +151,9 @@ double DataParallel::forward_backward_deterministic(const Tensor& input, const T
       backward_root(loss * (static_cast<double>(shard_rows[k]) / static_cast<double>(batch))).backward();
       checkpoint_if_lost();
       backward_ms[d] += ms_since(phase);
-      losses[k] = loss.item();
+      const double value = loss.item();  // a CUDA device waits for the shard here
+      checkpoint_if_lost();
+      losses[k] = value;
       for (size_t p = 0; p < replica_params_[d].size(); ++p) {
         const Tensor& param = replica_params_[d][p];
         grads[k].push_back(!trainable_[p] ? Tensor() : param.grad().defined() ? param.grad().contiguous() : zeros_like(param));

@@ -74,7 +74,11 @@ std::string DataParallel::recover(const ReplicaError& failure, const std::vector
   if (spans_processes(options_.backend)) cannot("the group spans processes");
   if (accumulated) cannot("gradients accumulated before this step would be lost");
   NoGradGuard no_grad;
-  for (auto& replica : replicas_) replica->zero_grad();
+  // Not a lost replica's gradients: its thread may still be writing them (Note [Lost workers]); it is dropped
+  // below.
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    if (std::find(lost.begin(), lost.end(), i) == lost.end()) replicas_[i]->zero_grad();
+  }
   std::string done;
   if (policy == DeviceFailurePolicy::RetrySmallerChunk) {
     if (options_.deterministic) cannot("the deterministic mode's virtual shards do not shrink");
@@ -117,7 +121,7 @@ std::unique_ptr<DeviceWorkerPool> DataParallel::make_pool() const {
 }
 
 void DataParallel::abandon_to_lost_workers() {
-  if (!pool_) return;
+  if (!pool_ || !pool_->has_lost_workers()) return;
   const std::vector<size_t> lost = pool_->lost_workers();
   if (lost.empty()) return;
   for (size_t r : lost) {
@@ -127,6 +131,10 @@ void DataParallel::abandon_to_lost_workers() {
   keep_forever(group_);
   keep_forever(std::shared_ptr<DdpReducer>(std::move(ddp_reducer_)));
   keep_forever(std::shared_ptr<GradientReducer>(std::move(reducer_)));
+}
+
+void DataParallel::retire(std::shared_ptr<void> object) {
+  if (pool_ && pool_->has_lost_workers()) keep_forever(std::move(object));
 }
 
 void DataParallel::drop_device(size_t r) {

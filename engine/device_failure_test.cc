@@ -219,6 +219,50 @@ TEST(DeviceFailure, DpADeviceThatDoesNotReachTheReductionInTimeIsTheOneDropped) 
   EXPECT_EQ(parked_lost_threads(), parked);
 }
 
+// A replica declared lost while it is inside a collective (Note [A member that leaves early] in
+// collectives/process_group.cc): it stalls between the two meetings of its bucket all-reduce (a preempted
+// thread; here until the test opens a gate), its partners time out at the second meeting and leave, and the
+// pool declares it lost. The engine must neither reopen the group it is in (reset() used to, with the comment
+// "every worker has returned") nor free what it still reads: when it goes on, it reads its partners' pieces
+// and writes their buckets, which the group keeps alive, finds the group aborted, and leaves it. Before the
+// fix that was a heap-use-after-free under ASan (the partners' Posted, freed as they returned) and SIGSEGV or
+// heap corruption without it (`dpe train --timeout 0.001`). Run under ASan too.
+TEST(DeviceFailure, AReplicaLostInsideACollectiveFindsItNeitherFreedNorReopened) {
+  fault.phase = Phase::None;
+  // Dropped: the step is redone on the survivors over a new group; the old one stays aborted, alive.
+  auto* gate = new Gate;  // never freed: the lost thread waits on it
+  ProcessGroup* old_group = nullptr;
+  const std::string what = train_dropping_in_step_2(std::chrono::milliseconds(300), [&](DataParallel& dp, bool now) {
+    if (!now) return;
+    old_group = dp.process_group();
+    old_group->inject_stall_for_tests(1, Collective::AllReduceInto, [gate] { gate->wait(); });
+  });
+  EXPECT_NE(what.find("dropped cpu:1 (replica 1): it did not arrive in time: "), std::string::npos) << what;
+  ASSERT_NE(old_group, nullptr);
+  EXPECT_EQ(old_group->members_inside(), 1);
+  EXPECT_FALSE(old_group->reset());
+  gate->release();
+  EXPECT_TRUE(eventually([&] { return old_group->members_inside() == 0; }));
+
+  // Under the default policy the step fails, and the group it was in is not reopened behind the lost replica.
+  gate = new Gate;
+  manual_seed(91);
+  DataParallel dp(std::make_shared<Faulty>(), {.device_ids = cpu_devices(3), .mode = ParallelMode::DDP,
+                                               .timeout = std::chrono::milliseconds(300)});
+  dp.set_optimizer(adamw());
+  dp.process_group()->inject_stall_for_tests(1, Collective::AllReduceInto, [gate] { gate->wait(); });
+  const std::string failure = error_of([&] { dp.train_step(randn({12, 6}), randn({12, 3}), loss_fn); });
+  EXPECT_NE(failure.find("all_reduce_into #"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("timed out after 300 ms on cpu:"), std::string::npos) << failure;  // 0 or 2
+  EXPECT_NE(failure.find("waiting for cpu:1 (rank 1)"), std::string::npos) << failure;
+  ProcessGroup& group = *dp.process_group();
+  EXPECT_EQ(group.members_inside(), 1);
+  // Still aborted: a call fails at once (in a reopened group it would wait for the stalled replica and time out).
+  EXPECT_NE(error_of([&] { group.barrier(0); }).find("process group is aborted"), std::string::npos);
+  gate->release();
+  EXPECT_TRUE(eventually([&] { return group.members_inside() == 0; }));
+}
+
 // A replica stuck for good (a kernel that never returns; here until the test opens its gate at the end) is
 // declared lost when it is still running the timeout (1 s) after another replica finished (DP: the others'
 // forward; DDP: the partners' all-reduce timing out on it): dropped, and the step redone on the survivors.

@@ -81,7 +81,9 @@ class DataParallelGatherNode final : public autograd::Node {
         if (dp_->reducer_) dp_->reducer_->reduce_share(i);  // Note [DP reduction in shares]; after the timing
       }, abort_shares);
     } catch (...) {
-      if (dp_->reducer_) dp_->reducer_->finish();  // disarm; this step's master gradient is incomplete anyway
+      // This step's master gradient is incomplete anyway. Nothing is reduced here: a worker declared lost
+      // may still be writing it (Note [Lost workers] in engine/worker_pool.cc).
+      if (dp_->reducer_) dp_->reducer_->disarm();
       throw;
     }
     dp_->report_.backward_ms = ms_since(start);

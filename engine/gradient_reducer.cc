@@ -52,7 +52,10 @@ void GradientReducer::prepare(size_t used) {
   DPE_INTERNAL_ASSERT(used >= 1 && used <= params_.size());
   used_ = used;
   shares_ = workers_ && used == params_.size();
-  if (workers_) workers_->reset();  // after a failed step; no worker is inside reduce_share now
+  // After a failed step. Every worker's task has returned, unless the pool declared one lost: then this group
+  // may never be reset (reset() refuses while a member is inside reduce_share's barrier), and a lost worker
+  // takes part in no later step (the pool refuses it; dropping its device builds a new reducer).
+  if (workers_) workers_->reset();
   for (size_t r = 1; r < params_.size(); ++r) {
     for (Tensor& p : params_[r]) p.set_grad({});
   }

@@ -68,6 +68,9 @@ class GradientReducer {
   // Reduces every bucket not reduced yet (in shares: the parameters left out of them) and disarms. Returns the
   // transfer statistics of the whole step.
   TransferStats finish();
+  // After a failed step: the hooks do nothing until the next prepare(), and nothing is reduced (a worker
+  // declared lost may still be running its backward: the engine thread leaves the gradients to it).
+  void disarm() { armed_.store(false); }
 
   size_t num_buckets() const { return buckets_.size(); }
   // Buckets reduced from hooks (before finish) in the last step: the overlap that happened.

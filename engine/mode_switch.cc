@@ -36,17 +36,20 @@ void DataParallel::set_mode(ParallelMode mode) {
   NoGradGuard no_grad;
   for (auto& replica : replicas_) replica->zero_grad();
   options_.mode = mode;
+  // What goes is retired, not freed: a worker lost in an earlier step may still be inside it (Note [Lost
+  // workers] in engine/worker_pool.cc).
   if (mode == ParallelMode::DDP) {
-    reducer_.reset();
+    retire(std::shared_ptr<GradientReducer>(std::move(reducer_)));
     init_ddp();  // replica 0's (the master's) parameters and buffers to every replica; SyncBatchNorm's groups
   } else {
-    ddp_reducer_.reset();  // its hooks go with it
+    retire(std::shared_ptr<DdpReducer>(std::move(ddp_reducer_)));  // its hooks go with it (or stay, disarmed)
     for (size_t r = 0; r < replicas_.size(); ++r) nn::set_sync_batchnorm_group(*replicas_[r], nullptr, static_cast<int>(r));
-    group_.reset();
+    retire(std::move(group_));
   }
   build_reducer();
   if (optimizers_.empty()) return;
   // Replica 0's optimizer is the master's in both modes; DDP gives every other replica one with its state.
+  for (size_t r = 1; r < optimizers_.size(); ++r) retire(std::shared_ptr<optim::Optimizer>(std::move(optimizers_[r])));
   optimizers_.resize(1);
   if (mode == ParallelMode::DP) return;
   const optim::OptimizerStateDict state = optimizers_[0]->state_dict();

@@ -92,6 +92,8 @@ double DataParallel::forward_backward_once(const Tensor& input, const Tensor& ta
 void DataParallel::set_optimizer(const OptimizerFactory& make) {
   DPE_CHECK(static_cast<bool>(make), "DataParallel::set_optimizer: no factory");
   optimizer_factory_ = make;
+  // A worker lost in an earlier step may still be inside its optimizer (Note [Lost workers]).
+  for (auto& optimizer : optimizers_) retire(std::shared_ptr<optim::Optimizer>(std::move(optimizer)));
   optimizers_.clear();
   size_t count = options_.mode == ParallelMode::DDP ? replicas_.size() : 1;
   for (size_t r = 0; r < count; ++r) {

@@ -99,13 +99,29 @@ std::string message_of(const std::exception_ptr& e) {
 // Note [Lost workers]
 // With a straggler timeout, run() waits for the workers still running at most that long after the first
 // worker of the run finished; those still running then are declared lost (their flag, which is also their
-// thread's core/lost_thread.h flag), reported as failures, and left behind: run() returns without them. A
-// lost worker never runs again (run() refuses it), and its thread is detached, not joined, when the pool
-// goes. What keeps that safe: the thread shares Impl (a shared_ptr), so the state it reads outlives the
-// pool; if its task ever returns, the worker sees the flag under the mutex and ends without touching the
-// run (its task fields point into a caller that is gone); and inside the task, a returning kernel stops at
-// the next lost-thread checkpoint. Whatever else the task references (the replica's module, a process
-// group) the caller must keep alive for good (engine/device_failure.cc).
+// thread's core/lost_thread.h flag), reported as failures, and left behind. A lost worker never runs again
+// (run() refuses it), and its thread is detached, not joined, when the pool goes. A lost worker must never
+// outlive what it uses; what makes sure of it:
+//  - a worker declared lost before it took its task never takes it (has_task is cleared with the flag);
+//  - run() does not return at once: it gives the workers it declared lost kLostGrace to get out of the way,
+//    i.e. to end (their task returned: a healthy worker only slower than the timeout, which a millisecond
+//    --timeout on a loaded machine makes common, or one woken by the collectives' abort) or to park at a
+//    lost-thread checkpoint. Only a worker still inside a call that blocks (a kernel that does not return, a
+//    wait) is left behind running, and every such call is followed by a checkpoint (core/lost_thread.h; the
+//    collectives are checkpoints too), so when it returns it parks before it touches anything else;
+//  - the thread shares Impl (a shared_ptr), so the state it reads outlives the pool; if its task ever
+//    returns, the worker sees the flag under the mutex and ends without touching the run (its task fields
+//    point into a caller that may be gone);
+//  - what the blocked call itself still uses (the replica's module and gradients, an optimizer, a reducer's
+//    buckets, a process group, which a group never reopens while the worker may be inside: Note [A member
+//    that leaves early] in collectives/process_group.cc) the caller keeps alive for good, never frees or
+//    reuses (DataParallel::retire and abandon_to_lost_workers, engine/device_failure.cc).
+// Parking is not seen here (a parked thread never returns), so a worker that parks costs run() the whole
+// grace; that happens only on the way to a failure.
+
+// How long run() waits for the workers it declares lost to end (Note [Lost workers]): far longer than a thread
+// that is merely preempted waits for a core, and short next to the straggler timeouts a real device needs.
+constexpr std::chrono::milliseconds kLostGrace{1000};
 
 // Note [A run allocates nothing]
 // run() hands out its work as pointers and plain values (Impl's task fields, Worker::has_task), never as a
@@ -123,6 +139,8 @@ struct DeviceWorkerPool::Impl {
     bool has_task = false;  // set by run(), cleared by the worker when it takes the task
     bool running = false;   // set by run(), cleared by the worker when its task has returned
     std::atomic<bool> lost{false};  // declared lost by run() (Note [Lost workers]); never cleared
+    bool awaited = false;  // declared lost by the current run(), which waits for it to end (kLostGrace)
+    bool ended = false;    // lost, and its task has returned since: its thread has ended
     std::exception_ptr error;
     uint64_t failure_order = 0;  // this run's failures are numbered 0, 1, ... in the order they happened
   };
@@ -222,7 +240,11 @@ struct DeviceWorkerPool::Impl {
         std::lock_guard lock(mutex);
         // Declared lost while the task ran: run() has returned without this worker, and the task fields
         // point into a caller that is gone. Touch nothing and end the thread (Note [Lost workers]).
-        if (w.lost) return;
+        if (w.lost) {
+          w.ended = true;
+          work_done.notify_all();  // run() may be waiting for it (Note [Lost workers])
+          return;
+        }
         w.running = false;
         if (finished++ == 0) first_finished_at = std::chrono::steady_clock::now();
         if (error) w.failure_order = failures++;
@@ -264,6 +286,11 @@ struct DeviceWorkerPool::Impl {
       if (!w.running) continue;
       w.lost.store(true, std::memory_order_release);
       w.running = false;
+      // Not started yet (its thread has not woken since run() handed it the task): it never will, since the
+      // task fields are cleared when run() returns, and a later run() would set them to another caller's task.
+      const bool started = !w.has_task;
+      w.has_task = false;
+      w.awaited = started;  // one that never started has nothing to get out of
       w.failure_order = failures++;
       w.error = std::make_exception_ptr(Error(detail::str_cat(
           "did not finish within ", straggler_timeout.count(), " ms of the first device that did (stuck in a "
@@ -271,6 +298,15 @@ struct DeviceWorkerPool::Impl {
       --pending;
     }
     work_done.wait(lock, [&] { return pending == 0; });  // those that finished meanwhile
+    // The lost ones: until they end or the grace is over (Note [Lost workers]). Those that park use it all.
+    auto lost_ended = [&] {
+      for (size_t i = 0; i < count; ++i) {
+        if (workers[i]->awaited && !workers[i]->ended) return false;
+      }
+      return true;
+    };
+    work_done.wait_until(lock, std::chrono::steady_clock::now() + kLostGrace, lost_ended);
+    for (size_t i = 0; i < count; ++i) workers[i]->awaited = false;
   }
 };
 
@@ -345,6 +381,14 @@ std::vector<size_t> DeviceWorkerPool::lost_workers() const {
     if (w->lost) lost.push_back(w->index);
   }
   return lost;
+}
+
+bool DeviceWorkerPool::has_lost_workers() const {
+  std::lock_guard lock(impl_->mutex);
+  for (const auto& w : impl_->workers) {
+    if (w->lost) return true;
+  }
+  return false;
 }
 
 void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica)>& fn,

@@ -24,10 +24,11 @@
 // The caller's grad mode and autocast state (core/amp/autocast.h) are carried into the worker for the duration
 // of the task.
 // Straggler timeout (off by default): a worker that has not finished its task that long after the first
-// worker of the same run finished is declared lost, as stuck in a kernel or a wait: run() stops waiting for
-// it and reports it as a failure ("did not finish within ... the device is lost"), the worker never runs
-// again, and its thread is left behind (a thread cannot be killed) and parks at its next lost-thread
-// checkpoint should its kernel return (core/lost_thread.h, Note [Lost workers] in worker_pool.cc). Within a
+// worker of the same run finished is declared lost, as stuck in a kernel or a wait: it is reported as a failure
+// ("did not finish within ... the device is lost"), never runs again, and its thread is left behind (a thread
+// cannot be killed) and parks at its next lost-thread checkpoint (core/lost_thread.h). run() gives it up to a
+// second more to end or park (a worker that was only slow) before it returns without it; whatever a worker
+// still blocked then may use, the caller keeps alive for good (Note [Lost workers] in worker_pool.cc). Within a
 // run of one worker nothing is compared, so nothing is declared lost.
 //
 // Thread-safety: run() may be called from one thread at a time, never from a worker of the same pool.
@@ -77,6 +78,8 @@ class DeviceWorkerPool {
   int cpu_threads_per_device() const;
   // The workers declared lost so far (indices into devices()), in order.
   std::vector<size_t> lost_workers() const;
+  // Whether any worker was ever declared lost (allocates nothing: failure handlers call it).
+  bool has_lost_workers() const;
 
  private:
   struct Impl;
