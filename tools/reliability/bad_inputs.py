@@ -137,7 +137,8 @@ def prepare(tmp, dpe, env):
     f["ck_header_huge"].write_bytes(struct.pack("<Q", 1 << 62) + blob[8:])
     f["ck_header_short"] = tmp / "ck_header_short.safetensors"
     f["ck_header_short"].write_bytes(blob[:5])
-    # Fashion-MNIST directories, each with one file made wrong (the others are links to the real ones).
+    # Fashion-MNIST directories, each with one file made wrong (the others are links to the real ones): written
+    # bytes, or (a callable) a FIFO without a writer, a character device, a plain file with a sparse 20 GB tail.
     labels, images = "train-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz"
     for name, (file, content) in {
         "idx_bad_magic": (labels, gzipped_idx(0x0D, [60000], bytes(60000))),
@@ -150,28 +151,20 @@ def prepare(tmp, dpe, env):
         "idx_not_gzip": (labels, b"\x1f\x8b\x08\x00garbage that is not deflate"),
         "idx_images_28x29": (images, gzipped_idx(0x08, [60000, 28, 29], bytes(16))),
         "idx_trailing_zeros": (labels, gzip_with_zeros(idx_bytes(0x08, [60000], bytes(60000)), 200 << 20)),
+        "idx_fifo": (labels, os.mkfifo),
+        "idx_device": (labels, lambda p: os.symlink("/dev/zero", p)),
+        "idx_trailing_sparse": (labels, lambda p: (p.write_bytes(struct.pack(">II", 0x801, 60000) + bytes(60000)),
+                                                   os.truncate(p, 20 << 30))),
     }.items():
         d = tmp / name
         d.mkdir()
         for real in FASHION_MNIST.iterdir():
             if real.name != file:
                 os.symlink(real, d / real.name)
-        (d / file).write_bytes(content)
-        f[name] = d
-    # Labels that are not regular files: a FIFO without a writer, a character device; a plain file followed by
-    # a sparse 20 GB tail.
-    for name, make in {
-        "idx_fifo": lambda p: os.mkfifo(p),
-        "idx_device": lambda p: os.symlink("/dev/zero", p),
-        "idx_trailing_sparse": lambda p: (p.write_bytes(struct.pack(">II", 0x801, 60000) + bytes(60000)),
-                                          os.truncate(p, 20 << 30)),
-    }.items():
-        d = tmp / name
-        d.mkdir()
-        for real in FASHION_MNIST.iterdir():
-            if real.name != labels:
-                os.symlink(real, d / real.name)
-        make(d / labels)
+        if callable(content):
+            content(d / file)
+        else:
+            (d / file).write_bytes(content)
         f[name] = d
     f["corpus_prose"] = tmp / "corpus_prose"
     f["corpus_prose"].write_text("line one\nline two\nline three\n")
