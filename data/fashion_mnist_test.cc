@@ -195,7 +195,7 @@ TEST(FashionMnistFiles, WrongImageSize) {
   expect_contains(load_error(dir), "train-images-idx3-ubyte.gz: images are 28x27; expected 28x28");
 }
 
-// Regression (hardening round 3, item 6): the image size was checked after the payload was read, so 28x29
+// Regression: the image size was checked after the payload was read, so 28x29
 // images with a short payload failed as "truncated payload". The size is checked right after the header.
 TEST(FashionMnistFiles, WrongImageSizeIsFoundBeforeThePayload) {
   FakeSplit s;
@@ -208,7 +208,7 @@ TEST(FashionMnistFiles, WrongImageSizeIsFoundBeforeThePayload) {
   EXPECT_EQ(message.find("truncated"), std::string::npos) << message;
 }
 
-// Regression (hardening round 3, item 6): a FIFO without a writer in --data-dir blocked forever in open().
+// Regression: a FIFO without a writer in --data-dir blocked forever in open().
 TEST(FashionMnistFiles, AFifoIsRefusedWithoutWaitingForAWriter) {
   const std::string dir = write_split(FakeSplit{});
   const std::string labels = dir + "/train-labels-idx1-ubyte.gz";

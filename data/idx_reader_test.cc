@@ -140,7 +140,7 @@ int64_t bytes_read_so_far() {
   return -1;
 }
 
-// Regression (hardening round 3, item 6): trailing data was read to its end to be counted: a gzip bomb, or a
+// Regression: trailing data was read to its end to be counted: a gzip bomb, or a
 // sparse 20 GB file, after a valid payload took 25 s. Now one byte past the payload is asked for, never more:
 // the 200 MB of zeros after the payload (200 KB compressed) are neither decompressed nor even read.
 TEST(IdxReader, TrailingGzipBombIsNotDecompressed) {
@@ -184,7 +184,7 @@ TEST(IdxReader, TrailingSparseDataIsNotRead) {
   }
 }
 
-// Regression (hardening round 3, item 6): the items' sizes were checked after the whole payload was read, so a
+// Regression: the items' sizes were checked after the whole payload was read, so a
 // file of 28x29 images with a short payload failed as "truncated", and a long one was read before failing.
 // They are checked right after the header.
 TEST(IdxReader, ItemSizesAreCheckedBeforeThePayload) {
@@ -205,7 +205,7 @@ TEST(IdxReader, ItemSizesAreCheckedBeforeThePayload) {
                   {"read_idx: item_dims [4] has 1 sizes but " + path + "'s magic 0x00000803 has 2 per item"});
 }
 
-// Regression (hardening round 3, item 6): a FIFO without a writer blocked forever in open(). It is refused at
+// Regression: a FIFO without a writer blocked forever in open(). It is refused at
 // once, naming the file and what it is. (Were it to block, a writer is opened after 2 s so the test ends.)
 TEST(IdxReader, AFifoWithoutAWriterIsRefusedAtOnce) {
   const std::string fifo = test_dir() + "/labels.gz";

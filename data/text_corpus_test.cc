@@ -118,7 +118,7 @@ TEST(TextCorpus, Errors) {
   EXPECT_NE(error_of([&] { load_text_corpus({}, 8); }).find("no files given"), std::string::npos);
 }
 
-// Regression (hardening round 3, item 11): a multi-line file without "%" lines is one record, and was refused
+// Regression: a multi-line file without "%" lines is one record, and was refused
 // as "the text corpus has 1 records", naming neither the file nor the rule. The message names the file, what
 // it held, the count, what was expected and the separator rule.
 TEST(TextCorpus, TooFewRecordsNameTheFilesAndTheSeparatorRule) {

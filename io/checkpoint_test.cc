@@ -32,6 +32,7 @@ namespace dpe::io {
 namespace {
 
 namespace fs = std::filesystem;
+using dpe::testing::describe_wait_status;
 using dpe::testing::error_of;
 
 // fc1: Linear(4, 3), relu, fc2: Linear(3, 2); optionally an int64 buffer (checkpoints keep every dtype).
@@ -382,7 +383,7 @@ void rewrite_metadata(const std::string& src, const std::string& dst,
   write_raw(dst, text, bytes.substr(8 + n));
 }
 
-// Regression (hardening round 3, item 9): a checkpoint's NaN or negative hyper-parameters loaded without a
+// Regression: a checkpoint's NaN or negative hyper-parameters loaded without a
 // word and failed at the first training step, without naming the file. They are refused when the file is
 // loaded, naming the file, the key, the value and what was expected; nothing is modified.
 TEST_F(CorruptFileTest, OptimizerHyperParametersAreCheckedWhenLoaded) {
@@ -483,7 +484,7 @@ TEST_F(CorruptFileTest, GradScalerStateIsCheckedWhenLoaded) {
   EXPECT_NE(e.find("growth_tracker 1e+300 is above 2^53"), std::string::npos) << e;
 }
 
-// Regression (hardening round 3, item 9): two tensors sharing bytes (aliased or overlapping data_offsets)
+// Regression: two tensors sharing bytes (aliased or overlapping data_offsets)
 // were accepted. Refused when the header is read, naming both tensors and their ranges.
 TEST_F(CorruptFileTest, AliasedOrOverlappingDataOffsets) {
   const std::string p = temp_path("overlap.safetensors");
@@ -718,16 +719,7 @@ class Flat : public nn::Cloneable<Flat> {
   int64_t numel_;
 };
 
-// The wait status of `pid` ("exit 3", "signal 15 (Terminated)") for messages.
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return "signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
-  }
-  return "status " + std::to_string(status);
-}
-
-// Regression (hardening round 3, item 4): SIGINT or SIGTERM during a save left a full-size
+// Regression: SIGINT or SIGTERM during a save left a full-size
 // `<path>.tmp.XXXXXX` every time. A child saves a large checkpoint; the parent signals it as soon as the
 // temporary appears. The child must die of that signal (the status a shell or scheduler expects) and leave no
 // temporary. When the save won the race (the checkpoint exists: the signal came after the rename), the round
@@ -764,7 +756,7 @@ TEST(CheckpointTest, ASignalDuringASaveRemovesTheTemporaryAndEndsTheProcess) {
       if (fs::exists(path)) continue;  // the save finished before the signal: again, larger
       interrupted = true;
       EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig)
-          << strsignal(sig) << " during a save of " << 4 * numel << " bytes: " << describe_status(status);
+          << strsignal(sig) << " during a save of " << 4 * numel << " bytes: " << describe_wait_status(status);
       EXPECT_TRUE(temporaries_of(path).empty())
           << strsignal(sig) << " during a save left " << temporaries_of(path).front();
     }
@@ -774,7 +766,7 @@ TEST(CheckpointTest, ASignalDuringASaveRemovesTheTemporaryAndEndsTheProcess) {
   }
 }
 
-// Regression (hardening round 3, item 4): under `ulimit -f` below the checkpoint's size the run died of
+// Regression: under `ulimit -f` below the checkpoint's size the run died of
 // SIGXFSZ without a word and left the temporary. A child with RLIMIT_FSIZE below the size (and SIGXFSZ at its
 // default disposition, as in a shell) must get a dpe::Error naming the file, the sizes and `ulimit -f`,
 // exit normally, leave no temporary and keep the old checkpoint intact.
@@ -815,7 +807,7 @@ TEST(CheckpointTest, AFileSizeLimitIsAnErrorNamingItNotSigxfsz) {
   ::close(pipe_fds[0]);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe_status(status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe_wait_status(status);
   EXPECT_NE(message.find("save_checkpoint: writing " + path + ".tmp."), std::string::npos) << message;
   EXPECT_NE(message.find("File too large: the checkpoint is "), std::string::npos) << message;
   EXPECT_NE(message.find("bytes but the file size limit (`ulimit -f`, RLIMIT_FSIZE) is 65536 bytes"),

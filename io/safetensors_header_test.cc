@@ -111,7 +111,7 @@ TEST(SafetensorsHeaderTest, DumpRoundTrips) {
   EXPECT_THROW(dump_header(Json("\xff")), Error);  // not UTF-8: not JSON
 }
 
-// Regression (hardening round 3, item 9): tensors sharing bytes were accepted. Both are named with their
+// Regression: tensors sharing bytes were accepted. Both are named with their
 // ranges; touching and empty ranges are fine, in any order.
 TEST(SafetensorsHeaderTest, OverlappingRangesAreRefused) {
   auto error = [](std::vector<TensorRange> ranges) {

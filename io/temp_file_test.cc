@@ -18,10 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/errors.h"
+
 namespace dpe::io {
 namespace {
 
 namespace fs = std::filesystem;
+using dpe::testing::describe_wait_status;
 
 std::string temp_path(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -46,15 +49,6 @@ int run_in_child(const std::function<void()>& body) {
   int status = 0;
   EXPECT_EQ(::waitpid(pid, &status, 0), pid);
   return status;
-}
-
-// "exit 3" or "signal 15 (Terminated)".
-std::string describe(int status) {
-  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return "signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
-  }
-  return "status " + std::to_string(status);
 }
 
 struct sigaction current_action(int sig) {
@@ -85,7 +79,7 @@ TEST(TemporaryFileScope, AFatalSignalRemovesTheTemporaryAndStillEndsTheProcess) 
       ::raise(sig);
       ::_exit(11);  // survived the signal
     });
-    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << strsignal(sig) << ": " << describe(status);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << strsignal(sig) << ": " << describe_wait_status(status);
     EXPECT_FALSE(fs::exists(path)) << strsignal(sig) << " left " << path;
   }
 }
@@ -118,7 +112,7 @@ TEST(TemporaryFileScope, AProgramHandlerIsChainedAndRestored) {
     ::raise(SIGTERM);
     if (g_program_handler_calls != 2) ::_exit(15);
   });
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe(status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe_wait_status(status);
   EXPECT_TRUE(fs::exists(path));
 }
 
@@ -135,7 +129,7 @@ TEST(TemporaryFileScope, AnIgnoredSignalStaysIgnored) {
     }
     if (!is_ignored(SIGHUP)) ::_exit(11);
   });
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe(status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe_wait_status(status);
   EXPECT_TRUE(fs::exists(path));
 }
 
@@ -161,7 +155,7 @@ TEST(TemporaryFileScope, WritesPastTheFileSizeLimitFailInsteadOfKilling) {
     }
     if (!is_default(SIGXFSZ)) ::_exit(16);
   });
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe(status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe_wait_status(status);
 }
 
 // Scopes on several threads share the handlers: they stay until the last scope ends.
@@ -175,7 +169,7 @@ TEST(TemporaryFileScope, OverlappingScopesRestoreWhenTheLastEnds) {
     b.reset();
     if (!is_default(SIGTERM) || !is_default(SIGINT) || !is_default(SIGHUP) || !is_default(SIGXFSZ)) ::_exit(12);
   });
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe(status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe_wait_status(status);
 }
 
 // A forked child that did not exec does not remove its parent's temporaries when it is signalled.
@@ -194,7 +188,7 @@ TEST(TemporaryFileScope, AForkedChildLeavesItsParentsTemporaries) {
     if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGTERM) ::_exit(10);
     if (::access(path.c_str(), F_OK) != 0) ::_exit(11);
   });
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe(status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe_wait_status(status);
   EXPECT_TRUE(fs::exists(path));
 }
 

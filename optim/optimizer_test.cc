@@ -309,7 +309,7 @@ TEST(OptimizerTest, LoadStateDictMismatchesAreClearErrorsAndChangeNothing) {
   EXPECT_NE(load_error(opt, groups).find("the state has 2 param groups, the optimizer 1"), std::string::npos);
 }
 
-// Regression (hardening round 3, item 9): a state with a NaN or negative hyper-parameter loaded silently and
+// Regression: a state with a NaN or negative hyper-parameter loaded silently and
 // failed at the first step. load_state_dict refuses it (Note [Hyper-parameter ranges]) and changes nothing.
 TEST(OptimizerTest, LoadStateDictRefusesHyperParametersOutOfRange) {
   Tensor w = ones({2, 3}, TensorOptions(DType::Float64)).set_requires_grad(true);

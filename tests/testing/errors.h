@@ -1,7 +1,12 @@
 // error_of(f): the message of the dpe::Error that f() throws, or "(no error)". Tests check messages name
 // the offending values: EXPECT_NE(error_of([&] { x.view({7}); }).find("invalid for 6 elements"), npos).
 // run_members(n, fn): fn(r) for r in [0, n), each on a thread of its own, all at once (a ProcessGroup's members).
+// describe_wait_status(status): how a forked child ended, for messages ("exit 3", "signal 15 (Terminated)").
 #pragma once
+
+#include <sys/wait.h>
+
+#include <cstring>
 
 #include <functional>
 #include <string>
@@ -34,6 +39,14 @@ inline std::vector<std::string> run_members(int n, const std::function<void(int)
   }
   for (std::thread& t : threads) t.join();
   return errors;
+}
+
+inline std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return "signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  }
+  return "status " + std::to_string(status);
 }
 
 }  // namespace dpe::testing
