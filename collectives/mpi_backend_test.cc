@@ -276,18 +276,25 @@ TEST(MpiBackend, AFailureInOneProcessEndsTheOthersWaitsWithItsReason) {
   const int index = MpiWorld::get().place().rank;
   std::vector<Tensor> t = {zeros({1000}, Device::cpu(0)), zeros({1000}, Device::cpu(1))};
   const auto start = std::chrono::steady_clock::now();
+  std::vector<ErrorKind> kinds(2, ErrorKind::Internal);
   const auto errors = run_members(2, [&](int r) {
     if (index == 1 && r == 0) {
       group.abort("replica 0 on cpu:0 failed: injected failure");
       throw Error("injected failure");
     }
-    group.all_reduce(r, t[r]);
+    try {
+      group.all_reduce(r, t[r]);
+    } catch (const Error& e) {
+      kinds[static_cast<size_t>(r)] = e.kind();
+      throw;
+    }
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (index == 0) {
     for (int r = 0; r < 2; ++r) {
       EXPECT_NE(errors[r].find("(all_reduce, member " + std::to_string(r) + "): rank 1 failed: replica 0 on cpu:0 "
                                "failed: injected failure"), std::string::npos) << errors[r];
+      EXPECT_EQ(kinds[static_cast<size_t>(r)], ErrorKind::Aborted) << errors[r];  // another's failure, not a timeout
     }
     EXPECT_LT(seconds, 30.0) << "the failure was not heard before the timeout";
   } else {

@@ -249,12 +249,12 @@ void MpiComm::check_failures(const std::string& what) {
   const std::string heard = failures_->heard();
   if (heard.empty()) return;
   aborted_ = detail::str_cat("collective #", seq_, " (", what, "): ", heard);
-  throw Error(aborted_);
+  throw Error(aborted_, ErrorKind::Aborted);
 }
 
 void MpiComm::check_not_aborted(const std::string& what) const {
-  DPE_CHECK(aborted_.empty(), "collective #", seq_ + 1, " (", what, "): the communicator was aborted by an "
-            "earlier failure: ", aborted_);
+  DPE_CHECK_WITH(ErrorKind::Aborted, aborted_.empty(), "collective #", seq_ + 1, " (", what,
+                 "): the communicator was aborted by an earlier failure: ", aborted_);
 }
 
 void MpiComm::arrive(const std::string& what, const std::vector<int64_t>& signature, const char* signature_names) {
@@ -308,7 +308,7 @@ void MpiComm::arrive(const std::string& what, const std::vector<int64_t>& signat
     (void)tokens.release();
     aborted_ = detail::str_cat("collective #", seq_, " (", what, "): rank", missing_count > 1 ? "s " : " ", missing,
                                " did not arrive within ", seconds(timeout_));
-    throw Error(aborted_);
+    throw Error(aborted_, ErrorKind::Timeout);
   }
   bool agree = true;
   for (int peer = 0; peer < size_; ++peer) {
@@ -350,7 +350,7 @@ void MpiComm::wait(MPI_Request& request, std::chrono::steady_clock::time_point d
                              "within ", seconds(timeout_), "; ",
                              silent.empty() ? "every rank still answers (the transfer itself is stuck)"
                                             : silent + " stopped answering after arriving (stopped, or stuck outside MPI)");
-  throw Error(aborted_);
+  throw Error(aborted_, ErrorKind::Timeout);
 }
 
 // Note [Naming the rank that stalls a transfer]

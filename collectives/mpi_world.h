@@ -17,12 +17,14 @@
 //  - every process passes the same size (and dtype, root): a difference throws on every process, naming each
 //    process's value, before any byte moves, and leaves the communicator usable;
 //  - a process that does not arrive within the timeout is an error on every process that waits:
-//    "collective #seq (what): rank j did not arrive within T s", naming every missing rank; the communicator
-//    is then aborted: every later call throws at once (the caller exits with an error, and the launcher
-//    ends the job);
+//    "collective #seq (what): rank j did not arrive within T s", naming every missing rank (as is a transfer
+//    that every rank arrived for but that does not finish within it); both are of kind ErrorKind::Timeout. The
+//    communicator is then aborted: every later call throws at once, of kind ErrorKind::Aborted (the caller
+//    exits with an error, and the launcher ends the job);
 //  - an error MPI reports (a peer that died mid-collective, a transport failure) throws with MPI's message;
 //  - a failure another process announced on the communicator's MpiAbortChannel ends a wait at once:
-//    "collective #seq (what): rank j failed: <its reason>", and aborts the communicator;
+//    "collective #seq (what): rank j failed: <its reason>", of kind ErrorKind::Aborted, and aborts the
+//    communicator;
 //  - a call returns when `data` holds the result.
 #pragma once
 

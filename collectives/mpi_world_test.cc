@@ -144,6 +144,7 @@ TEST(MpiComm, ARankThatDoesNotArriveIsNamedAfterTheTimeout) {
       const std::string want = std::string("collective #1 (bucket 3): rank") + (late.size() > 2 ? "s " : " ") +
                                missing + " did not arrive within 0.3 s";
       EXPECT_EQ(e.what(), want);
+      EXPECT_EQ(e.kind(), ErrorKind::Timeout);
     }
     float x = 1;
     try {
@@ -152,6 +153,7 @@ TEST(MpiComm, ARankThatDoesNotArriveIsNamedAfterTheTimeout) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("collective #2 (bucket 4): the communicator was aborted by an earlier "
                                            "failure: collective #1 (bucket 3)"), std::string::npos) << e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::Aborted);
     }
   }
   after.barrier("after the timeout");
@@ -176,6 +178,7 @@ TEST(MpiComm, ARankThatStopsAfterArrivingIsNamed) {
       EXPECT_EQ(std::string(e.what()), "collective #1 (bucket 7): every rank arrived but the transfer did not finish "
                                        "within 0.3 s; rank " + std::to_string(last) +
                                        " stopped answering after arriving (stopped, or stuck outside MPI)");
+      EXPECT_EQ(e.kind(), ErrorKind::Timeout);
     }
   }
   MpiComm::set_after_arrival_hook_for_testing(nullptr);

@@ -156,14 +156,15 @@ void NcclComms::wait(int rank, std::chrono::steady_clock::time_point deadline,
                      const std::function<std::string()>& failed_elsewhere, const std::string& what) {
   if (impl_->done.empty()) impl_->done.assign(impl_->comms.size(), nullptr);
   if (impl_->aborted.empty()) impl_->aborted.assign(impl_->comms.size(), "");
-  DPE_CHECK(impl_->aborted[rank].empty(), what, ": the NCCL communicator was aborted by an earlier failure: ",
-            impl_->aborted[rank]);
+  DPE_CHECK_WITH(ErrorKind::Aborted, impl_->aborted[rank].empty(), what,
+                 ": the NCCL communicator was aborted by an earlier failure: ", impl_->aborted[rank]);
   const int logical = impl_->logical[rank];
   cuda::DeviceGuard guard(logical);
   cudaEvent_t& done = impl_->done[rank];
   if (done == nullptr) DPE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   DPE_CUDA_CHECK(cudaEventRecord(done, cuda::stream(logical)));
   std::string failure;
+  ErrorKind kind = ErrorKind::InvalidArgument;  // NCCL's own error: neither a timeout nor an abort
   const auto patient_after = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
   for (;;) {
     const cudaError_t state = cudaEventQuery(done);
@@ -175,10 +176,14 @@ void NcclComms::wait(int rank, std::chrono::steady_clock::time_point deadline,
       failure = std::string("NCCL reported ") + ncclGetErrorString(async) + ": " + ncclGetLastError(impl_->comms[rank]);
       break;
     }
-    if (failure = failed_elsewhere(); !failure.empty()) break;
+    if (failure = failed_elsewhere(); !failure.empty()) {
+      kind = ErrorKind::Aborted;
+      break;
+    }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       failure = "did not finish before the group's timeout (a process that stopped calling collectives?)";
+      kind = ErrorKind::Timeout;
       break;
     }
     // As MpiComm's waits: back to back (yielding) while it is likely a transfer, then every millisecond.
@@ -190,7 +195,7 @@ void NcclComms::wait(int rank, std::chrono::steady_clock::time_point deadline,
   }
   impl_->aborted[rank] = what + ": " + failure;
   ncclCommAbort(impl_->comms[rank]);  // ends the stuck kernel; its own status is of no further use
-  throw Error(impl_->aborted[rank]);
+  throw Error(impl_->aborted[rank], kind);
 }
 
 void NcclComms::all_reduce(int rank, const Tensor& tensor, ReduceOp op) {

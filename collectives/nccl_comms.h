@@ -42,7 +42,9 @@ class NcclComms {
   // Waits until member `rank`'s stream has done everything enqueued so far, polling NCCL's asynchronous error
   // and `failed_elsewhere` (a reason, or "" while there is none). On an error, a reason, or past `deadline`,
   // aborts member `rank`'s communicator (ncclCommAbort: a collective stuck waiting for a peer that will not
-  // come ends) and throws naming `what`; every later call on it throws. Member `rank`'s thread only.
+  // come ends) and throws naming `what`: of kind ErrorKind::Timeout past the deadline, ErrorKind::Aborted on a
+  // reason from `failed_elsewhere`; every later call on it throws, of kind ErrorKind::Aborted. Member `rank`'s
+  // thread only.
   void wait(int rank, std::chrono::steady_clock::time_point deadline,
             const std::function<std::string()>& failed_elsewhere, const std::string& what);
 

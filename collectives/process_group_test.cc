@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <thread>
 
 #include "core/copy.h"
@@ -292,6 +294,54 @@ TEST(ProcessGroupTest, MissingMemberTimesOutNamingItAndAbortsUntilReset) {
     EXPECT_EQ(errors[r], "");
     EXPECT_EQ(t[r].to_vector<float>(), std::vector<float>(4, 3.0f));
   }
+}
+
+// A failure policy finds a timeout by its kind, never its text (collectives/rendezvous.h): the member whose
+// wait ran out throws ErrorKind::Timeout; the member its abort woke, and one that comes after it, throw
+// ErrorKind::Aborted with the same message; so does a member woken by another's failure (abort()).
+TEST(ProcessGroupTest, OnlyTheMemberWhoseWaitRanOutThrowsTimeoutTheOthersAborted) {
+  auto devices = cpu_devices(3);
+  ProcessGroup group(devices, {.timeout = std::chrono::milliseconds(100)});
+  std::vector<Tensor> t = {ones({4}, devices[0]), ones({4}, devices[1]), ones({4}, devices[2])};
+  std::vector<std::optional<ErrorKind>> kinds(3);
+  std::vector<std::string> messages(3);
+  const auto member = [&](int r) {
+    try {
+      group.all_reduce(r, t[r]);
+    } catch (const Error& e) {
+      kinds[r] = e.kind();
+      messages[r] = e.what();
+    }
+  };
+  std::thread member0(member, 0), member1(member, 1);  // member 2 does not come in time
+  member0.join();
+  member1.join();
+  member(2);
+  int timeouts = 0, aborted = 0;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(kinds[r].has_value()) << "member " << r << " did not fail";
+    EXPECT_NE(messages[r].find("all_reduce #1 timed out after 100 ms"), std::string::npos) << messages[r];
+    timeouts += *kinds[r] == ErrorKind::Timeout;
+    aborted += *kinds[r] == ErrorKind::Aborted;
+  }
+  EXPECT_EQ(*kinds[2], ErrorKind::Aborted);  // it came after the abort
+  EXPECT_EQ(timeouts, 1) << messages[0] << "\n" << messages[1];
+  EXPECT_EQ(aborted, 2) << messages[0] << "\n" << messages[1];
+  const std::vector<int> missing = group.missing_at_last_timeout();  // member 2, and one still starting, if any
+  EXPECT_NE(std::find(missing.begin(), missing.end(), 2), missing.end());
+  ASSERT_TRUE(group.reset());
+  std::optional<ErrorKind> woken;
+  std::thread waiter([&] {
+    try {
+      group.barrier(0);
+    } catch (const Error& e) {
+      woken = e.kind();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  group.abort("replica 1 failed");
+  waiter.join();
+  EXPECT_EQ(woken, ErrorKind::Aborted);
 }
 
 TEST(ProcessGroupTest, AbortWakesWaitingMembers) {

@@ -19,7 +19,7 @@ Rendezvous::Rendezvous(std::vector<Device> members, std::chrono::milliseconds ti
 
 void Rendezvous::meet(int rank, const std::string& what) {
   std::unique_lock lock(mutex_);
-  DPE_CHECK(!aborted_, "process group is aborted: ", reason());
+  DPE_CHECK_WITH(ErrorKind::Aborted, !aborted_, "process group is aborted: ", reason());
   DPE_INTERNAL_ASSERT(!present_[rank], "rank ", rank, " met twice in one meeting");
   present_[rank] = true;
   if (++arrived_ == static_cast<int>(members_.size())) {
@@ -56,8 +56,11 @@ void Rendezvous::meet(int rank, const std::string& what) {
     } catch (...) {
     }
     cv_.notify_all();
+    DPE_CHECK_WITH(ErrorKind::Timeout, false, reason());
   }
-  DPE_CHECK(false, reason());
+  // Woken by an abort: another member's failure, or the timeout of a member that waited (that member alone
+  // throws Timeout; the rest of the group is Aborted, with the same message).
+  DPE_CHECK_WITH(ErrorKind::Aborted, false, reason());
 }
 
 void Rendezvous::abort(const std::string& reason) noexcept {
@@ -92,7 +95,7 @@ std::vector<int> Rendezvous::missing_at_last_timeout() const {
 
 void Rendezvous::check_open() const {
   std::lock_guard lock(mutex_);
-  DPE_CHECK(!aborted_, "process group is aborted: ", reason());
+  DPE_CHECK_WITH(ErrorKind::Aborted, !aborted_, "process group is aborted: ", reason());
 }
 
 bool Rendezvous::aborted() const {

@@ -27,7 +27,9 @@ class Rendezvous {
   Rendezvous(std::vector<Device> members, std::chrono::milliseconds timeout);
 
   // Blocks until every member has called meet() for this meeting. `what` names the operation in errors
-  // ("all_reduce #12"). Throws dpe::Error on timeout (naming the members that did not come) or abort.
+  // ("all_reduce #12"). Throws dpe::Error on timeout (naming the members that did not come) or abort: of kind
+  // ErrorKind::Timeout on the member whose wait ran out (the first; it aborts the rendezvous), of kind
+  // ErrorKind::Aborted on every member the abort wakes or finds (the timeout's message or abort()'s reason).
   void meet(int rank, const std::string& what);
   // Wakes every waiting member with an error carrying `reason`; later meetings throw it until reset(). The
   // first abort's reason is kept. Never throws: out of memory while keeping the reason, the members are woken
@@ -35,7 +37,8 @@ class Rendezvous {
   void abort(const std::string& reason) noexcept;
   void reset();
   bool aborted() const;
-  // Throws the error meet() would throw now that the rendezvous is aborted; returns when it is not.
+  // Throws the error meet() would throw now that the rendezvous is aborted (ErrorKind::Aborted); returns when
+  // it is not.
   void check_open() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   // The ranks the last timeout waited for (empty before any); kept across reset(), replaced by the next.

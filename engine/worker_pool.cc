@@ -115,7 +115,7 @@ std::string message_of(const std::exception_ptr& e) {
 //  - what the blocked call itself still uses (the replica's module and gradients, an optimizer, a reducer's
 //    buckets, a process group, which a group never reopens while the worker may be inside: Note [A member
 //    that leaves early] in collectives/process_group.cc) the caller keeps alive for good, never frees or
-//    reuses (DataParallel::retire and abandon_to_lost_workers, engine/device_failure.cc).
+//    reuses (ReplicaSet::retire, engine/replica_set.h).
 // Parking is not seen here (a parked thread never returns), so a worker that parks costs run() the whole
 // grace; that happens only on the way to a failure.
 
@@ -174,93 +174,108 @@ struct DeviceWorkerPool::Impl {
   bool grad_enabled = true;
   amp::AutocastState autocast;
 
+  // One run's task as a worker copied it (under the mutex: a worker declared lost must not read the run's
+  // fields again while a later run() sets them).
+  struct Task {
+    const std::function<void(size_t)>* fn = nullptr;
+    const FailureCallback* on_failure = nullptr;
+    bool grad_enabled = true;
+    amp::AutocastState autocast;
+  };
+
   void loop(Worker& w) {
     set_thread_lost_flag(&w.lost);
-    std::unique_ptr<tbb::task_arena> arena;
-    if (w.device.is_cpu()) {
-      const int threads = w.cores.empty() ? cpu_threads : static_cast<int>(w.cores.size());
-      if (!w.cores.empty()) pin_this_thread(w.cores);  // checked cores: it cannot fail usefully
-      omp_set_num_threads(threads);
-      try {
-        arena = std::make_unique<tbb::task_arena>(threads);
-      } catch (const std::bad_alloc&) {
-        // Out of memory before the first task: run tasks in oneTBB's default arena (correct, only not
-        // limited to this device's share of the cores) rather than end the thread with std::terminate.
-      }
-    }
+    std::unique_ptr<tbb::task_arena> arena = enter_device(w);
     uint64_t seen = 0;
-    while (true) {
-      // The task fields, read under the mutex: a worker declared lost must not read them again while a later
-      // run() sets them.
-      const std::function<void(size_t)>* task_fn = nullptr;
-      const FailureCallback* task_on_failure = nullptr;
-      bool task_grad_enabled = true;
-      amp::AutocastState task_autocast;
-      {
-        std::unique_lock lock(mutex);
-        if (!stopping && generation == seen) {
-          lock.unlock();
-          spin_until([&] { return stopping.load(std::memory_order_acquire) ||
-                                  generation.load(std::memory_order_acquire) != seen; },
-                     spin);
-          lock.lock();
-        }
-        work_ready.wait(lock, [&] { return stopping || (generation != seen && w.has_task); });
-        if (stopping) return;
-        seen = generation;
-        w.has_task = false;
-        task_fn = fn;
-        task_on_failure = on_failure;
-        task_grad_enabled = grad_enabled;
-        task_autocast = autocast;
-      }
+    Task task;
+    while (take_task(w, seen, task)) {
       // pending counts this worker until the end of the iteration (unless it is declared lost), so run() has
       // not returned and everything the task fields point to is alive.
-      auto task = [&] {
-        GradMode::set_enabled(task_grad_enabled);
-        // The caller's autocast for this task; the worker's cast cache is emptied when it ends, however.
-        amp::set_autocast_state(task_autocast);
-        struct AutocastReset {
-          ~AutocastReset() { amp::set_autocast_state({}); }
-        } reset;
-        (*task_fn)(w.index);
-      };
-      std::exception_ptr error = capture([&] {
-#if DPE_WITH_CUDA
-        std::unique_ptr<cuda::DeviceGuard> guard;
-        if (w.device.is_cuda()) guard = std::make_unique<cuda::DeviceGuard>(w.device.index);
-#endif
-        if (arena) {
-          arena->execute(task);
-        } else {
-          task();
-        }
-      });
-      {
-        std::lock_guard lock(mutex);
-        // Declared lost while the task ran: run() has returned without this worker, and the task fields
-        // point into a caller that is gone. Touch nothing and end the thread (Note [Lost workers]).
-        if (w.lost) {
-          w.ended = true;
-          work_done.notify_all();  // run() may be waiting for it (Note [Lost workers])
-          return;
-        }
-        w.running = false;
-        if (finished++ == 0) first_finished_at = std::chrono::steady_clock::now();
-        if (error) w.failure_order = failures++;
-      }
-      if (error) {
-        if (*task_on_failure) {
-          try {
-            (*task_on_failure)(w.index, error);
-          } catch (...) {
-          }
-        }
-      }
-      std::lock_guard lock(mutex);
-      w.error = std::move(error);
-      if (--pending == 0) work_done.notify_all();
+      std::exception_ptr error = capture([&] { run_task(w, task, arena.get()); });
+      if (!finish_task(w, task, std::move(error))) return;
     }
+  }
+
+  // The worker's CPU share: its cores (pinned) or cpu_threads intra-op threads, in its own oneTBB arena (null:
+  // oneTBB's default arena).
+  std::unique_ptr<tbb::task_arena> enter_device(const Worker& w) const {
+    if (!w.device.is_cpu()) return nullptr;
+    const int threads = w.cores.empty() ? cpu_threads : static_cast<int>(w.cores.size());
+    if (!w.cores.empty()) pin_this_thread(w.cores);  // checked cores: it cannot fail usefully
+    omp_set_num_threads(threads);
+    try {
+      return std::make_unique<tbb::task_arena>(threads);
+    } catch (const std::bad_alloc&) {
+      // Out of memory before the first task: run tasks in oneTBB's default arena (correct, only not limited
+      // to this device's share of the cores) rather than end the thread with std::terminate.
+      return nullptr;
+    }
+  }
+
+  // Waits for the next run's task (returns false when the pool stops) and copies its fields.
+  bool take_task(Worker& w, uint64_t& seen, Task& task) {
+    std::unique_lock lock(mutex);
+    if (!stopping && generation == seen) {
+      lock.unlock();
+      spin_until([&] { return stopping.load(std::memory_order_acquire) ||
+                              generation.load(std::memory_order_acquire) != seen; },
+                 spin);
+      lock.lock();
+    }
+    work_ready.wait(lock, [&] { return stopping || (generation != seen && w.has_task); });
+    if (stopping) return false;
+    seen = generation;
+    w.has_task = false;
+    task = Task{.fn = fn, .on_failure = on_failure, .grad_enabled = grad_enabled, .autocast = autocast};
+    return true;
+  }
+
+  static void run_task(const Worker& w, const Task& task, tbb::task_arena* arena) {
+    auto body = [&] {
+      GradMode::set_enabled(task.grad_enabled);
+      // The caller's autocast for this task; the worker's cast cache is emptied when it ends, however.
+      amp::set_autocast_state(task.autocast);
+      struct AutocastReset {
+        ~AutocastReset() { amp::set_autocast_state({}); }
+      } reset;
+      (*task.fn)(w.index);
+    };
+#if DPE_WITH_CUDA
+    std::unique_ptr<cuda::DeviceGuard> guard;
+    if (w.device.is_cuda()) guard = std::make_unique<cuda::DeviceGuard>(w.device.index);
+#endif
+    if (arena) {
+      arena->execute(body);
+    } else {
+      body();
+    }
+  }
+
+  // Records the task's end (and its error) for run(); returns false when the worker was declared lost while
+  // the task ran: run() has returned without it, and the task fields point into a caller that is gone, so
+  // it touches nothing and its thread ends (Note [Lost workers]).
+  bool finish_task(Worker& w, const Task& task, std::exception_ptr error) {
+    {
+      std::lock_guard lock(mutex);
+      if (w.lost) {
+        w.ended = true;
+        work_done.notify_all();  // run() may be waiting for it (Note [Lost workers])
+        return false;
+      }
+      w.running = false;
+      if (finished++ == 0) first_finished_at = std::chrono::steady_clock::now();
+      if (error) w.failure_order = failures++;
+    }
+    if (error && *task.on_failure) {
+      try {
+        (*task.on_failure)(w.index, error);
+      } catch (...) {
+      }
+    }
+    std::lock_guard lock(mutex);
+    w.error = std::move(error);
+    if (--pending == 0) work_done.notify_all();
+    return true;
   }
 
   // Waits until every worker of the run has returned, or, with a straggler timeout, until the workers still
@@ -294,7 +309,7 @@ struct DeviceWorkerPool::Impl {
       w.failure_order = failures++;
       w.error = std::make_exception_ptr(Error(detail::str_cat(
           "did not finish within ", straggler_timeout.count(), " ms of the first device that did (stuck in a "
-          "kernel or a wait?): the device is lost, its thread left behind")));
+          "kernel or a wait?): the device is lost, its thread left behind"), ErrorKind::DeviceLost));
       --pending;
     }
     work_done.wait(lock, [&] { return pending == 0; });  // those that finished meanwhile
@@ -430,11 +445,13 @@ void DeviceWorkerPool::run(size_t count, const std::function<void(size_t replica
   std::sort(failed.begin(), failed.end(), [](auto* a, auto* b) { return a->failure_order < b->failure_order; });
   std::vector<ReplicaError::Failure> later;
   for (size_t k = 1; k < failed.size(); ++k) {
-    later.push_back({static_cast<int>(failed[k]->index), failed[k]->device, message_of(failed[k]->error)});
+    later.push_back({static_cast<int>(failed[k]->index), failed[k]->device, message_of(failed[k]->error),
+                     error_kind_of(failed[k]->error)});
   }
   std::string message = message_of(failed[0]->error);
+  const ErrorKind kind = error_kind_of(failed[0]->error);
   for (Impl::Worker* w : failed) w->error = nullptr;
-  throw ReplicaError(static_cast<int>(failed[0]->index), failed[0]->device, message, std::move(later));
+  throw ReplicaError(static_cast<int>(failed[0]->index), failed[0]->device, message, std::move(later), kind);
 }
 
 }  // namespace dpe

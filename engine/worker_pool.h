@@ -4,7 +4,8 @@
 // finished. A worker that throws does not stop the others: every exception is caught and numbered in the
 // order the failures happened, and after all workers have finished the FIRST one (the root cause: in DDP a
 // failing replica aborts the collectives its partners are waiting in, so their errors come after it and are
-// consequences) is rethrown in the caller as ReplicaError, the later ones attached as later_failures().
+// consequences) is rethrown in the caller as ReplicaError, the later ones attached as later_failures(); each
+// keeps the kind of its original exception (error_kind_of in engine/replica_error.h).
 // run's on_failure(i, error) runs on worker i right after its failure was numbered, before any later
 // failure can be: that is where a caller wakes partners blocked on worker i (ProcessGroup::abort). It must
 // not throw (what it throws is dropped, and the partners it did not wake wait for their timeout): out of
@@ -25,11 +26,12 @@
 // of the task.
 // Straggler timeout (off by default): a worker that has not finished its task that long after the first
 // worker of the same run finished is declared lost, as stuck in a kernel or a wait: it is reported as a failure
-// ("did not finish within ... the device is lost"), never runs again, and its thread is left behind (a thread
-// cannot be killed) and parks at its next lost-thread checkpoint (core/lost_thread.h). run() gives it up to a
-// second more to end or park (a worker that was only slow) before it returns without it; whatever a worker
-// still blocked then may use, the caller keeps alive for good (Note [Lost workers] in worker_pool.cc). Within a
-// run of one worker nothing is compared, so nothing is declared lost.
+// ("did not finish within ... the device is lost", of kind ErrorKind::DeviceLost), never runs again, and its
+// thread is left behind (a thread cannot be killed) and parks at its next lost-thread checkpoint
+// (core/lost_thread.h). run() gives it up to a second more to end or park (a worker that was only slow) before
+// it returns without it; whatever a worker still blocked then may use, the caller keeps alive for good
+// (Note [Lost workers] in worker_pool.cc). Within a run of one worker nothing is compared, so nothing is
+// declared lost.
 //
 // Thread-safety: run() may be called from one thread at a time, never from a worker of the same pool.
 #pragma once

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <functional>
 #include <cstdlib>
+#include <exception>
 #include <new>
+#include <stdexcept>
 #include <cstdio>
 #include <fstream>
 #include <system_error>
@@ -72,8 +74,10 @@ TEST(WorkerPoolTest, ErrorsAreTaggedAndTheFirstFailureWins) {
     EXPECT_EQ(std::string(e.what()), "replica " + std::to_string(e.replica()) + " on cpu:" +
                                          std::to_string(e.replica()) + ": bad shape in replica " +
                                          std::to_string(e.replica()));
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);  // Error's own kind, carried over
     ASSERT_EQ(e.later_failures().size(), 1u);
     EXPECT_EQ(e.later_failures()[0].replica, 3 - e.replica());
+    EXPECT_EQ(e.later_failures()[0].kind, ErrorKind::InvalidArgument);
   }
   EXPECT_EQ(finished.load(), 1);  // the healthy worker finished before the error was raised
   std::atomic<int> ok{0};
@@ -120,6 +124,65 @@ TEST(WorkerPoolTest, TheRootCauseIsReportedNotItsConsequences) {
     EXPECT_EQ(callbacks.size(), 3u);  // once per failed worker, the root first
     EXPECT_EQ(callbacks.at(0), 2u);
   }
+}
+
+// A failure policy asks a ReplicaError's kind, never its text (engine/replica_error.h, error_kind_of): the
+// first failure's kind is the ReplicaError's, and each later failure keeps its own. The replicas fail one
+// after the other (each waits until the one before it has been numbered), so the order is known.
+TEST(WorkerPoolTest, AReplicaErrorKeepsTheKindOfEachOriginalFailure) {
+  DeviceWorkerPool pool(cpu_devices(5));
+  std::mutex mutex;
+  std::condition_variable cv;
+  size_t turn = 0;
+  const auto task = [&](size_t i) {
+    {
+      std::unique_lock lock(mutex);
+      cv.wait(lock, [&] { return turn == i; });
+    }
+    DPE_CHECK_WITH(ErrorKind::OutOfMemory, i != 0, "out of memory on ", Device::cpu(0), ": injected");
+    if (i == 1) throw std::bad_alloc();
+    if (i == 2) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again), "no thread");
+    if (i == 3) throw std::runtime_error("a loss function's own error");
+    DPE_INTERNAL_ASSERT(false, "injected");
+  };
+  const auto on_failure = [&](size_t i, const std::exception_ptr&) {
+    std::lock_guard lock(mutex);
+    turn = i + 1;
+    cv.notify_all();
+  };
+  try {
+    pool.run(5, task, on_failure);
+    ADD_FAILURE() << "no exception";
+  } catch (const ReplicaError& e) {
+    EXPECT_EQ(e.replica(), 0);
+    EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory) << e.what();
+    EXPECT_NE(e.message().find("out of memory on cpu:0: injected"), std::string::npos) << e.message();
+    const std::vector<ErrorKind> expected = {ErrorKind::OutOfMemory, ErrorKind::OutOfMemory,
+                                             ErrorKind::InvalidArgument, ErrorKind::Internal};
+    ASSERT_EQ(e.later_failures().size(), expected.size());
+    for (size_t k = 0; k < expected.size(); ++k) {
+      EXPECT_EQ(e.later_failures()[k].replica, static_cast<int>(k + 1));
+      EXPECT_EQ(e.later_failures()[k].kind, expected[k])
+          << "replica " << k + 1 << ": " << e.later_failures()[k].message;
+    }
+  }
+  // A std::bad_alloc that comes first: the ReplicaError is of kind OutOfMemory, its message as before.
+  try {
+    pool.run(2, [](size_t i) {
+      if (i == 1) throw std::bad_alloc();
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const ReplicaError& e) {
+    EXPECT_EQ(e.replica(), 1);
+    EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
+    EXPECT_NE(e.message().find("out of memory ("), std::string::npos) << e.message();
+    EXPECT_TRUE(e.later_failures().empty());
+  }
+  EXPECT_EQ(error_kind_of(nullptr), ErrorKind::InvalidArgument);
+  EXPECT_EQ(error_kind_of(std::make_exception_ptr(Error("x", ErrorKind::Timeout))), ErrorKind::Timeout);
+  EXPECT_EQ(error_kind_of(std::make_exception_ptr(42)), ErrorKind::InvalidArgument);
+  EXPECT_EQ(error_kind_of(std::make_exception_ptr(std::system_error(std::make_error_code(std::errc::io_error)))),
+            ErrorKind::InvalidArgument);
 }
 
 TEST(WorkerPoolTest, CarriesGradModeAndLimitsCpuThreads) {
@@ -223,6 +286,7 @@ TEST(WorkerPoolTest, AWorkerStuckPastTheStragglerTimeoutIsDeclaredLost) {
                                            "kernel or a wait?): the device is lost"),
                 std::string::npos)
           << e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::DeviceLost);
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
     EXPECT_EQ(pool.lost_workers(), (std::vector<size_t>{1}));
@@ -262,9 +326,11 @@ TEST(WorkerPoolTest, ALostWorkerComesAfterTheFailureThatCausedIt) {
     } catch (const ReplicaError& e) {
       EXPECT_EQ(e.replica(), 0);
       EXPECT_NE(std::string(e.what()).find("injected failure"), std::string::npos) << e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);  // the cause's kind, not the lost worker's
       ASSERT_EQ(e.later_failures().size(), 1u);
       EXPECT_EQ(e.later_failures()[0].replica, 2);
       EXPECT_NE(e.later_failures()[0].message.find("the device is lost"), std::string::npos);
+      EXPECT_EQ(e.later_failures()[0].kind, ErrorKind::DeviceLost);
     }
     EXPECT_EQ(pool.lost_workers(), (std::vector<size_t>{2}));
   }

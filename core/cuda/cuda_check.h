@@ -1,6 +1,8 @@
 // Checked calls into the CUDA runtime, cuBLAS, cuDNN and NCCL: a failure throws dpe::Error with the
-// library's own error string, the call's text and the source location. Include only from CUDA-enabled
-// translation units (files under core/cuda/ or *.cu).
+// library's own error string, the call's text and the source location. A failed allocation
+// (cudaErrorMemoryAllocation, CUBLAS_STATUS_ALLOC_FAILED, cuDNN's allocation failures) is of kind
+// ErrorKind::OutOfMemory, every other failure InvalidArgument. Include only from CUDA-enabled translation
+// units (files under core/cuda/ or *.cu).
 #pragma once
 
 #include <cublas_v2.h>

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -74,6 +75,30 @@ TEST(CudaRuntimeNoGpu, NoDeviceMeansZeroDevicesAndClearErrors) {
 }
 
 #if DPE_WITH_CUDA
+
+// A failed allocation inside the CUDA libraries is of kind OutOfMemory, whatever its text (a failure policy
+// asks the kind); their other failures are not. Needs no GPU: only the error is built.
+TEST(CudaCheck, AllocationFailuresAreOfKindOutOfMemory) {
+  const auto kind_of = [](auto&& f) -> std::optional<ErrorKind> {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.kind();
+    }
+    return std::nullopt;
+  };
+  EXPECT_EQ(kind_of([] { DPE_CUDA_CHECK(cudaErrorMemoryAllocation); }), ErrorKind::OutOfMemory);
+  EXPECT_EQ(kind_of([] { DPE_CUDA_CHECK(cudaErrorInvalidValue); }), ErrorKind::InvalidArgument);
+  EXPECT_EQ(kind_of([] { DPE_CUBLAS_CHECK(CUBLAS_STATUS_ALLOC_FAILED); }), ErrorKind::OutOfMemory);
+  EXPECT_EQ(kind_of([] { DPE_CUBLAS_CHECK(CUBLAS_STATUS_INVALID_VALUE); }), ErrorKind::InvalidArgument);
+#if CUDNN_MAJOR >= 9
+  EXPECT_EQ(kind_of([] { DPE_CUDNN_CHECK(CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED); }),
+            ErrorKind::OutOfMemory);
+  EXPECT_EQ(kind_of([] { DPE_CUDNN_CHECK(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED); }),
+            ErrorKind::OutOfMemory);
+#endif
+  EXPECT_EQ(kind_of([] { DPE_CUDNN_CHECK(CUDNN_STATUS_BAD_PARAM); }), ErrorKind::InvalidArgument);
+}
 
 // Two logical devices on GPU 0 (and a third on GPU 1 if there is one), set before anything uses a device.
 class LogicalDeviceEnvironment : public ::testing::Environment {
