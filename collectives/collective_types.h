@@ -31,7 +31,7 @@ namespace collectives {
 // (normalised, one per member; empty: 1/n each) of them, boundaries rounded up to 64-byte lines so that no two
 // members write one cache line. Every member computes the same boundaries, so the ranges tile [0, count). The
 // shared-memory backend's split of a reduction among CPU members, and DP's reduction in shares
-// (engine/gradient_reducer.h).
+// (engine/dp_reducer.h).
 std::pair<int64_t, int64_t> work_range(int64_t count, size_t element_bytes, int n, int rank,
                                        const std::vector<double>& shares);
 

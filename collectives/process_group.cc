@@ -289,7 +289,7 @@ void ProcessGroup::check_flat(int rank, const char* what, const Tensor& flat, co
 //  - reset() reopens the group only when no member is inside a call (inside_ counts them); otherwise the
 //    group stays aborted for good.
 // A worker declared lost and left behind (engine/worker_pool.h, Note [Lost workers]) may stay inside for good:
-// its group is never reset again, and its owner, who keeps it alive, builds a new one (engine/ddp_mode.cc).
+// its group is never reset again, and its owner, who keeps it alive, builds a new one (DdpStep::replica_dropped, engine/ddp_step.cc).
 // The calls are also lost-thread checkpoints (core/lost_thread.h): on entry (before reading the caller's
 // arguments), after the first meeting (before writing into the others' buffers) and after the second (before
 // returning into the caller), a worker declared lost parks instead of going on.

@@ -149,7 +149,7 @@ class ProcessGroup {
   // inside (slow, or a thread declared lost and left behind: engine/worker_pool.h) would take part in the
   // next collective's meetings. The owner calls it once every member's thread has returned from its last
   // collective; a member that may still come (a lost thread about to enter one) is the owner's to rule out
-  // (such a group is replaced, never reset: engine/ddp_mode.cc). Never throws.
+  // (such a group is replaced, never reset: engine/ddp_step.cc). Never throws.
   bool reset() noexcept;
   // Members inside a collective now (tests; see reset()).
   int members_inside() const;

@@ -318,7 +318,7 @@ TEST(DpAcrossProcesses, DifferentModelsAreRefusedNamingTheFirstDifference) {
   }
 }
 
-// GradScaler across processes (engine/grad_scaling.cc, Note [One skip decision]): under no_sync each process
+// GradScaler across processes (Note [One skip decision] in engine/loss_scaling.h): under no_sync each process
 // keeps its own gradients; an inf planted in process 1's alone must skip the step in every process, in both
 // modes, and back off every process's scale alike.
 TEST(GradScalerAcrossProcesses, AnInfInOneProcessSkipsTheStepEverywhere) {

@@ -56,8 +56,8 @@ class Faulty : public nn::Cloneable<Faulty> {
     // Past the group's timeout (1 s), within the straggler timeout after the partners fail (2 s in all).
     if (hits(Phase::Stall, x)) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     if (hits(Phase::Hang, x)) hang_gate->wait();
-    DPE_CHECK(!(hits(Phase::OutOfMemory, x) && x.size(0) > 3), "out of memory on ", x.device(), ": injected (", x.size(0),
-              " samples; at most 3 fit)");
+    DPE_CHECK_WITH(ErrorKind::OutOfMemory, !(hits(Phase::OutOfMemory, x) && x.size(0) > 3), "out of memory on ",
+                   x.device(), ": injected (", x.size(0), " samples; at most 3 fit)");
     Tensor h = relu(fc1->forward(x));
     if (hits(Phase::Backward, x) || hits(Phase::StallBackward, x)) {
       // An identity whose backward throws, or takes 1.5 s (as Stall does in forward).

@@ -1,4 +1,4 @@
-// DataParallel with a GradScaler (set_grad_scaler, engine/grad_scaling.cc): DP and DDP on two devices train
+// DataParallel with a GradScaler (set_grad_scaler, engine/loss_scaling.h): DP and DDP on two devices train
 // like one device with the same scaler (within 1e-6) and report the same scales; an overflow on one replica
 // skips the step on every replica and backs the scale off, the replicas staying bit-identical; the skip
 // decision is combined over replicas even when their gradients differ (no_sync); the deterministic mode keeps

@@ -1,5 +1,5 @@
 // A post-accumulate-grad hook on every parameter of every replica, removed when this goes away: what both
-// gradient reducers (DP's GradientReducer, DDP's DdpReducer) listen to. Internal to engine/.
+// gradient reducers (DP's DpReducer, DDP's DdpReducer) listen to. Internal to engine/.
 //
 // Ownership: the reducer that owns this must declare it as its last member, so that the hooks (which call
 // back into the reducer) are removed before the rest of the reducer is destroyed.

@@ -1,9 +1,9 @@
 // SplitRule::Auto: chunk sizes that follow each device's measured speed, so that unequal devices finish a
-// step together (issue "What only one process can do (1)"; docs/DATA_PARALLEL.md, "The auto split").
+// step together (docs/DATA_PARALLEL.md, "The auto split").
 //
 // The engine asks sizes(batch) before each step and reports what each device did after it (observe: its
 // samples and its time: how long after the step began it finished its part, Note [What the auto split
-// measures] in engine/data_parallel.cc).
+// measures] in engine/batch_split.h).
 // Each device's time per sample is a moving average (weight kSmoothing on the newest step); every kEvery
 // observed steps the weights are re-solved proportional to each device's speed (1 / time per sample) and
 // adopted only when some device's share moves by more than kHysteresis of the batch, so that noise does not

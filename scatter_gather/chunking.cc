@@ -103,9 +103,17 @@ std::vector<int64_t> compute_chunk_sizes(int64_t batch, int64_t num_devices, Spl
       DPE_CHECK(false, "chunk sizes: the auto split is the engine's (its weights come from measuring the devices, "
                 "scatter_gather/auto_split.h); expected chunk, balanced or weighted here");
   }
-  std::erase(sizes, 0);
+  // Only trailing empties go: a middle device whose share is zero keeps its place (PyTorch's chunk rule never
+  // leaves one; the weighted rule does), so that chunk i always belongs to device i.
+  while (sizes.size() > 1 && sizes.back() == 0) sizes.pop_back();
   if (sizes.empty()) sizes.push_back(0);
   return sizes;
+}
+
+std::vector<int64_t> chunk_offsets(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> offsets(sizes.size(), 0);
+  for (size_t i = 1; i < sizes.size(); ++i) offsets[i] = offsets[i - 1] + sizes[i - 1];
+  return offsets;
 }
 
 }  // namespace dpe

@@ -37,7 +37,12 @@ TEST(ChunkingTest, BalancedRule) {
 TEST(ChunkingTest, WeightedRule) {
   EXPECT_EQ(compute_chunk_sizes(10, 2, SplitRule::Weighted, {3, 1}), (Sizes{8, 2}));  // 7.5 / 2.5: tie to lower index
   EXPECT_EQ(compute_chunk_sizes(9, 3, SplitRule::Weighted, {1, 1, 1}), (Sizes{3, 3, 3}));
-  EXPECT_EQ(compute_chunk_sizes(6, 3, SplitRule::Weighted, {0, 1, 1}), (Sizes{3, 3}));
+  // A zero share keeps its device's place; only trailing empty chunks are dropped.
+  EXPECT_EQ(compute_chunk_sizes(6, 3, SplitRule::Weighted, {0, 1, 1}), (Sizes{0, 3, 3}));
+  EXPECT_EQ(compute_chunk_sizes(4, 3, SplitRule::Weighted, {3, 0, 1}), (Sizes{3, 0, 1}));
+  EXPECT_EQ(compute_chunk_sizes(7, 3, SplitRule::Weighted, {1, 1, 10}), (Sizes{1, 0, 6}));
+  EXPECT_EQ(compute_chunk_sizes(6, 3, SplitRule::Weighted, {1, 1, 0}), (Sizes{3, 3}));
+  EXPECT_EQ(chunk_offsets({3, 0, 1}), (Sizes{0, 3, 3}));
   EXPECT_THROW(compute_chunk_sizes(6, 3, SplitRule::Weighted, {1, 1}), Error);
   EXPECT_THROW(compute_chunk_sizes(6, 2, SplitRule::Weighted, {0, 0}), Error);
   EXPECT_THROW(compute_chunk_sizes(6, 2, SplitRule::Weighted, {-1, 2}), Error);
@@ -63,12 +68,16 @@ constexpr int64_t kMax = std::numeric_limits<int64_t>::max();  // 92233720368547
 
 // Every rule's invariants: sizes positive (or the single 0 of an empty batch), at most one per device,
 // summing to the batch.
-void expect_valid_split(const Sizes& sizes, int64_t batch, int64_t devices, const std::string& what) {
+// weighted: a chunk before the last may be empty (its device keeps its place); the last one never is.
+void expect_valid_split(const Sizes& sizes, int64_t batch, int64_t devices, const std::string& what,
+                        bool weighted = false) {
   ASSERT_FALSE(sizes.empty()) << what;
-  ASSERT_LE(static_cast<int64_t>(sizes.size()), std::max<int64_t>(std::min(batch, devices), 1)) << what;
+  ASSERT_LE(static_cast<int64_t>(sizes.size()),
+            weighted ? devices : std::max<int64_t>(std::min(batch, devices), 1)) << what;
+  EXPECT_TRUE(sizes.back() > 0 || (batch == 0 && sizes.size() == 1)) << what << ": last size " << sizes.back();
   int64_t sum = 0;
   for (int64_t s : sizes) {
-    EXPECT_TRUE(s > 0 || (batch == 0 && sizes.size() == 1)) << what << ": size " << s;
+    EXPECT_TRUE(s > 0 || weighted || (batch == 0 && sizes.size() == 1)) << what << ": size " << s;
     ASSERT_LE(s, batch - sum) << what << ": sizes add up to more than the batch";
     sum += s;
   }
@@ -89,15 +98,15 @@ TEST(ChunkingTest, BatchNearInt64MaxDoesNotOverflow) {
     const Sizes sizes = compute_chunk_sizes(kMax, 3, SplitRule::Weighted, w);
     const std::string what = "weights " + std::to_string(w[0]) + "," + std::to_string(w[1]) + "," +
                              std::to_string(w[2]);
-    expect_valid_split(sizes, kMax, 3, what);
+    expect_valid_split(sizes, kMax, 3, what, /*weighted=*/true);
   }
   // Equal weights: equal shares to within the double rounding of 2^63 / 3 (ulp 512).
   for (int64_t s : compute_chunk_sizes(kMax, 3, SplitRule::Weighted, {1, 1, 1})) {
     EXPECT_LE(std::abs(s - kMax / 3), 2048) << s;
   }
   // A zero weight gets nothing, however large the leftover after rounding.
-  EXPECT_EQ(compute_chunk_sizes(kMax, 3, SplitRule::Weighted, {0, 1, 1}).size(), 2u);
-  EXPECT_EQ(compute_chunk_sizes(kMax, 3, SplitRule::Weighted, {0, 0, 7}), (Sizes{kMax}));
+  EXPECT_EQ(compute_chunk_sizes(kMax, 3, SplitRule::Weighted, {0, 1, 1})[0], 0);
+  EXPECT_EQ(compute_chunk_sizes(kMax, 3, SplitRule::Weighted, {0, 0, 7}), (Sizes{0, 0, kMax}));
 }
 
 // Sizes are at most min(batch, devices) entries long: a huge device count with a small batch allocates
@@ -151,7 +160,8 @@ TEST(ChunkingTest, RandomBatchesKeepTheInvariants) {
     for (SplitRule rule : {SplitRule::Chunk, SplitRule::Balanced, SplitRule::Weighted}) {
       const std::string what = split_rule_name(rule) + " batch " + std::to_string(batch) + " devices " +
                                std::to_string(devices);
-      expect_valid_split(compute_chunk_sizes(batch, devices, rule, w), batch, devices, what);
+      expect_valid_split(compute_chunk_sizes(batch, devices, rule, w), batch, devices, what,
+                         rule == SplitRule::Weighted);
     }
   }
 }

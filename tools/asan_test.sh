@@ -16,10 +16,11 @@ targets=(
   //io:temp_file_test
   //engine:worker_pool_test
   //engine:data_parallel_test
-  //engine:gradient_reducer_test
+  //engine:dp_reducer_test
   //engine:ddp_test
   //engine:mode_switch_test
   //engine:auto_split_test
+  //engine:batch_split_test
   //engine:device_failure_test
   //engine:deterministic_test
   //engine:shard_tree_test

@@ -12,10 +12,11 @@ targets=(
   //core:primitive_cache_cpu_test
   //engine:worker_pool_test
   //engine:data_parallel_test
-  //engine:gradient_reducer_test
+  //engine:dp_reducer_test
   //engine:ddp_test
   //engine:mode_switch_test
   //engine:auto_split_test
+  //engine:batch_split_test
   //engine:device_failure_test
   //engine:deterministic_race_test
   //scatter_gather/...

@@ -170,7 +170,7 @@ if ((${#missing[@]} > 0)); then
 fi
 
 # Data the tests read by absolute path (Debian data packages here: Fashion-MNIST, fortunes): copied to / where
-# missing (the device machine runs commands as root and is discarded after the session). Never overwrites.
+# missing (the device machine runs commands as root and is discarded after the run). Never overwrites.
 if [[ -d "$bundle/sysdata" ]]; then
   present=0 installed=0 failed_sys=0
   # install_sysdata FILE DEST: a copy, or for NAME.gz.gunzipped (package.sh stores .gz files decompressed) the

@@ -44,15 +44,15 @@
 
 namespace dpe {
 
-class GradientReducer {
+class DpReducer {
  public:
   // replica_params[r][p]: parameter p of replica r (r = 0 is the master) on devices[r]; same structure for
   // every r. timeout: how long reduce_share waits for the other workers.
-  GradientReducer(std::vector<std::vector<Tensor>> replica_params, std::vector<Device> devices, size_t bucket_bytes,
+  DpReducer(std::vector<std::vector<Tensor>> replica_params, std::vector<Device> devices, size_t bucket_bytes,
                   std::chrono::milliseconds timeout);
-  ~GradientReducer();
-  GradientReducer(const GradientReducer&) = delete;
-  GradientReducer& operator=(const GradientReducer&) = delete;
+  ~DpReducer();
+  DpReducer(const DpReducer&) = delete;
+  DpReducer& operator=(const DpReducer&) = delete;
 
   // Arms the hooks for a backward over replicas [0, used): clears replica gradients (r >= 1), and picks the
   // reduction for the step (Note [DP reduction in shares]).

@@ -1,4 +1,4 @@
-// DP mode's reduction into the master in shares (Note [DP reduction in shares] in engine/gradient_reducer.h):
+// DP mode's reduction into the master in shares (Note [DP reduction in shares] in engine/dp_reducer.h):
 // bit for bit the serial sum, every element added exactly once, the parameters it cannot take left to
 // finish(), and a partner that fails or never comes is an error on the others, not a hang.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/ops.h"
-#include "engine/gradient_reducer.h"
+#include "engine/dp_reducer.h"
 #include "tests/testing/devices.h"
 #include "tests/testing/errors.h"
 
@@ -51,7 +51,7 @@ struct Replicas {
   }
   std::vector<Device> devices;
   std::vector<std::vector<Tensor>> params;
-  GradientReducer reducer;
+  DpReducer reducer;
 };
 
 // What the serial path computes: master + replica 1 + replica 2 + ..., in that order.
@@ -70,7 +70,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 // Runs reduce_share(r) on one thread per replica; returns each thread's error (error_of's "(no error)" when none).
-std::vector<std::string> reduce_in_shares(GradientReducer& reducer, size_t replicas, size_t skip = SIZE_MAX) {
+std::vector<std::string> reduce_in_shares(DpReducer& reducer, size_t replicas, size_t skip = SIZE_MAX) {
   std::vector<std::string> errors(replicas);
   std::vector<std::thread> threads;
   for (size_t r = 0; r < replicas; ++r) {
@@ -81,10 +81,10 @@ std::vector<std::string> reduce_in_shares(GradientReducer& reducer, size_t repli
   return errors;
 }
 
-TEST(GradientReducerShares, EqualTheSerialSumBitForBit) {
+TEST(DpReducerShares, EqualTheSerialSumBitForBit) {
   for (int n : {2, 3}) {
     Replicas replicas(n, milliseconds(60000));
-    GradientReducer& reducer = replicas.reducer;
+    DpReducer& reducer = replicas.reducer;
     const std::vector<std::vector<Tensor>>& params = replicas.params;
     for (int step = 0; step < 2; ++step) {  // a second step reuses the barrier
       replicas.step(static_cast<size_t>(n));
@@ -106,9 +106,9 @@ TEST(GradientReducerShares, EqualTheSerialSumBitForBit) {
 
 // A parameter some replica has no gradient for (it was not used there) is not in the shares; finish() adds
 // it as the serial path does, the master's missing gradient counting as zeros.
-TEST(GradientReducerShares, MissingGradientsAreLeftToFinish) {
+TEST(DpReducerShares, MissingGradientsAreLeftToFinish) {
   Replicas replicas(2, milliseconds(60000));
-  GradientReducer& reducer = replicas.reducer;
+  DpReducer& reducer = replicas.reducer;
   const std::vector<std::vector<Tensor>>& params = replicas.params;
   replicas.step(2);
   params[0][2].set_grad({});  // only replica 1 used parameter 2
@@ -125,9 +125,9 @@ TEST(GradientReducerShares, MissingGradientsAreLeftToFinish) {
 
 // A failed partner wakes the others with its reason; the next step's prepare() makes the barrier usable
 // again.
-TEST(GradientReducerShares, AbortWakesThePartners) {
+TEST(DpReducerShares, AbortWakesThePartners) {
   Replicas replicas(3, milliseconds(60000));
-  GradientReducer& reducer = replicas.reducer;
+  DpReducer& reducer = replicas.reducer;
   const std::vector<std::vector<Tensor>>& params = replicas.params;
   replicas.step(3);
   std::thread failing([&] {
@@ -149,7 +149,7 @@ TEST(GradientReducerShares, AbortWakesThePartners) {
 }
 
 // A partner that never comes is a timeout naming it.
-TEST(GradientReducerShares, AMissingPartnerTimesOut) {
+TEST(DpReducerShares, AMissingPartnerTimesOut) {
   Replicas replicas(2, milliseconds(200));
   replicas.step(2);
   const std::vector<std::string> errors = reduce_in_shares(replicas.reducer, 2, /*skip=*/1);
@@ -159,9 +159,9 @@ TEST(GradientReducerShares, AMissingPartnerTimesOut) {
 }
 
 // Not every replica used this step (a batch smaller than the device count): the hooks' path, no shares.
-TEST(GradientReducerShares, OnlyWhenEveryReplicaIsUsed) {
+TEST(DpReducerShares, OnlyWhenEveryReplicaIsUsed) {
   Replicas replicas(3, milliseconds(200));
-  GradientReducer& reducer = replicas.reducer;
+  DpReducer& reducer = replicas.reducer;
   const std::vector<std::vector<Tensor>>& params = replicas.params;
   replicas.step(2);
   // Without shares this returns at once (with them it would wait for a third worker and time out).

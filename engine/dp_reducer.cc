@@ -1,4 +1,4 @@
-#include "engine/gradient_reducer.h"
+#include "engine/dp_reducer.h"
 
 #include <algorithm>
 
@@ -17,10 +17,10 @@ bool all_cpu(const std::vector<Device>& devices) {
 
 }  // namespace
 
-GradientReducer::GradientReducer(std::vector<std::vector<Tensor>> replica_params, std::vector<Device> devices,
+DpReducer::DpReducer(std::vector<std::vector<Tensor>> replica_params, std::vector<Device> devices,
                                  size_t bucket_bytes, std::chrono::milliseconds timeout)
     : params_(std::move(replica_params)), bucket_bytes_(bucket_bytes) {
-  DPE_CHECK(!params_.empty(), "GradientReducer: no replicas");
+  DPE_CHECK(!params_.empty(), "DpReducer: no replicas");
   DPE_INTERNAL_ASSERT(devices.size() == params_.size(), devices.size(), " devices for ", params_.size(), " replicas");
   size_t n = params_[0].size();
   for (const auto& p : params_) DPE_INTERNAL_ASSERT(p.size() == n, "replicas differ in parameter count");
@@ -46,9 +46,9 @@ GradientReducer::GradientReducer(std::vector<std::vector<Tensor>> replica_params
       params_, [this](size_t r, size_t p) { on_gradient_ready(r, p); });
 }
 
-GradientReducer::~GradientReducer() = default;
+DpReducer::~DpReducer() = default;
 
-void GradientReducer::prepare(size_t used) {
+void DpReducer::prepare(size_t used) {
   DPE_INTERNAL_ASSERT(used >= 1 && used <= params_.size());
   used_ = used;
   shares_ = workers_ && used == params_.size();
@@ -68,7 +68,7 @@ void GradientReducer::prepare(size_t used) {
   armed_.store(true);
 }
 
-void GradientReducer::on_gradient_ready(size_t replica, size_t param) {
+void DpReducer::on_gradient_ready(size_t replica, size_t param) {
   // Not armed, or an unused replica: a backward the engine does not manage. In shares, reduce_share adds them.
   if (!armed_.load() || shares_ || replica >= used_) return;
   size_t b = bucket_of_[param];
@@ -79,7 +79,7 @@ void GradientReducer::on_gradient_ready(size_t replica, size_t param) {
   }
 }
 
-bool GradientReducer::in_shares(size_t param) const {
+bool DpReducer::in_shares(size_t param) const {
   const Tensor& master = params_[0][param].grad();
   if (!master.defined() || !master.is_contiguous()) return false;
   for (size_t r = 1; r < used_; ++r) {
@@ -89,7 +89,7 @@ bool GradientReducer::in_shares(size_t param) const {
   return true;
 }
 
-void GradientReducer::reduce_share(size_t replica) {
+void DpReducer::reduce_share(size_t replica) {
   if (!shares_) return;
   // After the barrier every used replica's backward has finished: its gradients are final.
   workers_->barrier(static_cast<int>(replica));
@@ -107,20 +107,20 @@ void GradientReducer::reduce_share(size_t replica) {
   }
 }
 
-void GradientReducer::abort_shares(const std::string& reason) noexcept {
+void DpReducer::abort_shares(const std::string& reason) noexcept {
   if (workers_) workers_->abort(reason);
 }
 
-std::vector<int> GradientReducer::missing_at_last_timeout() const {
+std::vector<int> DpReducer::missing_at_last_timeout() const {
   return workers_ ? workers_->missing_at_last_timeout() : std::vector<int>{};
 }
 
-void GradientReducer::reduce_bucket(size_t b) {
+void DpReducer::reduce_bucket(size_t b) {
   if (reduced_[b]->exchange(true)) return;
   reduce_params(buckets_[b]);
 }
 
-void GradientReducer::reduce_params(const std::vector<size_t>& params) {
+void DpReducer::reduce_params(const std::vector<size_t>& params) {
   if (used_ == 1) return;  // nothing to add: the master's gradient is the whole gradient
   NoGradGuard no_grad;
   std::vector<Tensor> outputs;
@@ -140,7 +140,7 @@ void GradientReducer::reduce_params(const std::vector<size_t>& params) {
   stats_ += stats;
 }
 
-TransferStats GradientReducer::finish() {
+TransferStats DpReducer::finish() {
   if (shares_ && armed_.load()) {
     // The workers reduced these in shares (reduce_share); count them as reduce_add_coalesced_into would.
     std::vector<size_t> rest;
