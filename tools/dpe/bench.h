@@ -95,10 +95,6 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples);
 
 // ---- the report (bench_report.cc) ----
 
-// DPE_PEAK_GFLOPS: the machine's FMA peak in GFLOP/s, all cores together, where the user states it (a
-// figure from the CPU's data sheet, say); unset: measured. Set but not a positive number: an error naming the
-// value.
-std::optional<double> peak_override();
 // The table, then the exchanges' costs, the FMA-peak limit and the GEMM choices (CPU devices).
 void print_table(const BenchArgs& args, const std::vector<Row>& rows);
 // --repeat: every round of every row.

@@ -32,6 +32,7 @@
 #include <memory>
 
 #include "models/models.h"
+#include "core/peak_flops.h"
 #include "tools/dpe/bench.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/commands.h"
@@ -85,7 +86,7 @@ std::vector<Device> check_before_work(BenchArgs& args) {
               ": not an executable file (the default is Debian's python3 with python3-torch: apt-get install "
               "python3-torch)");
   }
-  peak_override();  // a bad DPE_PEAK_GFLOPS is refused now, not after the runs
+  peak_gflops_override();  // a bad DPE_PEAK_GFLOPS is refused now, not after the runs
   // Note [One rule for every output file] (file_args.h): the files written are what the paths link to.
   if (!args.json.empty()) args.json = check_output_file("--json", args.json);
   if (!args.csv.empty()) args.csv = check_output_file("--csv", args.csv);

@@ -12,7 +12,7 @@
 
 #include "core/backends.h"
 #include "core/cpu_isa.h"
-#include "core/fma_peak.h"
+#include "core/peak_flops.h"
 #include "core/kernels/sgemm_choice.h"
 #include "models/models.h"
 #include "tools/dpe/bench.h"
@@ -36,34 +36,6 @@ std::string gnuplot_label(const std::string& text) {
   std::string out;
   for (char c : text) out += std::isalnum(static_cast<unsigned char>(c)) || std::strchr(" ._-+", c) ? c : '?';
   return out;
-}
-
-struct PeakFlops {
-  double gflops;       // all cores
-  std::string source;  // how it was found, for the table
-};
-
-// The FMA peak of the machine: DPE_PEAK_GFLOPS, else every CPU of the affinity mask probed at once with the
-// widest vectors dpe runs (core/fma_peak.h: AVX-512 where cpu_isa() has it, though dpe is compiled for AVX2).
-// --dist mpi: process 0 prints, so its CPUs times the processes, each taken to have as many and as fast.
-PeakFlops machine_peak(int64_t processes) {
-  char text[240];
-  if (std::optional<double> gflops = peak_override()) {
-    std::snprintf(text, sizeof text, "%.1f GFLOP/s from DPE_PEAK_GFLOPS", *gflops);
-    return {*gflops, text};
-  }
-  const MachinePeak peak = probe_fma_peak_every_cpu();
-  const auto [slowest, fastest] = std::minmax_element(peak.per_cpu.begin(), peak.per_cpu.end());
-  const int n = peak.cpus.size() == 1
-                    ? std::snprintf(text, sizeof text, "%s FMA probe on 1 CPU: %.1f GFLOP/s", peak.isa.c_str(),
-                                    peak.gflops)
-                    : std::snprintf(text, sizeof text, "%s FMA probe on %zu CPUs at once: %.1f-%.1f GFLOP/s each, "
-                                    "%.1f GFLOP/s", peak.isa.c_str(), peak.cpus.size(), *slowest, *fastest, peak.gflops);
-  if (processes > 1 && n > 0 && static_cast<size_t>(n) < sizeof text) {
-    std::snprintf(text + n, sizeof text - n, ", x %lld processes (process 0's) = %.1f GFLOP/s",
-                  static_cast<long long>(processes), peak.gflops * static_cast<double>(processes));
-  }
-  return {peak.gflops * static_cast<double>(processes), text};
 }
 
 // Which library ran each float32 GEMM shape of this process's devices (Note [float32 GEMM choice] in
@@ -119,16 +91,6 @@ void print_exchange_costs(const std::vector<Row>& rows) {
 
 }  // namespace
 
-std::optional<double> peak_override() {
-  const char* env = std::getenv("DPE_PEAK_GFLOPS");
-  if (env == nullptr) return std::nullopt;
-  char* end = nullptr;
-  const double gflops = std::strtod(env, &end);
-  DPE_CHECK(*env != '\0' && *end == '\0' && std::isfinite(gflops) && gflops > 0, "DPE_PEAK_GFLOPS='", env,
-            "' is not a positive number of GFLOP/s (the machine's FMA peak, all cores; unset it to measure)");
-  return gflops;
-}
-
 void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   std::printf("\n# dpe bench: %s, global batch %lld, %lld timed steps after %lld warm-up, ms per step and phase%s\n",
               args.model.c_str(), static_cast<long long>(args.batch_size), static_cast<long long>(args.steps),
@@ -172,7 +134,8 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
   const double flops = models::train_flops_per_sample(args.model);
   int64_t processes = 1;
   for (const Row& r : rows) processes = std::max(processes, r.processes);
-  const PeakFlops peak = machine_peak(processes);
+  // CPU devices share the machine: its FMA peak (or DPE_PEAK_GFLOPS), whatever the device count.
+  const PeakFlops peak = *peak_flops({Device::cpu(0)}, ComputePrecision::FP32, processes);
   std::printf("# CPU instruction set: %s\n", cpu_isa_description().c_str());
   std::printf("# FMA-peak limit: %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
               peak.source.c_str(), flops / 1e6);
