@@ -66,23 +66,50 @@ AttentionMasks attention_masks(int64_t T, const Tensor& key_padding_mask, Tensor
   return masks;
 }
 
+Tensor repeat_kv(const Tensor& x, int64_t n_rep, int64_t heads_dim) {
+  // x: (..., KV, ...) -> view (..., KV, n_rep, ...) with stride 0 over n_rep -> copy (..., KV * n_rep, ...)
+  DPE_CHECK(n_rep >= 1, "repeat_kv: n_rep must be at least 1, got ", n_rep);
+  const int64_t d = normalize_dim(heads_dim, x.dim(), "repeat_kv");
+  if (n_rep == 1) return x;
+  Shape expanded = x.shape();
+  expanded.insert(expanded.begin() + d + 1, n_rep);
+  Shape merged = x.shape();
+  merged[d] *= n_rep;
+  // contiguous() before the view: reshape alone would return the stride-0 view itself where it can express it
+  // (one head: (1, n_rep) merges), and the kernels write gradients in their inputs' layouts.
+  return x.unsqueeze(d + 1).expand(expanded).contiguous().view(merged);
+}
+
 }  // namespace functional
 
 CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t num_heads, double rope_theta)
-    : Cloneable("CausalSelfAttention"), dim_(dim), num_heads_(num_heads), rope_theta_(rope_theta) {
-  DPE_CHECK(dim > 0 && num_heads > 0, "CausalSelfAttention(", dim, ", ", num_heads,
+    : CausalSelfAttention(CausalSelfAttentionOptions{.dim = dim, .num_heads = num_heads, .rope_theta = rope_theta}) {}
+
+CausalSelfAttention::CausalSelfAttention(CausalSelfAttentionOptions options)
+    : Cloneable("CausalSelfAttention"),
+      dim_(options.dim),
+      num_heads_(options.num_heads),
+      num_kv_heads_(options.num_kv_heads == 0 ? options.num_heads : options.num_kv_heads),
+      rope_theta_(options.rope_theta) {
+  DPE_CHECK(dim_ > 0 && num_heads_ > 0, "CausalSelfAttention(dim ", dim_, ", num_heads ", num_heads_,
             "): dim and num_heads must be positive");
-  DPE_CHECK(dim % num_heads == 0, "CausalSelfAttention: dim ", dim, " is not divisible by num_heads ", num_heads);
-  DPE_CHECK((dim / num_heads) % 2 == 0, "CausalSelfAttention: head_dim ", dim / num_heads,
-            " (dim ", dim, " / num_heads ", num_heads, ") must be even for rotary embeddings");
-  DPE_CHECK(rope_theta > 0, "CausalSelfAttention: rope_theta must be positive, got ", rope_theta);
+  DPE_CHECK(options.num_kv_heads >= 0, "CausalSelfAttention: num_kv_heads must be positive (or 0 for num_heads ",
+            num_heads_, "), got ", options.num_kv_heads);
+  DPE_CHECK(dim_ % num_heads_ == 0, "CausalSelfAttention: dim ", dim_, " is not divisible by num_heads ", num_heads_);
+  DPE_CHECK(num_heads_ % num_kv_heads_ == 0, "CausalSelfAttention: num_heads ", num_heads_,
+            " is not divisible by num_kv_heads ", num_kv_heads_,
+            " (each group of query heads shares one key/value head)");
+  DPE_CHECK((dim_ / num_heads_) % 2 == 0, "CausalSelfAttention: head_dim ", dim_ / num_heads_, " (dim ", dim_,
+            " / num_heads ", num_heads_, ") must be even for rotary embeddings");
+  DPE_CHECK(rope_theta_ > 0, "CausalSelfAttention: rope_theta must be positive, got ", rope_theta_);
   reset();
 }
 
 void CausalSelfAttention::reset() {
+  const int64_t kv_dim = num_kv_heads_ * head_dim();
   wq = register_module("wq", std::make_shared<Linear>(dim_, dim_, /*bias=*/false));
-  wk = register_module("wk", std::make_shared<Linear>(dim_, dim_, /*bias=*/false));
-  wv = register_module("wv", std::make_shared<Linear>(dim_, dim_, /*bias=*/false));
+  wk = register_module("wk", std::make_shared<Linear>(dim_, kv_dim, /*bias=*/false));
+  wv = register_module("wv", std::make_shared<Linear>(dim_, kv_dim, /*bias=*/false));
   wo = register_module("wo", std::make_shared<Linear>(dim_, dim_, /*bias=*/false));
   tables_ = {};
   tables_len_ = -1;
@@ -122,12 +149,26 @@ Tensor CausalSelfAttention::forward_impl(const Tensor& x, const Tensor& key_padd
               ", ", T, "] for x ", shape_str(x.shape()), ", got ", shape_str(key_padding_mask.shape()));
   }
   const functional::RotaryTables& rope = tables_for(T, x);
+  const int64_t KV = num_kv_heads_, n_rep = H / KV;
 
-  // (B, T, dim) -> (B, H, T, hd)
-  auto heads = [&](const Tensor& t) { return t.view({B, T, H, hd}).permute({0, 2, 1, 3}); };
-  Tensor q = functional::apply_rotary_emb(heads(wq->forward(x)), rope.cos, rope.sin);
-  Tensor k = functional::apply_rotary_emb(heads(wk->forward(x)), rope.cos, rope.sin);
-  Tensor v = heads(wv->forward(x));
+  // (B, T, heads * hd) -> (B, T, heads, hd) -> (B, heads, T, hd), views
+  auto heads = [&](const Tensor& t, int64_t n) { return t.view({B, T, n, hd}).permute({0, 2, 1, 3}); };
+  Tensor q = functional::apply_rotary_emb(heads(wq->forward(x), H), rope.cos, rope.sin);  // (B, H, T, hd)
+  Tensor k = functional::apply_rotary_emb(heads(wk->forward(x), KV), rope.cos, rope.sin);  // (B, KV, T, hd)
+  Tensor v_proj = wv->forward(x);                                                          // (B, T, KV * hd)
+  Tensor v = heads(v_proj, KV);                                                            // (B, KV, T, hd)
+  if (n_rep > 1) {
+    // Note [Grouped-query attention by repetition]: the kernels below take one key/value head per query head,
+    // so each of the KV heads is repeated n_rep times (HF's repeat_kv), after RoPE (applied to KV heads, not
+    // H). k: (B, KV, T, hd) -> (B, H, T, hd), one copy. v is repeated in its projection's (B, T, KV, hd)
+    // layout -> (B, T, H, hd), one copy, then permuted as a view, so that the fused kernels write the output
+    // in (B, T, H, hd) memory and the permute back below stays a view, as without GQA. A fused GQA kernel
+    // that read key/value head h / n_rep in place would save these two copies (2 B T H hd elements written
+    // and kept alive for the backward, where the projections made 2 B T KV hd) and the backward's sum of each
+    // group's gradients; the products and the softmax cost the same either way.
+    k = functional::repeat_kv(k, n_rep, /*heads_dim=*/1);
+    v = functional::repeat_kv(v_proj.view({B, T, KV, hd}), n_rep, /*heads_dim=*/2).permute({0, 2, 1, 3});
+  }
 
   // (B, H, T, hd): softmax over the keys of the scaled, masked scores, times v (core/ops/attention.h: the fused
   // CPU kernels for causal attention read v's permuted view as it is and write the output in (B, T, H, hd)

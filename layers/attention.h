@@ -1,5 +1,11 @@
-// Causal multi-head self-attention with rotary position embeddings (RoPE) and an optional key padding mask,
-// as in Llama (no biases). See docs/LAYERS.md, "Attention and the Llama model".
+// Causal self-attention with rotary position embeddings (RoPE) and an optional key padding mask, as in Llama
+// (no biases), multi-head or grouped-query. See docs/LAYERS.md, "Attention and the Llama model".
+//
+// Grouped-query attention (GQA, Hugging Face Llama's num_key_value_heads): num_heads query heads and
+// num_kv_heads key/value heads, num_heads % num_kv_heads == 0; query head h reads key/value head
+// h / (num_heads / num_kv_heads), i.e. each group of consecutive query heads shares one key/value head (HF's
+// repeat_kv). num_kv_heads == num_heads is multi-head attention; num_kv_heads == 1 is multi-query attention.
+// wk and wv are (num_kv_heads * head_dim, dim).
 //
 // Rotary convention: HF Llama's "rotate_half" (GPT-NeoX) layout. For head_dim d and frequency
 // inv_freq[i] = theta^(-2i/d), i < d/2, element i of a head is rotated together with element i + d/2:
@@ -48,11 +54,28 @@ struct AttentionMasks {
 };
 AttentionMasks attention_masks(int64_t T, const Tensor& key_padding_mask, TensorOptions options = {});
 
+// Hugging Face's repeat_kv: each key/value head repeated n_rep times in place, so that query head h meets
+// key/value head h / n_rep.  x: (..., KV, ...) with the heads at `heads_dim`  ->  the same with KV * n_rep heads,
+// contiguous: one broadcasting view and one copy (x itself when n_rep == 1). Differentiable: the backward sums
+// each group's gradients into its head.
+Tensor repeat_kv(const Tensor& x, int64_t n_rep, int64_t heads_dim = 1);
+
 }  // namespace functional
+
+struct CausalSelfAttentionOptions {
+  int64_t dim = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // 0: num_heads (multi-head attention)
+  double rope_theta = 10000.0;
+};
 
 class CausalSelfAttention : public Cloneable<CausalSelfAttention> {
  public:
+  // Multi-head attention (num_kv_heads = num_heads).
   CausalSelfAttention(int64_t dim, int64_t num_heads, double rope_theta = 10000.0);
+  // Checks dim > 0, num_heads > 0, 0 <= num_kv_heads, dim % num_heads == 0, num_heads % num_kv_heads == 0, an
+  // even head_dim and rope_theta > 0, each error naming the values.
+  explicit CausalSelfAttention(CausalSelfAttentionOptions options);
 
   void reset() override;
   // x: (B, T, dim) -> (B, T, dim); causal mask only.
@@ -63,10 +86,12 @@ class CausalSelfAttention : public Cloneable<CausalSelfAttention> {
 
   int64_t dim() const { return dim_; }
   int64_t num_heads() const { return num_heads_; }
+  int64_t num_kv_heads() const { return num_kv_heads_; }
   int64_t head_dim() const { return dim_ / num_heads_; }
   double rope_theta() const { return rope_theta_; }
 
-  // Projections (dim -> dim, no bias): names "wq", "wk", "wv", "wo" in the state dict (Meta's Llama names).
+  // Projections, no bias: names "wq", "wk", "wv", "wo" in the state dict (Meta's Llama names).
+  //   wq: (dim, dim)  wk, wv: (num_kv_heads * head_dim, dim)  wo: (dim, dim)
   std::shared_ptr<Linear> wq, wk, wv, wo;
 
  private:
@@ -76,6 +101,7 @@ class CausalSelfAttention : public Cloneable<CausalSelfAttention> {
 
   int64_t dim_;
   int64_t num_heads_;
+  int64_t num_kv_heads_;
   double rope_theta_;
   // Caches of the last RoPE tables and causal mask (keyed by length, dtype, device), built on the host and
   // copied to the device once rather than every step; a module is used by one thread at a time.

@@ -16,10 +16,9 @@ namespace {
 
 using ModuleList = std::vector<std::shared_ptr<nn::Module>>;
 
-nn::TinyLlamaConfig tiny_llama_config() {
-  return {.vocab_size = 259, .dim = 128, .num_layers = 2, .num_heads = 4, .hidden_dim = 384,
-          .max_seq_len = kTinyLlamaSeqLen};
-}
+// layers/llama.h's "tiny" preset: vocab 259, dim 128, 2 layers, 4 heads, hidden 384, max_seq_len 64
+// (kTinyLlamaSeqLen; models_test checks the two agree), the layers' default initialisation.
+nn::LlamaConfig tiny_llama_config() { return nn::llama_preset("tiny", 259); }
 
 constexpr int64_t kPad = 258;  // data/text_corpus.h's PAD token
 
@@ -46,7 +45,7 @@ std::shared_ptr<nn::Module> make_model(const std::string& name) {
         std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Flatten>(),
         std::make_shared<nn::Linear>(3136, 128), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(128, 10)});
   }
-  return std::make_shared<nn::TinyLlama>(tiny_llama_config());  // check_model_name: the last one left
+  return std::make_shared<nn::Llama>(tiny_llama_config());  // check_model_name: the last one left
 }
 
 LossFn model_loss(const std::string& name) {
@@ -72,7 +71,7 @@ double train_flops_per_sample(const std::string& name) {
     return 2 * conv(28 * 28, 1, 32) + 3 * (conv(14 * 14, 32, 64) + linear(3136, 128) + linear(128, 10));
   }
   if (name == "tiny-llama") {
-    nn::TinyLlamaConfig c = tiny_llama_config();
+    nn::LlamaConfig c = tiny_llama_config();
     double t = static_cast<double>(c.max_seq_len), d = static_cast<double>(c.dim);
     double per_layer = t * (linear(d, 3 * d) + linear(d, d) + 3 * linear(d, static_cast<double>(c.hidden_dim))) +
                        2 * 2 * t * t * d;  // QK^T and AV

@@ -3,8 +3,8 @@
 //   mlp         Fashion-MNIST: Flatten, Linear(784, 512), ReLU, Linear(512, 512), ReLU, Linear(512, 10)
 //   cnn         Fashion-MNIST: Conv2d(1, 32, 3, pad 1), ReLU, MaxPool2d(2), Conv2d(32, 64, 3, pad 1),
 //               BatchNorm2d(64), ReLU, MaxPool2d(2), Flatten, Linear(3136, 128), ReLU, Linear(128, 10)
-//   tiny-llama  byte-level language model (data/text_corpus.h): TinyLlama with vocab 259, dim 128, 2 layers,
-//               4 heads, hidden 384, sequences of 64 tokens; the loss ignores padding.
+//   tiny-llama  byte-level language model (data/text_corpus.h): nn::Llama of layers/llama.h's "tiny" preset,
+//               vocab 259, dim 128, 2 layers, 4 heads, hidden 384, sequences of 64 tokens; the loss ignores padding.
 // mlp and cnn are nn::Sequential, so convert_sync_batchnorm applies to them.
 #pragma once
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/ops.h"
+#include "layers/llama.h"
 #include "layers/sync_batchnorm.h"
 #include "tests/testing/errors.h"
 
@@ -28,6 +29,25 @@ TEST(ModelsTest, ShapesAndParameterCountsMatchThePyTorchReference) {
   EXPECT_EQ(parameter_count(*llama), 492928);
   Tensor tokens = Tensor::from_vector(std::vector<int64_t>(2 * kTinyLlamaSeqLen, 65), {2, kTinyLlamaSeqLen});
   EXPECT_EQ(llama->forward(tokens).shape(), (Shape{2, kTinyLlamaSeqLen, 259}));
+}
+
+// tiny-llama is the "tiny" preset of layers/llama.h, with the sequence length the tool trains at, and the same
+// weights for the same seed.
+TEST(ModelsTest, TinyLlamaIsTheTinyPreset) {
+  nn::LlamaConfig c = nn::llama_preset("tiny");
+  EXPECT_EQ(c.max_seq_len, kTinyLlamaSeqLen);
+  EXPECT_EQ(c.vocab_size, 259);
+  manual_seed(5);
+  auto made = make_model("tiny-llama");
+  manual_seed(5);
+  nn::Llama direct(c);
+  nn::StateDict a = made->state_dict(), b = direct.state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(max_abs_diff(a[i].second, b[i].second), 0.0) << a[i].first;
+  }
+  EXPECT_EQ(nn::llama_size(c).num_params, parameter_count(*made));
 }
 
 TEST(ModelsTest, LossesAndFlops) {
