@@ -45,6 +45,7 @@ _SYSTEM_LIBRARIES = {
     "zlib": ("/usr", "zlib.BUILD"),
     "cli11": ("/usr", "cli11.BUILD"),
     "nlohmann_json": ("/usr", "nlohmann_json.BUILD"),
+    "sentencepiece": ("/usr", "sentencepiece.BUILD"),
     "mpi": ("/usr/lib/x86_64-linux-gnu/openmpi", "mpi.BUILD"),
 }
 

@@ -178,6 +178,39 @@ void text_corpus_corpus() {
   write("text_corpus/long_record", std::string("\x02") + std::string(100, 'y') + "\n%\nz");
 }
 
+// llm.c token shards (data/token_shards.h): a 1024-byte header of little-endian int32 (magic, version, count,
+// then zeros), then `tokens` little-endian, `width` bytes each (2 for version 1, 4 for version 7).
+Bytes token_shard(int32_t magic, int32_t version, int32_t count, const std::vector<uint32_t>& tokens, int width) {
+  Bytes out(1024, 0);
+  const int32_t header[3] = {magic, version, count};
+  for (int i = 0; i < 3; ++i)
+    for (int b = 0; b < 4; ++b) out[4 * i + b] = static_cast<uint8_t>(static_cast<uint32_t>(header[i]) >> (8 * b));
+  for (uint32_t t : tokens)
+    for (int b = 0; b < width; ++b) out.push_back(static_cast<uint8_t>(t >> (8 * b)));
+  return out;
+}
+
+void token_shard_corpus() {
+  constexpr int32_t kV1 = 20240520, kV7 = 20240801;
+  // Documents separated by token 0 (the loader's BOS), GPT-2 ids up to 2^16 - 1.
+  write("token_shard/v1_documents", token_shard(kV1, 1, 12, {0, 15496, 11, 995, 0, 464, 0, 1, 2, 3, 4, 65535}, 2));
+  write("token_shard/v1_bytes_only", token_shard(kV1, 1, 9, {0, 72, 105, 0, 33, 200, 255, 0, 10}, 2));
+  // Llama 3 ids: past 2^16, and around the vocabulary checks of 256 and 65537.
+  write("token_shard/v7_tokens", token_shard(kV7, 7, 5, {0, 128000, 65535, 65536, 300}, 4));
+  write("token_shard/empty", token_shard(kV1, 1, 0, {}, 2));
+  // Slightly invalid: 10 tokens claimed, 3 present; one byte after the tokens; version 7 under the version 1
+  // magic; a magic one below version 1's; a negative count; a header cut to 100 bytes.
+  write("token_shard/count_past_end", token_shard(kV1, 1, 10, {1, 2, 3}, 2));
+  Bytes trailing = token_shard(kV7, 7, 1, {7}, 4);
+  trailing.push_back(0);
+  write("token_shard/trailing_byte", trailing);
+  write("token_shard/version_mismatch", token_shard(kV1, 7, 1, {1}, 2));
+  write("token_shard/bad_magic", token_shard(kV1 - 1, 1, 0, {}, 2));
+  write("token_shard/negative_count", token_shard(kV7, 7, -1, {}, 4));
+  const Bytes header_only = token_shard(kV1, 1, 0, {}, 2);
+  write("token_shard/short_header", Bytes(header_only.begin(), header_only.begin() + 100));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,6 +226,7 @@ int main(int argc, char** argv) {
   json_corpus();
   device_list_corpus();
   text_corpus_corpus();
+  token_shard_corpus();
   fs::remove_all(tmp);
   return 0;
 }

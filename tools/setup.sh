@@ -17,12 +17,15 @@ packages=(
   zlib1g-dev             # zlib: the gzip-compressed Fashion-MNIST files (data/idx_reader.cc)
   libcli11-dev           # CLI11: the dpe tool's command line
   nlohmann-json3-dev     # nlohmann-json: safetensors checkpoint headers, the dpe tool's --json reports
+  libsentencepiece-dev   # SentencePiece 0.1.97: the subword tokenizer of data/tokenizer.h and dpe tokenize
+  libsentencepiece0      # its shared libraries (libsentencepiece, libsentencepiece_train), which dpe links
   openmpi-bin            # Open MPI: mpirun, and the cross-process collectives (collectives/mpi_world.h)
   libopenmpi-dev
   iproute2               # ip netns: the two-host test's network namespaces (tools/dpe/dpe_two_hosts_test.sh)
   gnuplot-nox            # dpe bench --png
   dataset-fashion-mnist  # the default real data set
   fortunes-min           # a small text corpus for the tiny-llama example (data/text_corpus.h)
+  fortunes               # the full fortune database, 2.5 MB of English text: a corpus for dpe tokenize (docs/DATA.md)
 )
 
 missing=()

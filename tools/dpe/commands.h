@@ -10,5 +10,6 @@ void add_devices_command(CLI::App& app);
 void add_collectives_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
 
 }  // namespace dpe::tool

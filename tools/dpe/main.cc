@@ -2,7 +2,9 @@
 //
 //   dpe devices       devices, memory, peer access; checks a --device-ids / --output-device configuration
 //   dpe collectives   nccl-tests-style bandwidth table of the process group's collectives
-//   dpe train         train mlp / cnn / tiny-llama in single, DP or DDP mode
+//   dpe tokenize      a SentencePiece BPE tokenizer and llm.c token shards from text files
+//   dpe train         train mlp / cnn / tiny-llama by epochs, or a llama preset on token shards by steps, in
+//                     single, DP or DDP mode
 //   dpe bench         the same model, data and batch in single, DP and DDP mode, side by side
 //
 // Exit status: 0 success; 2 a dpe::Error (a bad argument, file or configuration; the message names it);
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
     dpe::tool::add_collectives_command(*app);
     dpe::tool::add_train_command(*app);
     dpe::tool::add_bench_command(*app);
+    dpe::tool::add_tokenize_command(*app);
     app->footer("Exit status: 0 success, 2 error (bad argument, file or configuration), 3 out of memory, "
                 "4 unexpected internal error.");
     // CLI11 answers an unknown command word with "A subcommand is required", which does not name it.
@@ -95,7 +98,7 @@ int main(int argc, char** argv) {
         known = false;
       }
       if (!known) {
-        std::fprintf(stderr, "dpe: unknown command '%s'; expected devices, collectives, train or bench (dpe --help)\n",
+        std::fprintf(stderr, "dpe: unknown command '%s'; expected devices, collectives, tokenize, train or bench (dpe --help)\n",
                      argv[1]);
         return static_cast<int>(CLI::ExitCodes::ExtrasError);  // what an unknown option gives
       }

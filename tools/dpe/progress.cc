@@ -6,9 +6,10 @@
 
 namespace dpe::tool {
 
-Progress::Progress(std::string label, int64_t total)
+Progress::Progress(std::string label, int64_t total, ProgressRate rate)
     : label_(std::move(label)),
       total_(total),
+      rate_(std::move(rate)),
       terminal_(isatty(fileno(stderr)) != 0),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
@@ -19,10 +20,12 @@ std::string Progress::line(int64_t done, double loss, int64_t samples) const {
   double eta = done > 0 ? seconds / static_cast<double>(done) * static_cast<double>(total_ - done) : 0;
   constexpr int kWidth = 24;
   int filled = total_ > 0 ? static_cast<int>(kWidth * done / total_) : kWidth;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s [%s%s] %lld/%lld loss %.4f  %.0f samples/s  ETA %d:%02d", label_.c_str(),
+  char mfu[32] = "";
+  if (rate_.mfu_scale > 0) std::snprintf(mfu, sizeof mfu, "  MFU %.1f%%", 100 * rate * rate_.mfu_scale);
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "%s [%s%s] %lld/%lld loss %.4f  %.0f %s/s%s  ETA %d:%02d", label_.c_str(),
                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
-                static_cast<long long>(done), static_cast<long long>(total_), loss, rate,
+                static_cast<long long>(done), static_cast<long long>(total_), loss, rate, rate_.unit.c_str(), mfu,
                 static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
   return buf;
 }
@@ -39,6 +42,10 @@ void Progress::update(int64_t done, double loss, int64_t samples) {
   if (tenth == last_tenth_) return;
   last_tenth_ = tenth;
   std::fprintf(stderr, "%s\n", line(done, loss, samples).c_str());
+}
+
+void Progress::note(const std::string& text) {
+  std::fprintf(stderr, "%s%s\n", terminal_ ? "\r\033[K" : "", text.c_str());
 }
 
 void Progress::finish(const std::string& summary) {
