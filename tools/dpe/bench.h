@@ -25,6 +25,11 @@ inline bool shards_per_replica(const std::string& mode) { return needs_ddp_shard
 
 struct BenchArgs {
   std::string model = "mlp", json, csv, png, pytorch_script, data_dir;
+  // --model llama: the preset and the tokens per row (0: the preset's longest); its configuration, resolved at
+  // start-up. Its data are random tokens: a speed, not a learning, measurement.
+  std::string llama_preset = "124m";
+  int64_t seq_len = 0;
+  std::optional<nn::LlamaConfig> llama;
   // The PyTorch side's interpreter, run directly (never through a shell): Debian's, which has python3-torch.
   std::string pytorch_python = "/usr/bin/python3";
   double pytorch_timeout = 3600;  // seconds the PyTorch side may run
@@ -68,6 +73,13 @@ struct Row {
   };
   std::vector<Round> rounds;
 };
+
+// Tokens per sample (llama: the row's tokens; 1 for the other models) and training FLOPs per sample (the
+// model's matrix products and, for llama, attention: layers/llama.h's llama_size).
+int64_t tokens_per_sample(const BenchArgs& args);
+double flops_per_sample(const BenchArgs& args);
+// --model llama: `rows` windows of random tokens of the preset's vocabulary (seed 0), inputs and next tokens.
+ModelData random_tokens(const BenchArgs& args, int64_t rows);
 
 // ---- running dpe's rows (bench_rows.cc) ----
 

@@ -52,7 +52,17 @@ std::vector<Device> check_before_work(BenchArgs& args) {
   std::vector<Device> devices = args.device_ids ? parse_device_option("--device-ids", *args.device_ids)
                                                 : default_devices(args.cpu_devices, args.cpu_devices_given);
   check_device_ids("--device-ids", devices);
-  models::check_model_name(args.model);
+  if (args.model == "llama") {
+    nn::LlamaConfig config = nn::llama_preset(args.llama_preset);
+    DPE_CHECK(args.seq_len <= config.max_seq_len, "--seq-len ", args.seq_len, " is longer than the ",
+              args.llama_preset, " preset's ", config.max_seq_len, " positions");
+    args.llama = config;
+    DPE_CHECK(!args.compare_pytorch || std::ranges::all_of(args.pytorch_configs, [](const std::string& c) {
+                return c != "dp";
+              }), "--compare-pytorch with --model llama: PyTorch's dp configuration is not in the llama comparison");
+  } else {
+    models::check_model_name(args.model);
+  }
   if (args.dist != "none") {
     dist_backend(args.dist, devices);  // its checks
     for (const std::string& mode : args.modes) {
@@ -102,7 +112,7 @@ std::vector<Device> check_before_work(BenchArgs& args) {
 void run_bench(BenchArgs args) {
   std::vector<Device> devices = check_before_work(args);
   int64_t needed = args.batch_size * (args.steps + args.warmup);
-  ModelData data = load_model_data(args.model, args.data_dir, needed, false);
+  ModelData data = args.llama ? random_tokens(args, needed) : load_model_data(args.model, args.data_dir, needed, false);
   if (args.channels_last) data.train_inputs = data.train_inputs.contiguous(MemoryFormat::ChannelsLast);
   if (std::ranges::any_of(devices, [](const Device& d) { return d.is_cuda(); })) {
     // Batches for GPUs come from pinned memory, so that their copies are asynchronous DMA: as dpe train's
@@ -153,7 +163,12 @@ void run_bench(BenchArgs args) {
 void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Single-device, DP and DDP mode on the same model, data and batch");
-  cmd->add_option("--model", args->model, "model")->check(CLI::IsMember(models::kModelNames));
+  cmd->add_option("--model", args->model, "model: mlp, cnn, tiny-llama, or llama (a preset, on random tokens: "
+                  "tokens/s and MFU)")->check(CLI::IsMember(kTrainModels));
+  cmd->add_option("--llama-preset", args->llama_preset, "--model llama: the preset (layers/llama.h)")
+      ->check(CLI::IsMember(nn::kLlamaPresetNames));
+  add_int_option(*cmd, "--seq-len", args->seq_len, "--model llama: tokens per sample (default: the preset's longest)",
+                 1, int64_t{1} << 20);
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
                                             "modes to run; single-all: one device on every core; ddp-no-sync: ddp "
                                             "exchanging nothing (every backward in no_sync, every replica stepping on "

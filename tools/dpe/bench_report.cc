@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/backends.h"
@@ -89,6 +90,38 @@ void print_exchange_costs(const std::vector<Row>& rows) {
   }
 }
 
+// --model llama: a row's model FLOPs utilisation, against the peak of its devices (PyTorch's rows: CPU ones) in
+// its precision (core/peak_flops.h); nullopt for a GPU the peak table does not know. Peaks are computed once
+// per device list and precision (the CPU's is a probe).
+std::optional<double> row_mfu(const BenchArgs& args, const Row& r) {
+  static std::map<std::string, std::optional<PeakFlops>> peaks;
+  std::vector<Device> devices;
+  for (const auto& [device, bytes] : r.peak) devices.push_back(device);
+  if (devices.empty()) devices.push_back(Device::cpu(0));
+  const ComputePrecision precision = r.precision == "fp32" ? ComputePrecision::FP32 : ComputePrecision::BF16;
+  const std::string key = device_list_str(devices) + "/" + r.precision + "/" + std::to_string(r.processes);
+  if (!peaks.contains(key)) peaks[key] = peak_flops(devices, precision, r.processes);
+  const std::optional<PeakFlops>& peak = peaks[key];
+  if (!peak) return std::nullopt;
+  return r.samples_per_s * flops_per_sample(args) / (peak->gflops * 1e9);
+}
+
+// --model llama: the model's size, and every row's tokens/s and MFU.
+void print_language_model_rates(const BenchArgs& args, const std::vector<Row>& rows) {
+  if (!args.llama) return;
+  const int64_t tokens = tokens_per_sample(args);
+  std::printf("# llama %s: %lld parameters, %.2f MFLOP per token (6 x non-embedding parameters + attention), %lld "
+              "tokens per sample\n", args.llama_preset.c_str(),
+              static_cast<long long>(nn::llama_size(*args.llama).num_params),
+              flops_per_sample(args) / static_cast<double>(tokens) / 1e6, static_cast<long long>(tokens));
+  for (const Row& r : rows) {
+    char mfu[96] = "unknown (a GPU the peak table does not know: set DPE_PEAK_GFLOPS)";
+    if (const std::optional<double> share = row_mfu(args, r)) std::snprintf(mfu, sizeof mfu, "%.1f%%", 100 * *share);
+    std::printf("#   %s %s: %.0f tokens/s, MFU %s\n", r.framework.c_str(), r.config.c_str(),
+                r.samples_per_s * static_cast<double>(tokens), mfu);
+  }
+}
+
 }  // namespace
 
 void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
@@ -121,6 +154,7 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
     }
   }
   print_exchange_costs(rows);
+  print_language_model_rates(args, rows);
   // The CPU's FMA peak and GEMM choices describe CPU devices: a table of CUDA devices ends with its rows.
   const bool on_cpu = std::ranges::all_of(rows, [](const Row& r) {
     return std::ranges::all_of(r.peak, [](const auto& entry) { return entry.first.is_cpu(); });
@@ -131,12 +165,13 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
                     : "cuDNN's heuristics, deterministic algorithms first (--cudnn-benchmark measures them)");
     return;
   }
-  const double flops = models::train_flops_per_sample(args.model);
+  const double flops = flops_per_sample(args);
   int64_t processes = 1;
   for (const Row& r : rows) processes = std::max(processes, r.processes);
   // CPU devices share the machine: its FMA peak (or DPE_PEAK_GFLOPS), whatever the device count.
   const PeakFlops peak = *peak_flops({Device::cpu(0)}, ComputePrecision::FP32, processes);
   std::printf("# CPU instruction set: %s\n", cpu_isa_description().c_str());
+  if (args.llama) return print_sgemm_choices();  // the MFU lines above hold the rows against the same peak
   std::printf("# FMA-peak limit: %.0f samples/s (%s / %.2f MFLOP per sample)\n", peak.gflops * 1e9 / flops,
               peak.source.c_str(), flops / 1e6);
   for (const Row& r : rows) {
@@ -268,6 +303,11 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
                                              {"calls_per_step", as_printed("%g", static_cast<double>(n.calls) / steps)},
                                              {"ms_per_step", as_printed("%g", n.ms / steps)}});
         }
+      }
+      if (args.llama) {
+        row["tokens_per_s"] = as_printed("%g", r.samples_per_s * static_cast<double>(tokens_per_sample(args)));
+        const std::optional<double> mfu = row_mfu(args, r);
+        row["mfu"] = mfu ? Json(as_printed("%.4f", *mfu)) : Json(nullptr);
       }
       report["rows"].push_back(std::move(row));
     }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <random>
 #include <memory>
 #include <thread>
 
@@ -76,6 +77,26 @@ T lower_median(std::vector<T> values, Key key) {
 
 }  // namespace
 
+int64_t tokens_per_sample(const BenchArgs& args) {
+  return args.llama ? (args.seq_len > 0 ? args.seq_len : args.llama->max_seq_len) : 1;
+}
+
+double flops_per_sample(const BenchArgs& args) {
+  if (!args.llama) return models::train_flops_per_sample(args.model);
+  const int64_t seq_len = tokens_per_sample(args);
+  return nn::llama_size(*args.llama, seq_len).train_flops_per_token * static_cast<double>(seq_len);
+}
+
+ModelData random_tokens(const BenchArgs& args, int64_t rows) {
+  const int64_t seq_len = tokens_per_sample(args);
+  std::mt19937_64 rng(0);
+  std::vector<int64_t> tokens(static_cast<size_t>(rows * (seq_len + 1)));
+  for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(args.llama->vocab_size));
+  const Tensor windows = Tensor::from_vector(tokens, {rows, seq_len + 1}, TensorOptions(DType::Int64));
+  return {.train_inputs = windows.narrow(1, 0, seq_len).contiguous(),
+          .train_targets = windows.narrow(1, 1, seq_len).contiguous()};
+}
+
 Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string& precision,
                const std::vector<Device>& devices, const ModelData& data) {
   Row row;
@@ -89,8 +110,8 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
       {.model = args.model, .mode = engine_mode, .devices = devices, .split = parse_split_rule(args.split),
        .deterministic = args.deterministic, .virtual_shards = args.virtual_shards,
        .precision = precision, .reduce_dtype = needs_ddp_shards(mode) ? args.reduce_dtype : "fp32", .dist = dist,
-       .seed = 1},
-      {.lr = 0.01});
+       .seed = 1, .llama = args.llama},
+      {.name = args.llama ? "adamw" : "sgd", .lr = args.llama ? 6e-4 : 0.01, .decay_matrices_only = args.llama.has_value()});
   // --dist mpi: every process takes its slice of each global batch (training.h, as dpe train does); the row
   // is the whole group's: its devices over every process, the global batch's samples/s.
   const ProcessSlice slice = process_slice(*dp, across_processes, args.batch_size);
@@ -103,7 +124,7 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
   const std::string precision_suffix = (precision == "fp32" ? "" : "-" + precision) +
                                        (needs_ddp_shards(mode) && args.reduce_dtype != "fp32" ? "-r" + args.reduce_dtype : "");
   row.config += precision_suffix;
-  LossFn loss = models::model_loss(args.model);
+  LossFn loss = args.llama ? language_model_loss() : models::model_loss(args.model);
   const int64_t n = data.train_inputs.size(0);
   auto batch_at = [&](int64_t step) {
     const int64_t start = step * args.batch_size % std::max<int64_t>(1, n - args.batch_size + 1);

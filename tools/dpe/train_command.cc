@@ -23,6 +23,7 @@
 #include "tools/dpe/dist_option.h"
 #include "tools/dpe/json_report.h"
 #include "tools/dpe/progress.h"
+#include "tools/dpe/train_llm.h"
 #include "tools/dpe/training.h"
 
 namespace dpe::tool {
@@ -47,7 +48,28 @@ struct TrainArgs {
   std::string split = "chunk";
   std::string on_device_failure = "fail";
   InjectedFaults faults;  // tests only (fault_injection.h)
+  LlmOptions llm;         // --model llama (train_llm.h)
+  std::vector<std::string> llm_options_given, epoch_options_given;  // to refuse those of the other kind
+  bool optimizer_given = false, lr_given = false, weight_decay_given = false;
 };
+
+// --model llama trains by steps on token shards (train_llm.h): the epoch loop's options do not apply to it,
+// nor its options to the other models. The tutorials' optimizer unless the command line names another.
+void prepare_llm(TrainArgs& args) {
+  const bool llama = args.engine.model == "llama";
+  const std::vector<std::string>& wrong = llama ? args.epoch_options_given : args.llm_options_given;
+  DPE_CHECK(wrong.empty(), wrong.empty() ? "" : wrong[0], llama ? " applies to the epoch-based models (mlp, cnn, "
+            "tiny-llama); --model llama trains by steps (--max-steps)" : " applies to --model llama only");
+  if (!llama) return;
+  args.llm.data = args.data_dir;
+  args.llm.save_every = args.save_every;
+  check_llm_options(args.llm);  // before anything reads the data directory
+  args.engine.llama = llama_config(args.llm);
+  if (!args.optimizer_given) args.optimizer.name = "adamw";
+  if (!args.lr_given) args.optimizer.lr = 6e-4;
+  if (!args.weight_decay_given) args.optimizer.weight_decay = 0.1;
+  args.optimizer.decay_matrices_only = true;
+}
 
 // Everything that can be refused without loading data or building the engine, in the order a user would
 // fix it: devices, the mode's constraints, output paths, the checkpoint to resume.
@@ -137,7 +159,14 @@ void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes
 
 void run_train(TrainArgs args) {
   io::TrainingState resumed;
+  prepare_llm(args);
   check_before_work(args, &resumed);
+  if (args.engine.model == "llama") {
+    return run_train_llm(args.engine, args.optimizer, args.llm,
+                         {.batch_size = args.batch_size, .checkpoint = args.save_every > 0 ? args.checkpoint : "",
+                          .json = args.json},
+                         resumed);
+  }
   ModelData data = load_model_data(args.engine.model, args.data_dir, args.limit);
   if (args.channels_last) data.test_inputs = data.test_inputs.contiguous(MemoryFormat::ChannelsLast);
   const int64_t samples_per_epoch = data.train_inputs.size(0);
@@ -296,10 +325,51 @@ void run_train(TrainArgs args) {
 
 }  // namespace
 
+// The options of --model llama (train_llm.h).
+std::vector<CLI::Option*> add_llm_options(CLI::App& cmd, TrainArgs& args) {
+  LlmOptions& llm = args.llm;
+  std::vector<CLI::Option*> options = {
+      cmd.add_option("--llama-preset", llm.preset, "llama: the model's preset (layers/llama.h): tiny, small, 124m")
+          ->check(CLI::IsMember(nn::kLlamaPresetNames)),
+      add_int_option(cmd, "--seq-len", llm.seq_len, "llama: tokens per row (default: the preset's longest)", 1,
+                     int64_t{1} << 20),
+      add_int_option(cmd, "--kv-heads", llm.kv_heads, "llama: key/value heads (grouped-query attention; default: "
+                     "the preset's)", 1, 4096),
+      cmd.add_option("--packing", llm.packing, "llama: packed (llm.c: contiguous windows) or document (one document "
+                     "per row, padded)")->check(CLI::IsMember({"packed", "document"})),
+      add_int_option(cmd, "--max-steps", llm.max_steps, "llama: optimizer steps in all, counting a resumed run's",
+                     1, int64_t{1} << 40),
+      add_int_option(cmd, "--stop-at-step", llm.stop_at_step, "llama: end after this step, on --max-steps' schedule "
+                     "(a job of a time-limited allocation; --resume goes on)", 1, int64_t{1} << 40),
+      add_int_option(cmd, "--warmup-steps", llm.warmup_steps, "llama: linear warm-up steps (default: max-steps / 10)",
+                     0, int64_t{1} << 40),
+      add_real_option(cmd, "--min-lr-ratio", llm.min_lr_ratio, "llama: the cosine's floor, a fraction of --lr", 0,
+                      false),
+      add_real_option(cmd, "--grad-clip", llm.grad_clip, "llama: clip_grad_norm_'s max norm (0: none)", 0, false),
+      add_int_option(cmd, "--grad-accum", llm.grad_accum, "llama: micro-batches of --batch-size per step (ddp: "
+                     "no_sync on all but the last)", 1, 1 << 20),
+      add_int_option(cmd, "--eval-every", llm.eval_every, "llama: validation loss every N steps (and at the end)",
+                     0, int64_t{1} << 40),
+      add_int_option(cmd, "--eval-batches", llm.eval_batches, "llama: validation batches per evaluation", 1, 1 << 20),
+  };
+  return options;
+}
+
+// The names of the options among `options` that the command line gave.
+std::vector<std::string> given(const std::vector<CLI::Option*>& options) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : options) {
+    if (option->count() > 0) names.push_back(option->get_name());
+  }
+  return names;
+}
+
 void add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* cmd = app.add_subcommand("train", "Train a built-in model (mlp, cnn, tiny-llama) in single, DP or DDP mode");
-  cmd->add_option("--model", args->engine.model, "model")->check(CLI::IsMember(models::kModelNames));
+  CLI::App* cmd = app.add_subcommand("train", "Train a built-in model (mlp, cnn, tiny-llama; llama on token shards) "
+                                     "in single, DP or DDP mode");
+  cmd->add_option("--model", args->engine.model, "model: mlp, cnn, tiny-llama (by epochs); llama (a preset, by steps "
+                  "on dpe tokenize's shards)")->check(CLI::IsMember(kTrainModels));
   cmd->add_option("--mode", args->engine.mode, "single device, DataParallel or DistributedDataParallel")
       ->check(CLI::IsMember(kModes));
   CLI::Option* device_ids = cmd->add_option("--device-ids", args->device_ids,
@@ -311,17 +381,20 @@ void add_train_command(CLI::App& app) {
   add_int_option(*cmd, "--batch-size", args->batch_size,
                  "global batch (split across the devices; in ddp mode every device needs a sample of it)", 1,
                  int64_t{1} << 31);
-  cmd->add_flag("--drop-last", args->drop_last,
+  CLI::Option* drop_last = cmd->add_flag("--drop-last", args->drop_last,
                 "drop each epoch's short last batch; without it, ddp mode pads that batch to a multiple of the "
                 "device count with samples from the start of the epoch (DistributedSampler's rule), so every "
                 "device gets an equal shard");
-  add_int_option(*cmd, "--epochs", args->epochs, "epochs (in all, counting those of a resumed checkpoint)", 1, 1000000);
-  add_real_option(*cmd, "--lr", args->optimizer.lr, "learning rate", 0, true);
-  cmd->add_option("--optimizer", args->optimizer.name, "optimizer")->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  CLI::Option* epochs = add_int_option(*cmd, "--epochs", args->epochs, "epochs (in all, counting those of a resumed checkpoint)", 1, 1000000);
+  CLI::Option* lr = add_real_option(*cmd, "--lr", args->optimizer.lr, "learning rate (llama: default 6e-4)", 0, true);
+  CLI::Option* optimizer = cmd->add_option("--optimizer", args->optimizer.name, "optimizer (llama: default adamw, "
+                                           "weight decay on matrices only)")
+                               ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   add_real_option(*cmd, "--momentum", args->optimizer.momentum, "SGD momentum", 0, false);
-  cmd->add_option("--schedule", args->schedule, "learning rate: constant, or cosine decay to 0 over the run (per step)")
+  CLI::Option* schedule = cmd->add_option("--schedule", args->schedule, "learning rate: constant, or cosine decay to 0 over the run (per step)")
       ->check(CLI::IsMember({"constant", "cosine"}));
-  add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay", 0, false);
+  CLI::Option* weight_decay =
+      add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay (llama: default 0.1)", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
   cmd->add_flag("--channels-last", args->channels_last, "the images in channels-last memory, PyTorch's "
                 "memory_format=torch.channels_last (faster CPU convolutions; docs/LAYERS.md)");
@@ -354,18 +427,25 @@ void add_train_command(CLI::App& app) {
                   "--batch-size is the global batch over all of them; process 0 prints, evaluates and writes "
                   "--checkpoint and --json");
   add_seed_option(*cmd, "--seed", args->engine.seed, "initial weights and data order");
-  add_int_option(*cmd, "--limit", args->limit, "use only the first N training samples", 1, int64_t{1} << 40)
+  CLI::Option* limit = add_int_option(*cmd, "--limit", args->limit, "use only the first N training samples", 1, int64_t{1} << 40)
       ->default_str("all");
-  add_path_option(*cmd, "--data-dir", args->data_dir, "Fashion-MNIST directory, or the text file for tiny-llama");
+  add_path_option(*cmd, "--data-dir,--data", args->data_dir, "Fashion-MNIST directory, the text file for tiny-llama, "
+                  "or the token shards' directory for llama (dpe tokenize --out)");
   add_int_option(*cmd, "--save-every", args->save_every,
-                 "checkpoint every N epochs and at the end (replica 0, atomic); 0: never", 0, 1000000);
+                 "checkpoint every N epochs (llama: steps) and at the end (replica 0, atomic); 0: never", 0, 1000000);
+  const std::vector<CLI::Option*> llm_options = add_llm_options(*cmd, *args);
   CLI::Option* checkpoint =
       add_path_option(*cmd, "--checkpoint", args->checkpoint, "checkpoint path for --save-every (checked at start-up)");
   add_path_option(*cmd, "--resume", args->engine.resume, "continue from this checkpoint (the epoch after the saved one)");
   add_path_option(*cmd, "--json", args->json, "write the final report as JSON to this file (checked at start-up)");
-  cmd->callback([args, checkpoint, cpu_devices] {
+  cmd->callback([=] {
     args->cpu_devices_given = cpu_devices->count() > 0;
     args->checkpoint_given = checkpoint->count() > 0;
+    args->llm_options_given = given(llm_options);
+    args->epoch_options_given = given({epochs, limit, drop_last, schedule});
+    args->optimizer_given = optimizer->count() > 0;
+    args->lr_given = lr->count() > 0;
+    args->weight_decay_given = weight_decay->count() > 0;
     run_train(*args);
   });
 }

@@ -49,6 +49,17 @@ OptimizerFactory optimizer_factory(const OptimizerOptions& o) {
   DPE_CHECK(std::isfinite(o.momentum) && o.momentum >= 0, "--momentum ", o.momentum, ": expected a finite number >= 0");
   DPE_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay ", o.weight_decay,
             ": expected a finite number >= 0");
+  if (o.decay_matrices_only) {
+    OptimizerOptions all = o;
+    all.decay_matrices_only = false;
+    return [all](const std::vector<Tensor>& p) {
+      std::vector<Tensor> matrices, others;
+      for (const Tensor& t : p) (t.dim() >= 2 ? matrices : others).push_back(t);
+      std::unique_ptr<optim::Optimizer> optimizer = optimizer_factory(all)(matrices);
+      if (!others.empty()) optimizer->add_param_group({.params = others, .options = {{"weight_decay", 0.0}}});
+      return optimizer;
+    };
+  }
   if (o.name == "sgd") {
     return [o](const std::vector<Tensor>& p) {
       return std::make_unique<optim::SGD>(
@@ -69,8 +80,8 @@ OptimizerFactory optimizer_factory(const OptimizerOptions& o) {
 }  // namespace
 
 void check_channels_last(const std::string& model) {
-  DPE_CHECK(model != "tiny-llama", "--channels-last: the tiny-llama model's inputs are token ids (N, T), not images "
-            "(N, C, H, W); expected --model cnn or mlp");
+  DPE_CHECK(model != "tiny-llama" && model != "llama", "--channels-last: the ", model, " model's inputs are token "
+            "ids (N, T), not images (N, C, H, W); expected --model cnn or mlp");
 }
 
 void set_cudnn_benchmark(bool on, bool deterministic, const std::vector<Device>& devices) {
@@ -98,10 +109,31 @@ void check_ddp_batch(const std::string& option, int64_t batch, int64_t devices) 
             " ", down >= devices ? std::to_string(down) + " or " : std::string(), up);
 }
 
+LossFn language_model_loss() {
+  return [](const Tensor& logits, const Tensor& target) {
+    return nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+  };
+}
+
+namespace {
+
+// Parameters on cpu:0; the initial weights consume the default generator of cpu:0.
+std::shared_ptr<nn::Module> build_model(const EngineOptions& options) {
+  if (options.model == "llama") return std::make_shared<nn::Llama>(*options.llama);
+  return models::make_model(options.model);
+}
+
+}  // namespace
+
 void check_engine_options(const EngineOptions& options) {
   DPE_CHECK(std::find(kModes.begin(), kModes.end(), options.mode) != kModes.end(), "--mode ", options.mode,
             ": expected single, dp, ddp or auto");
-  models::check_model_name(options.model);
+  if (options.model == "llama") {
+    DPE_CHECK(options.llama.has_value(), "the llama model needs its configuration (--llama-preset)");
+    nn::check_llama_config(*options.llama);
+  } else {
+    models::check_model_name(options.model);
+  }
   DPE_CHECK(!options.devices.empty(), "no devices");
   DPE_CHECK(options.timeout_s > 0 && options.timeout_s <= 1e7, "--timeout ", options.timeout_s,
             ": expected seconds in (0, 10000000]");
@@ -125,7 +157,7 @@ void check_engine_options(const EngineOptions& options) {
 
 io::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer) {
   const std::vector<io::GeneratorState> generators = io::capture_rng_state();
-  std::shared_ptr<nn::Module> model = models::make_model(options.model);
+  std::shared_ptr<nn::Module> model = build_model(options);
   if (options.sync_bn) model = nn::convert_sync_batchnorm(model);
   std::unique_ptr<optim::Optimizer> opt = optimizer_factory(optimizer)(model->parameters());
   io::TrainingState state;
@@ -165,7 +197,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
                                           int64_t* resumed_epoch) {
   check_engine_options(options);
   manual_seed(options.seed);
-  std::shared_ptr<nn::Module> model = models::make_model(options.model);
+  std::shared_ptr<nn::Module> model = build_model(options);
   if (options.sync_bn) model = nn::convert_sync_batchnorm(model);
   model->to(options.devices[0]);
   DataParallelOptions dp_options;

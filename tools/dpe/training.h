@@ -11,8 +11,13 @@
 #include "core/amp/autocast.h"
 #include "engine/data_parallel.h"
 #include "io/checkpoint.h"
+#include "layers/llama.h"
 
 namespace dpe::tool {
+
+// --model's values for dpe train: the built-in models (models/models.h) and llama, a Llama of a preset
+// (layers/llama.h) trained on token shards (tools/dpe/train_llm.h).
+inline const std::vector<std::string> kTrainModels = {"mlp", "cnn", "tiny-llama", "llama"};
 
 // auto: DataParallel's ParallelMode::Auto (times dp and ddp for a few steps, keeps the faster).
 inline const std::vector<std::string> kModes = {"single", "dp", "ddp", "auto"};
@@ -52,6 +57,10 @@ struct ModelData {
 // or not loaded at all without with_test. Throws when the training split is empty.
 ModelData load_model_data(const std::string& model, const std::string& data_dir, int64_t limit, bool with_test = true);
 
+// A language model's loss: cross-entropy of logits (B, T, V) against next tokens (B, T), the mean over every
+// position whose target is not -100 (PyTorch's ignore_index).
+LossFn language_model_loss();
+
 // DDP needs every replica to get at least one sample of every batch. Under the chunk rule
 // (scatter_gather/chunking.h) some batches leave devices empty (4 on 3 devices: 2, 2): throws for those,
 // naming `option`, the shards and the nearest batch sizes that work. Cheap: checked before anything is built.
@@ -83,12 +92,16 @@ struct EngineOptions {
   std::optional<CollectiveBackend> dist;  // --dist mpi, mpi-nccl: dp/ddp over the devices of every process
   uint64_t seed = 0;                    // initial weights
   std::string resume;                   // checkpoint to start from (model and optimizer)
+  std::optional<nn::LlamaConfig> llama;  // model "llama": its configuration (required)
 };
 struct OptimizerOptions {
   std::string name = "sgd";  // sgd (momentum), adam, adamw
   double lr = 0.05;
   double momentum = 0.9;
   double weight_decay = 0.0;
+  // Weight decay on matrices only (parameters of 2 or more dimensions: the GEMMs' weights and the embedding),
+  // none on norms' gains and biases: nanoGPT's and the tutorials' two param groups, decayed one first.
+  bool decay_matrices_only = false;
 };
 
 // Throws on options make_engine would refuse after building a model (unknown mode or model, no devices,
