@@ -333,6 +333,10 @@ std::vector<CLI::Option*> add_llm_options(CLI::App& cmd, TrainArgs& args) {
           ->check(CLI::IsMember(nn::kLlamaPresetNames)),
       add_int_option(cmd, "--seq-len", llm.seq_len, "llama: tokens per row (default: the preset's longest)", 1,
                      int64_t{1} << 20),
+      add_int_option(cmd, "--dim", llm.dim, "llama: model width (default: the preset's; the SwiGLU width scales "
+                     "with it)", 1, 1 << 20),
+      add_int_option(cmd, "--layers", llm.layers, "llama: blocks (default: the preset's)", 1, 4096),
+      add_int_option(cmd, "--heads", llm.heads, "llama: query heads (default: the preset's)", 1, 4096),
       add_int_option(cmd, "--kv-heads", llm.kv_heads, "llama: key/value heads (grouped-query attention; default: "
                      "the preset's)", 1, 4096),
       cmd.add_option("--packing", llm.packing, "llama: packed (llm.c: contiguous windows) or document (one document "

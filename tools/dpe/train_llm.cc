@@ -99,7 +99,7 @@ struct StepRecord {
 };
 
 void write_report(const LlmRun& run, const EngineOptions& engine, const LlmOptions& options,
-                  const nn::LlamaConfig& config, const std::vector<StepRecord>& records) {
+                  const nn::LlamaConfig& config, const std::vector<StepRecord>& records, const StepReport& last) {
   JsonReport report = JsonReport::object();
   const DisposeOnExit dispose_report(report);
   report["model"] = "llama";
@@ -109,6 +109,10 @@ void write_report(const LlmRun& run, const EngineOptions& engine, const LlmOptio
   report["batch_size"] = run.batch_size;
   report["seq_len"] = options.seq_len;
   report["grad_accum"] = options.grad_accum;
+  JsonReport& memory = report["peak_memory_mb"] = JsonReport::object();
+  for (const auto& [device, stats] : last.memory) {
+    memory[device.str()] = as_printed("%.1f", static_cast<double>(stats.peak_allocated_bytes) / 1e6);
+  }
   JsonReport& lines = report["steps"] = JsonReport::array();
   for (const StepRecord& r : records) {
     JsonReport& line = lines.emplace_back(JsonReport::object());
@@ -138,6 +142,20 @@ struct Schedules {
 
 }  // namespace
 
+void apply_overrides(nn::LlamaConfig& config, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads) {
+  if (dim > 0) {
+    config.hidden_dim = config.hidden_dim * dim / config.dim;  // the preset's SwiGLU ratio
+    config.dim = dim;
+  }
+  if (layers > 0) config.num_layers = layers;
+  if (heads > 0) {
+    config.num_heads = heads;
+    if (kv_heads == 0 && config.num_kv_heads > 0 && heads % config.num_kv_heads != 0) config.num_kv_heads = heads;
+  }
+  if (kv_heads > 0) config.num_kv_heads = kv_heads;
+  nn::check_llama_config(config);
+}
+
 void check_llm_options(const LlmOptions& options) {
   nn::llama_preset(options.preset);  // names the presets when it is not one
   packing_of(options.packing);
@@ -160,7 +178,7 @@ void check_llm_options(const LlmOptions& options) {
 nn::LlamaConfig llama_config(const LlmOptions& options) {
   const Vocabulary vocab = vocabulary(options.data);
   nn::LlamaConfig config = nn::llama_preset(options.preset, vocab.size);
-  if (options.kv_heads > 0) config.num_kv_heads = options.kv_heads;
+  apply_overrides(config, options.dim, options.layers, options.heads, options.kv_heads);
   if (options.seq_len > 0) {
     DPE_CHECK(options.seq_len <= config.max_seq_len, "--seq-len ", options.seq_len, " is longer than the ",
               options.preset, " preset's ", config.max_seq_len, " positions");
@@ -294,7 +312,16 @@ void run_train_llm(const EngineOptions& engine, const OptimizerOptions& optimize
   if (final_step.val_loss >= 0) {
     std::printf("final validation loss %.4f, perplexity %.2f\n", final_step.val_loss, std::exp(final_step.val_loss));
   }
-  if (!run.json.empty()) write_report(run, engine, options, config, records);
+  // What the mode keeps on each device (DP's first one holds the gathered logits, the loss and the optimizer).
+  std::string memory;
+  for (const auto& [device, stats] : dp->last_step().memory) {
+    char entry[64];
+    std::snprintf(entry, sizeof entry, "  %s %.1f MB", device.str().c_str(),
+                  static_cast<double>(stats.peak_allocated_bytes) / 1e6);
+    memory += entry;
+  }
+  std::printf("peak memory per device:%s\n", memory.c_str());
+  if (!run.json.empty()) write_report(run, engine, options, config, records, dp->last_step());
 }
 
 }  // namespace dpe::tool

@@ -18,7 +18,8 @@ struct LlmOptions {
   std::string preset = "tiny";   // layers/llama.h's llama_preset
   std::string data;              // a directory of <name>_train_*.bin and <name>_val_*.bin, and tokenizer.model
   int64_t seq_len = 0;           // 0: the preset's max_seq_len
-  int64_t kv_heads = 0;          // 0: the preset's
+  // Overrides of the preset (0: the preset's): width, depth, query heads, key/value heads (GQA).
+  int64_t dim = 0, layers = 0, heads = 0, kv_heads = 0;
   std::string packing = "packed";  // data::Packing: packed (llm.c) or document (one document per row)
   int64_t max_steps = 100;       // optimizer steps in all, counting those of a resumed checkpoint: the schedule's
   int64_t stop_at_step = 0;      // > 0: end after this step (a job of a time-limited allocation; resume goes on)
@@ -41,6 +42,11 @@ struct LlmRun {
 // The model's configuration from the preset, the overrides and the data's vocabulary (tokenizer.model in the
 // data directory when there is one, else the preset's default vocabulary). Cheap: reads no shard.
 nn::LlamaConfig llama_config(const LlmOptions& options);
+
+// The preset's configuration with the given overrides (0: keep): --dim scales the SwiGLU width with it (the
+// preset's ratio); --heads alone keeps the preset's key/value heads where they still divide the heads, else
+// takes one per head. Throws naming the values (layers/llama.h's check_llama_config).
+void apply_overrides(nn::LlamaConfig& config, int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads);
 
 // Every LlmOptions check that needs no data: the preset, the packing, the step counts, the ratios. Throws
 // naming the option and the value.
