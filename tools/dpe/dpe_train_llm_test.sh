@@ -2,7 +2,8 @@
 # `dpe train --model llama` end to end on shards `dpe tokenize` writes from generated text: the validation loss
 # falls; DP and DDP give the same losses; --grad-accum 4 at batch B is one step at batch 4B; a run of 12 steps
 # and a run of 6 resumed for 6 more write the same checkpoint, byte for byte; document packing trains; the
-# JSON report carries tokens/s and MFU; the options of the two kinds of model are refused with the other.
+# JSON report carries tokens/s and MFU; a resumed run keeps its configuration unless --override says; the
+# options of the two kinds of model are refused with the other.
 set -uo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -56,6 +57,19 @@ run "6 steps" "$bin" "${llama[@]}" --mode ddp --batch-size 8 --max-steps 12 --st
 run "6 more" "$bin" "${llama[@]}" --mode ddp --batch-size 8 --max-steps 12 --save-every 6 --resume "$tmp/half.safetensors" --checkpoint "$tmp/resumed.safetensors"
 grep -qF "resumed after step 6" <<<"$out" || { echo "FAILED: the resumed run does not say where it resumed"; fail=1; }
 cmp "$tmp/whole.safetensors" "$tmp/resumed.safetensors" || { echo "FAILED: 12 steps != 6 + 6 resumed"; fail=1; }
+
+# A resumed run keeps its configuration (Note [A run's configuration]): a changed option is refused, naming
+# both values, unless --override lists it; what changed is printed.
+expect 2 "--lr was '3e-3' in the checkpoint's run and is '1e-3' now" "$bin" "${base[@]/3e-3/1e-3}" --seq-len 32 \
+  --mode ddp --batch-size 8 --max-steps 12 --resume "$tmp/half.safetensors"
+expect 2 "--batch-size was '8' in the checkpoint's run and is '4' now" "$bin" "${llama[@]}" --mode ddp --batch-size 4 \
+  --max-steps 12 --resume "$tmp/half.safetensors"
+expect 0 "--lr changed from '3e-3' to '1e-3' (--override)" "$bin" "${base[@]/3e-3/1e-3}" --seq-len 32 --mode ddp \
+  --batch-size 8 --max-steps 12 --resume "$tmp/half.safetensors" --override lr
+expect 2 "--override frob: not an option of dpe train" "$bin" "${llama[@]}" --mode ddp --batch-size 8 --max-steps 12 \
+  --resume "$tmp/half.safetensors" --override frob
+# Where it runs may change: DP resumes DDP's checkpoint.
+expect 0 "resumed after step 6" "$bin" "${llama[@]}" --mode dp --batch-size 8 --max-steps 12 --resume "$tmp/half.safetensors"
 
 # Document packing (one document per row, padded) trains too, and DP equals DDP there (Note [The loss of a
 # batch with padding] in train_llm.cc).

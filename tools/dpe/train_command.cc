@@ -23,6 +23,7 @@
 #include "tools/dpe/dist_option.h"
 #include "tools/dpe/json_report.h"
 #include "tools/dpe/progress.h"
+#include "tools/dpe/run_configuration.h"
 #include "tools/dpe/train_llm.h"
 #include "tools/dpe/training.h"
 
@@ -49,6 +50,8 @@ struct TrainArgs {
   std::string on_device_failure = "fail";
   InjectedFaults faults;  // tests only (fault_injection.h)
   LlmOptions llm;         // --model llama (train_llm.h)
+  RunConfiguration configuration;       // Note [A run's configuration] (run_configuration.h)
+  std::vector<std::string> overrides;   // --override: options a resumed run may change
   std::vector<std::string> llm_options_given, epoch_options_given;  // to refuse those of the other kind
   bool optimizer_given = false, lr_given = false, weight_decay_given = false;
 };
@@ -107,6 +110,10 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
     DPE_CHECK(resumed->epoch >= 0 && resumed->step >= 0, "--resume ", args.engine.resume,
               ": the checkpoint says training.epoch ", resumed->epoch, ", training.step ", resumed->step,
               "; expected counts >= 0 (a damaged or foreign checkpoint)");
+    for (const std::string& line :
+         compare_configuration(args.configuration, resumed->metadata, args.overrides, args.engine.resume)) {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
   }
 }
 
@@ -164,7 +171,7 @@ void run_train(TrainArgs args) {
   if (args.engine.model == "llama") {
     return run_train_llm(args.engine, args.optimizer, args.llm,
                          {.batch_size = args.batch_size, .checkpoint = args.save_every > 0 ? args.checkpoint : "",
-                          .json = args.json},
+                          .json = args.json, .configuration = args.configuration},
                          resumed);
   }
   ModelData data = load_model_data(args.engine.model, args.data_dir, args.limit);
@@ -313,6 +320,7 @@ void run_train(TrainArgs args) {
     if (args.save_every > 0 && ((epoch + 1) % args.save_every == 0 || epoch + 1 == args.epochs)) {
       // Replicas are identical (DDP) or the master holds the model (DP): replica 0 is the model.
       io::TrainingState state{.epoch = epoch + 1, .step = (epoch + 1) * loader.num_batches()};
+      record_configuration(args.configuration, state);
       if (const optim::GradScaler* scaler = dp->grad_scaler()) state.grad_scaler = scaler->state_dict();
       io::save_checkpoint(args.checkpoint, dp->module(), &dp->optimizer(0), state);
       std::fprintf(stderr, "saved %s (epoch %lld)\n", args.checkpoint.c_str(), static_cast<long long>(epoch + 1));
@@ -440,7 +448,10 @@ void add_train_command(CLI::App& app) {
   const std::vector<CLI::Option*> llm_options = add_llm_options(*cmd, *args);
   CLI::Option* checkpoint =
       add_path_option(*cmd, "--checkpoint", args->checkpoint, "checkpoint path for --save-every (checked at start-up)");
-  add_path_option(*cmd, "--resume", args->engine.resume, "continue from this checkpoint (the epoch after the saved one)");
+  add_path_option(*cmd, "--resume", args->engine.resume, "continue from this checkpoint (the epoch after the saved one); "
+                  "every option that shaped its run must be the same (docs/RELIABILITY.md, \"A run's configuration\")");
+  add_name_list_option(*cmd, "--override", args->overrides, "--resume: options the resumed run may change, by name "
+                       "without the dashes (lr,batch-size); what changed is printed");
   add_path_option(*cmd, "--json", args->json, "write the final report as JSON to this file (checked at start-up)");
   cmd->callback([=] {
     args->cpu_devices_given = cpu_devices->count() > 0;
@@ -450,6 +461,7 @@ void add_train_command(CLI::App& app) {
     args->optimizer_given = optimizer->count() > 0;
     args->lr_given = lr->count() > 0;
     args->weight_decay_given = weight_decay->count() > 0;
+    args->configuration = run_configuration(*cmd);
     run_train(*args);
   });
 }

@@ -22,6 +22,7 @@
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/json_report.h"
 #include "tools/dpe/progress.h"
+#include "tools/dpe/run_configuration.h"
 
 namespace dpe::tool {
 
@@ -299,6 +300,7 @@ void run_train_llm(const EngineOptions& engine, const OptimizerOptions& optimize
       // Replica 0 is the model (DP's master, or any of DDP's identical replicas): its own names, no prefix.
       io::TrainingState state{.epoch = loader.epoch(), .step = step + 1,
                               .metadata = {{"token_loader", loader.state().to_json()}}};
+      record_configuration(run.configuration, state);
       if (const optim::GradScaler* scaler = dp->grad_scaler()) state.grad_scaler = scaler->state_dict();
       io::save_checkpoint(run.checkpoint, dp->module(), &dp->optimizer(0), state);
     }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "layers/llama.h"
@@ -37,6 +38,7 @@ struct LlmRun {
   int64_t batch_size = 0;  // windows per micro-step, over every process
   std::string checkpoint;  // with options.save_every > 0
   std::string json;        // "" : no report
+  std::map<std::string, std::string> configuration;  // recorded in every checkpoint (run_configuration.h's RunConfiguration)
 };
 
 // The model's configuration from the preset, the overrides and the data's vocabulary (tokenizer.model in the

@@ -1,0 +1,72 @@
+#include "tools/dpe/run_configuration.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dpe::tool {
+
+namespace {
+
+constexpr const char* kPrefix = "run";
+
+}  // namespace
+
+const std::set<std::string> kMayChangeOnResume = {
+    "--resume", "--checkpoint", "--json", "--save-every", "--epochs", "--stop-at-step",  // where, how long
+    "--device-ids", "--cpu-devices", "--output-device", "--dist", "--mode", "--split",    // where it runs
+    "--timeout", "--on-device-failure", "--data-dir", "--inject-failure", "--inject-hang", "--help",
+};
+
+RunConfiguration run_configuration(const CLI::App& cmd) {
+  RunConfiguration configuration;
+  for (const CLI::Option* option : cmd.get_options()) {
+    const std::string name = option->get_name();
+    if (name.rfind("--", 0) != 0 || kMayChangeOnResume.contains(name) || name == "--override") continue;
+    std::string value;
+    if (option->count() > 0) {
+      for (const std::string& result : option->results()) value += (value.empty() ? "" : ",") + result;
+    } else {
+      value = option->get_default_str();
+    }
+    configuration[name] = value;
+  }
+  return configuration;
+}
+
+void record_configuration(const RunConfiguration& configuration, io::TrainingState& state) {
+  for (const auto& [name, value] : configuration) state.metadata[kPrefix + name] = value;
+}
+
+std::vector<std::string> compare_configuration(const RunConfiguration& now, const std::map<std::string, std::string>& metadata,
+                                               const std::vector<std::string>& overrides, const std::string& checkpoint) {
+  for (const std::string& name : overrides) {
+    DPE_CHECK(now.contains("--" + name), "--override ", name, ": not an option of dpe train that shapes the "
+              "training (", kMayChangeOnResume.contains("--" + name) ? "it may change on resume anyway" : "no such option",
+              ")");
+  }
+  RunConfiguration saved;
+  for (const auto& [key, value] : metadata) {
+    if (key.rfind(std::string(kPrefix) + "--", 0) == 0) saved[key.substr(std::string(kPrefix).size())] = value;
+  }
+  if (saved.empty()) return {"--resume " + checkpoint + ": it recorded no configuration; the options were not compared"};
+  std::vector<std::string> changed;
+  auto value_of = [](const RunConfiguration& c, const std::string& name) {
+    const auto it = c.find(name);
+    return it == c.end() ? std::string("(not an option then)") : "'" + it->second + "'";
+  };
+  std::set<std::string> names;
+  for (const auto& [name, value] : now) names.insert(name);
+  for (const auto& [name, value] : saved) names.insert(name);
+  for (const std::string& name : names) {
+    if (value_of(now, name) == value_of(saved, name)) continue;
+    const bool overridden = std::ranges::find(overrides, name.substr(2)) != overrides.end();
+    DPE_CHECK(overridden, "--resume ", checkpoint, ": ", name, " was ", value_of(saved, name),
+              " in the checkpoint's run and is ", value_of(now, name), " now; a resumed run keeps its configuration "
+              "(pass --override ", name.substr(2), " to change it)");
+    changed.push_back(name + " changed from " + value_of(saved, name) + " to " + value_of(now, name) + " (--override)");
+  }
+  return changed;
+}
+
+}  // namespace dpe::tool
