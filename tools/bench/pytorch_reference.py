@@ -3,15 +3,18 @@
 
 Trains dpe's built-in models (models/models.h: the same layers in the same order) with PyTorch on the first
 --samples Fashion-MNIST training images (tiny-llama: the first --samples records of the fortunes corpus, made
-into token rows as data/text_corpus.h does) and prints one JSON object per configuration on stdout:
+into token rows as data/text_corpus.h does; llama: a preset of layers/llama.h on --samples rows of random
+tokens, as `dpe bench --model llama`) and prints one JSON object per configuration on stdout:
 
   {"framework": "pytorch", "torch": "1.13.0a0", "config": "ddp-gloo", "model": "mlp", "batch": 256,
    "steps": 30, "step_ms": 12.3, "samples_per_s": 20813.0, "processes": 2, "threads_per_process": 1,
    "final_loss": 0.61}
 
-A configuration that cannot run here prints "skipped": "<why>" in place of the numbers (step_ms and
-samples_per_s are null). Everything else (progress, warnings) goes to stderr. Exit status: 0 on success,
-2 when the data files are missing, 3 when torch cannot be imported, 1 on bad arguments or a failed run.
+llama rows add "llama_preset", "seq_len", "vocab" and "tokens_per_s" (samples_per_s * seq_len; dpe computes
+its own from samples_per_s). A configuration that cannot run here prints "skipped": "<why>" in place of the
+numbers (step_ms and samples_per_s are null). Everything else (progress, warnings) goes to stderr. Exit
+status: 0 on success, 2 when the data files are missing, 3 when torch cannot be imported, 1 on bad arguments
+or a failed run.
 
 Configurations (--configs, comma-separated):
   single-Nt  one process, torch.set_num_threads(N) (and OpenBLAS's threads, see set_threads), a plain
@@ -38,14 +41,17 @@ and each batch of images by .contiguous(memory_format=torch.channels_last) (rows
 2571 samples/s, single-2t), and the comparison is against PyTorch's best configuration.
 
 Each configuration: torch.manual_seed(1), the model, cross_entropy (tiny-llama: over every position, PAD
-targets ignored), SGD(lr=0.01, momentum=0.9); --warmup
-untimed steps, then --steps timed ones (zero_grad, forward, loss, backward, step). step_ms is the mean time
-per timed step, samples_per_s = batch * steps / seconds; final_loss is the last step's loss (for ddp-gloo,
-the mean over the processes, which is the loss of the whole global batch).
+targets ignored; llama: over every position), SGD(lr=0.01, momentum=0.9) (llama: dpe bench's AdamW,
+make_optimizer); --warmup untimed steps, then --steps timed ones (zero_grad, forward, loss, backward, step).
+step_ms is the mean time per timed step, samples_per_s = batch * steps / seconds; final_loss is the last
+step's loss (for ddp-gloo, the mean over the processes, which is the loss of the whole global batch).
 
-tiny-llama is written here with torch's fastest eager attention: F.scaled_dot_product_attention with
-is_causal=True where torch has it (2.0 and later: flash or memory-efficient kernels on a GPU), else the
-masked softmax. dpe's model, like this one, sees no padding mask in `dpe bench` (a causal mask only).
+llama (tiny-llama is its tiny preset) is written here with torch's fastest eager attention:
+F.scaled_dot_product_attention with is_causal=True where torch has it (2.0 and later: flash or
+memory-efficient kernels on a GPU), else softmax(q k^T / sqrt(head_dim) + causal mask) v, which is the best
+Debian's torch 1.13 has (it has no fused attention). Grouped-query presets repeat k and v to every query head
+(HF's repeat_kv), as dpe does. dpe's model, like this one, sees no padding mask in `dpe bench` (a causal mask
+only).
 
 Global batch s covers samples [start, start + batch) with start = s * batch % (samples - batch + 1), the
 rule `dpe bench` uses (tools/dpe/bench_command.cc), so both iterate over the same data in the same order.
@@ -53,6 +59,8 @@ rule `dpe bench` uses (tools/dpe/bench_command.cc), so both iterate over the sam
   /usr/bin/python3 tools/bench/pytorch_reference.py --model mlp --batch 256 --steps 30 --warmup 5 \\
       --configs single-1t,single-2t,ddp-gloo --threads 2
   /usr/bin/python3 tools/bench/pytorch_reference.py --model cnn --print-params   # {"model": ..., "params": ...}
+  /usr/bin/python3 tools/bench/pytorch_reference.py --model llama --llama-preset small --seq-len 128 --batch 4 \\
+      --steps 2 --warmup 1 --samples 12
 
 Threads: each configuration limits OpenBLAS's threads as well as torch's (set_threads), and the script sets
 OMP_WAIT_POLICY=PASSIVE unless the environment sets it (see main): both matter with Debian's torch, whose
@@ -77,10 +85,24 @@ import time
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 FORTUNES_PATH = "/usr/share/games/fortunes/fortunes"  # data/text_corpus.h's kFortunesPath
 BOS, EOS, PAD, VOCAB = 256, 257, 258, 259  # data/text_corpus.h
-# models/models.cc's tiny_llama_config, models.h's kTinyLlamaSeqLen
-TINY_LLAMA = dict(dim=128, num_layers=2, num_heads=4, hidden_dim=384, seq_len=64, eps=1e-6, theta=10000.0)
+# layers/llama.cc's llama_preset, field for field: keep the two tables in step. kv_heads 0 means num_heads
+# (multi-head attention); init_std None means each layer's PyTorch default initialisation.
+LLAMA_PRESETS = {
+    "tiny": dict(vocab=259, dim=128, num_layers=2, num_heads=4, kv_heads=0, hidden_dim=384, max_seq_len=64,
+                 eps=1e-6, theta=10000.0, tie=False, init_std=None),
+    "small": dict(vocab=32000, dim=768, num_layers=12, num_heads=12, kv_heads=3, hidden_dim=3072, max_seq_len=512,
+                  eps=1e-6, theta=10000.0, tie=False, init_std=0.02),
+    "124m": dict(vocab=50304, dim=768, num_layers=12, num_heads=12, kv_heads=12, hidden_dim=3072, max_seq_len=1024,
+                 eps=1e-6, theta=10000.0, tie=True, init_std=0.02),
+}
+# models/models.cc's tiny_llama_config is the tiny preset at vocab 259; its rows are models.h's kTinyLlamaSeqLen.
+TINY_LLAMA = LLAMA_PRESETS["tiny"]
 MEAN, STD = 0.2860, 0.3530  # data/fashion_mnist.h
 LR, MOMENTUM, SEED = 0.01, 0.9, 1
+# --model llama: dpe bench's optimizer for it (tools/dpe/bench_rows.cc): AdamW at lr 6e-4, betas (0.9, 0.999),
+# eps 1e-8, the matrices in a group of their own with weight decay 0.1 (the tutorials'), norms' gains in one
+# without.
+LLAMA_LR, LLAMA_WEIGHT_DECAY = 6e-4, 0.1
 DDP_PROCESSES = 2
 
 EXIT_BAD_ARGS, EXIT_NO_DATA, EXIT_NO_TORCH = 1, 2, 3
@@ -170,14 +192,28 @@ def load_text_corpus(path, records, seq_len):
     return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
 
 
+def random_tokens(rows, seq_len, vocab):
+    """(inputs (rows, seq_len), targets (rows, seq_len)) int64: rows of seq_len + 1 uniform tokens in
+    [0, vocab) from a generator seeded 0, targets = inputs shifted by one, the shape `dpe bench --model llama`
+    trains on (tools/dpe/bench_rows.cc's random_tokens; other numbers: a speed, not a learning, measurement)."""
+    import torch
+    windows = torch.randint(0, vocab, (rows, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
 def load_data(args):
-    """(inputs, targets) of --model: Fashion-MNIST images and labels, or tiny-llama's token rows."""
+    """(inputs, targets) of --model: Fashion-MNIST images and labels, tiny-llama's token rows, or llama's
+    random ones."""
+    if args.model == "llama":
+        return random_tokens(args.samples, args.seq_len, args.vocab)
     if args.model == "tiny-llama":
-        return load_text_corpus(args.data_dir, args.samples, TINY_LLAMA["seq_len"])
+        return load_text_corpus(args.data_dir, args.samples, TINY_LLAMA["max_seq_len"])
     return load_fashion_mnist(args.data_dir, args.samples)
 
 
 def data_files(args):
+    if args.model == "llama":
+        return []
     return [args.data_dir] if args.model == "tiny-llama" else list(data_paths(args.data_dir))
 
 
@@ -226,15 +262,28 @@ def rank_indices(start, batch, rank, world):
 # ---------------------------------------------------------------- models
 
 
-def tiny_llama(cfg):
-    """models/models.cc's tiny-llama in torch: Meta's Llama names, RMSNorm, RoPE (HF's rotate_half), causal
-    attention, SwiGLU feed-forward, no biases."""
+def llama(cfg):
+    """layers/llama.h's Llama in torch, for a preset of LLAMA_PRESETS (or one with another vocab): Meta's Llama
+    names, registered in dpe's order; token embedding, pre-norm blocks (RMSNorm -> causal self-attention with
+    RoPE, HF's rotate_half, on q and k; grouped-query when kv_heads < num_heads, k and v repeated like HF's
+    repeat_kv -> RMSNorm -> SwiGLU feed-forward w2(silu(w1 x) * w3 x)), final RMSNorm, output projection (the
+    embedding's table itself when cfg["tie"]); no biases. Initialisation as dpe's: with init_std every Linear
+    and Embedding weight ~ N(0, init_std), else each layer's PyTorch default; RMSNorm gains 1."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
+    dim, heads = cfg["dim"], cfg["num_heads"]
+    kv_heads = cfg["kv_heads"] or heads
+    head_dim = dim // heads
+    n_rep = heads // kv_heads
+    if dim % heads or head_dim % 2 or heads % kv_heads:
+        raise ValueError(f"llama: dim {dim}, num_heads {heads}, kv_heads {kv_heads}: expected dim % num_heads == 0, "
+                         f"an even head_dim and num_heads % kv_heads == 0")
+    scale = 1.0 / math.sqrt(head_dim)
+
     class RMSNorm(nn.Module):
-        def __init__(self, dim):
+        def __init__(self):
             super().__init__()
             self.weight = nn.Parameter(torch.ones(dim))
 
@@ -245,33 +294,46 @@ def tiny_llama(cfg):
         h = x.shape[-1] // 2
         return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
 
+    def repeat_kv(x):
+        """HF's repeat_kv: (B, kv_heads, T, hd) -> (B, heads, T, hd), key/value head j serving query heads
+        j * n_rep ... j * n_rep + n_rep - 1."""
+        if n_rep == 1:
+            return x
+        B, KV, T, hd = x.shape
+        return x[:, :, None].expand(B, KV, n_rep, T, hd).reshape(B, KV * n_rep, T, hd)
+
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
-            d = cfg["dim"]
-            self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
+            self.wq = nn.Linear(dim, dim, bias=False)
+            self.wk = nn.Linear(dim, kv_heads * head_dim, bias=False)
+            self.wv = nn.Linear(dim, kv_heads * head_dim, bias=False)
+            self.wo = nn.Linear(dim, dim, bias=False)
 
-        def forward(self, x, cos, sin):
-            B, T, D = x.shape
-            H = cfg["num_heads"]
-            q, k, v = (w(x).view(B, T, H, D // H).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        def forward(self, x, cos, sin, causal):
+            B, T, _ = x.shape
+            q = self.wq(x).view(B, T, heads, head_dim).transpose(1, 2)
+            k = self.wk(x).view(B, T, kv_heads, head_dim).transpose(1, 2)
+            v = self.wv(x).view(B, T, kv_heads, head_dim).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
+            k, v = repeat_kv(k), repeat_kv(v)
             if hasattr(F, "scaled_dot_product_attention"):
+                # torch 2.0 and later: its fused kernels (flash or memory-efficient on a GPU).
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
-                scores = (q @ k.transpose(-2, -1)) / math.sqrt(D // H)
-                causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-                out = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
-            return self.wo(out.transpose(1, 2).reshape(B, T, D))
+                # torch 1.13 (Debian's) has no fused attention: softmax(q k^T / sqrt(hd) + causal mask) v in
+                # eager ops is the fastest form it has.
+                scores = (q @ k.transpose(-2, -1)) * scale
+                out = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1) @ v
+            return self.wo(out.transpose(1, 2).reshape(B, T, dim))
 
     class FeedForward(nn.Module):
         def __init__(self):
             super().__init__()
-            d, h = cfg["dim"], cfg["hidden_dim"]
-            self.w1 = nn.Linear(d, h, bias=False)
-            self.w2 = nn.Linear(h, d, bias=False)
-            self.w3 = nn.Linear(d, h, bias=False)
+            self.w1 = nn.Linear(dim, cfg["hidden_dim"], bias=False)
+            self.w2 = nn.Linear(cfg["hidden_dim"], dim, bias=False)
+            self.w3 = nn.Linear(dim, cfg["hidden_dim"], bias=False)
 
         def forward(self, x):
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -279,49 +341,91 @@ def tiny_llama(cfg):
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.attention_norm, self.attention = RMSNorm(cfg["dim"]), Attention()
-            self.ffn_norm, self.feed_forward = RMSNorm(cfg["dim"]), FeedForward()
+            self.attention_norm, self.attention = RMSNorm(), Attention()
+            self.ffn_norm, self.feed_forward = RMSNorm(), FeedForward()
 
-        def forward(self, h, cos, sin):
-            h = h + self.attention(self.attention_norm(h), cos, sin)
+        def forward(self, h, cos, sin, causal):
+            h = h + self.attention(self.attention_norm(h), cos, sin, causal)
             return h + self.feed_forward(self.ffn_norm(h))
 
-    class TinyLlama(nn.Module):
+    class Llama(nn.Module):
         def __init__(self):
             super().__init__()
-            self.tok_embeddings = nn.Embedding(VOCAB, cfg["dim"])
+            self.tok_embeddings = nn.Embedding(cfg["vocab"], dim)
             self.layers = nn.ModuleList(Block() for _ in range(cfg["num_layers"]))
-            self.norm = RMSNorm(cfg["dim"])
-            self.output = nn.Linear(cfg["dim"], VOCAB, bias=False)
-            hd = cfg["dim"] // cfg["num_heads"]
-            inv_freq = 1.0 / (cfg["theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-            emb = torch.outer(torch.arange(cfg["seq_len"], dtype=torch.float64), inv_freq).repeat(1, 2)
+            self.norm = RMSNorm()
+            # Tied: forward multiplies by tok_embeddings.weight, one parameter receiving both uses' gradients.
+            self.output = None if cfg["tie"] else nn.Linear(dim, cfg["vocab"], bias=False)
+            if cfg["init_std"] is not None:
+                std = cfg["init_std"]
+                nn.init.normal_(self.tok_embeddings.weight, 0.0, std)
+                for b in self.layers:
+                    for layer in (b.attention.wq, b.attention.wk, b.attention.wv, b.attention.wo,
+                                  b.feed_forward.w1, b.feed_forward.w2, b.feed_forward.w3):
+                        nn.init.normal_(layer.weight, 0.0, std)
+                if self.output is not None:
+                    nn.init.normal_(self.output.weight, 0.0, std)
+            # RoPE tables in double, cast to float32 (as functional::rotary_tables), made once and sliced to each
+            # batch's length: constants, which DDP need not broadcast (ddp_worker).
+            T = cfg["max_seq_len"]
+            inv_freq = 1.0 / (cfg["theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+            emb = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq).repeat(1, 2)
             self.register_buffer("cos", emb.cos().float(), persistent=False)
             self.register_buffer("sin", emb.sin().float(), persistent=False)
 
         def forward(self, tokens):
             T = tokens.shape[1]
+            if T > cfg["max_seq_len"]:
+                raise ValueError(f"llama: sequence length {T} exceeds max_seq_len {cfg['max_seq_len']}")
             cos, sin = self.cos[:T], self.sin[:T]
+            causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).triu(1)  # True: a future key, masked
             h = self.tok_embeddings(tokens)
             for block in self.layers:
-                h = block(h, cos, sin)
-            return self.output(self.norm(h))
+                h = block(h, cos, sin, causal)
+            h = self.norm(h)
+            return self.output(h) if self.output is not None else F.linear(h, self.tok_embeddings.weight)
 
-    return TinyLlama()
+    return Llama()
 
 
-def loss_fn(name):
-    """The model's loss: (output, targets) -> scalar."""
+def llama_config(args):
+    """--model llama's configuration: --llama-preset with --vocab (0: the preset's own)."""
+    cfg = dict(LLAMA_PRESETS[args.llama_preset])
+    if args.vocab:
+        cfg["vocab"] = args.vocab
+    return cfg
+
+
+def loss_fn(args):
+    """The model's loss: (output, targets) -> scalar. Language models: cross_entropy over (B * T, V)."""
     import torch.nn.functional as F
-    if name == "tiny-llama":
+    if args.model == "tiny-llama":
         return lambda logits, targets: F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=PAD)
+    if args.model == "llama":
+        return lambda logits, targets: F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     return F.cross_entropy
 
 
-def make_model(name):
+_logged_params = False
+
+
+def make_model(args):
+    """--model's module (the first one built in a process logs its parameter count)."""
+    global _logged_params
+    model = build_model(args)
+    if not _logged_params:
+        log(f"{args.model}: {parameter_count(model)} parameters")
+        _logged_params = True
+    return model
+
+
+def build_model(args):
     from torch import nn
+    name = args.model
+    if name == "llama":
+        return llama(llama_config(args))
     if name == "tiny-llama":
-        return tiny_llama(TINY_LLAMA)
+        return llama(TINY_LLAMA)
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                              nn.Linear(512, 10))
@@ -330,6 +434,18 @@ def make_model(name):
                              nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
     raise ValueError(f"unknown model {name!r}")
+
+
+def make_optimizer(args, model):
+    """dpe bench's optimizer for --model: SGD with momentum, or llama's AdamW (LLAMA_LR). AdamW's default
+    per-tensor loop, not foreach=True: on torch 1.13's CPU the foreach form was no faster (the small preset's
+    step 474 ms against 611-733 ms on one thread)."""
+    import torch
+    if args.model != "llama":
+        return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    params = list(model.parameters())
+    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": LLAMA_WEIGHT_DECAY},
+                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=LLAMA_LR)
 
 
 def parameter_count(model):
@@ -341,8 +457,11 @@ def parameter_count(model):
 
 def base_row(args, config):
     import torch
-    return {"framework": "pytorch", "torch": torch.__version__, "config": config + ("-cl" if args.channels_last else ""),
-            "model": args.model, "batch": args.batch, "steps": args.steps}
+    row = {"framework": "pytorch", "torch": torch.__version__, "config": config + ("-cl" if args.channels_last else ""),
+           "model": args.model, "batch": args.batch, "steps": args.steps}
+    if args.model == "llama":
+        row.update({"llama_preset": args.llama_preset, "seq_len": args.seq_len, "vocab": args.vocab})
+    return row
 
 
 def in_memory_format(args, model):
@@ -361,13 +480,15 @@ def timed_row(args, config, seconds, processes, threads, final_loss):
     row = base_row(args, config)
     row.update({"step_ms": seconds * 1e3 / args.steps, "samples_per_s": args.batch * args.steps / seconds,
                 "processes": processes, "threads_per_process": threads, "final_loss": final_loss})
+    if args.model == "llama":
+        row["tokens_per_s"] = row["samples_per_s"] * args.seq_len
     return row
 
 
 def train_loop(args, model, optimizer, batch_fn, sync=None, before_timing=None, step_context=contextlib.nullcontext):
     """Warm-up, then timed steps; returns (seconds, last loss tensor). batch_fn(step) -> (x, y); each step's
     forward and backward run inside step_context() (DDP's no_sync for ddp-gloo-no-sync)."""
-    loss, criterion = None, loss_fn(args.model)
+    loss, criterion = None, loss_fn(args)
 
     def step(s):
         nonlocal loss
@@ -397,8 +518,8 @@ def run_single(args, config, threads, data):
     set_threads(threads)
     torch.manual_seed(SEED)
     images, labels = data
-    model = in_memory_format(args, make_model(args.model))
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    model = in_memory_format(args, make_model(args))
+    optimizer = make_optimizer(args, model)
     n = images.shape[0]
 
     def batch_fn(s):
@@ -426,8 +547,8 @@ def run_cuda(args, data):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(SEED)
     images, labels = (t.pin_memory() for t in data)
-    model = in_memory_format(args, make_model(args.model).cuda())
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    model = in_memory_format(args, make_model(args).cuda())
+    optimizer = make_optimizer(args, model)
     n = images.shape[0]
 
     def batch_fn(s):
@@ -447,8 +568,8 @@ def run_dp(args, data):
     # Not exercised on the CPU-only machines this project runs on (Debian's torch has no CUDA).
     torch.manual_seed(SEED)
     images, labels = data
-    model = torch.nn.DataParallel(in_memory_format(args, make_model(args.model).cuda()))
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    model = torch.nn.DataParallel(in_memory_format(args, make_model(args).cuda()))
+    optimizer = make_optimizer(args, model)
     n = images.shape[0]
 
     def batch_fn(s):
@@ -469,8 +590,11 @@ def ddp_worker(rank, world, init_file, args, threads, queue, config):
     try:
         images, labels = load_data(args)
         torch.manual_seed(SEED)
-        model = torch.nn.parallel.DistributedDataParallel(in_memory_format(args, make_model(args.model)))
-        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        # The language models' buffers are constant RoPE tables: not broadcast before every forward, as the
+        # default would (the CNN's BatchNorm statistics are, as its default).
+        model = torch.nn.parallel.DistributedDataParallel(in_memory_format(args, make_model(args)),
+                                                          broadcast_buffers=args.model not in ("llama", "tiny-llama"))
+        optimizer = make_optimizer(args, model)
         n = images.shape[0]
         # Index tensors per distinct batch start, made once: the split is not part of the timed step.
         index_cache = {}
@@ -527,7 +651,13 @@ def parse_config(name, threads):
 
 def main(argv=None):
     p = Parser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for the output format.")
-    p.add_argument("--model", choices=["mlp", "cnn", "tiny-llama"], default="mlp")
+    p.add_argument("--model", choices=["mlp", "cnn", "tiny-llama", "llama"], default="mlp")
+    p.add_argument("--llama-preset", choices=list(LLAMA_PRESETS), default="124m",
+                   help="--model llama: the preset (LLAMA_PRESETS, layers/llama.cc's; default 124m)")
+    p.add_argument("--seq-len", type=int, default=0,
+                   help="--model llama: tokens per row (default 0: the preset's max_seq_len)")
+    p.add_argument("--vocab", type=int, default=0,
+                   help="--model llama: the vocabulary (default 0: the preset's own)")
     p.add_argument("--batch", type=int, default=256, help="global batch size (default 256)")
     p.add_argument("--channels-last", action="store_true",
                    help="model and images in channels-last memory (torch.channels_last; rows ...-cl)")
@@ -538,12 +668,21 @@ def main(argv=None):
                    "single-1t,single-2t,ddp-gloo)")
     p.add_argument("--threads", type=int, default=2,
                    help="cores to use: threads of 'single'; ddp-gloo's 2 processes get threads // 2 each (default 2)")
-    p.add_argument("--samples", type=int, default=8192, help="first N training images or records (default 8192)")
+    p.add_argument("--samples", type=int, default=8192,
+                   help="first N training images or records; llama: N rows of random tokens (default 8192)")
     p.add_argument("--data-dir", help=f"Fashion-MNIST directory (default {DEFAULT_DATA_DIR}), or tiny-llama's "
                    f"text file (default {FORTUNES_PATH})")
     p.add_argument("--print-params", action="store_true",
                    help="print {\"model\": ..., \"params\": N} for --model and exit (no data needed)")
     args = p.parse_args(argv)
+    if args.model == "llama":
+        # Resolved here, so that the model, the data and the rows all see the same numbers.
+        preset = LLAMA_PRESETS[args.llama_preset]
+        if args.vocab < 0 or not 0 <= args.seq_len <= preset["max_seq_len"]:
+            p.error(f"--vocab {args.vocab} must be >= 0 and --seq-len {args.seq_len} in [0, "
+                    f"{preset['max_seq_len']}] (the {args.llama_preset} preset's max_seq_len)")
+        args.vocab = args.vocab or preset["vocab"]
+        args.seq_len = args.seq_len or preset["max_seq_len"]
     if args.data_dir is None:
         args.data_dir = FORTUNES_PATH if args.model == "tiny-llama" else DEFAULT_DATA_DIR
 
@@ -560,8 +699,9 @@ def main(argv=None):
         return EXIT_NO_TORCH
 
     if args.print_params:
-        model = make_model(args.model)
-        emit({"model": args.model, "params": parameter_count(model),
+        model = build_model(args)
+        info = {"llama_preset": args.llama_preset, "vocab": args.vocab} if args.model == "llama" else {}
+        emit({"model": args.model, **info, "params": parameter_count(model),
               "layers": [{"name": n, "shape": list(t.shape), "numel": t.numel()} for n, t in model.named_parameters()]})
         return 0
 
@@ -596,8 +736,11 @@ def main(argv=None):
         args.samples = data[0].shape[0]
 
     log(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
-    log(f"torch {torch.__version__}, model {args.model} ({parameter_count(make_model(args.model))} parameters), "
-        f"global batch {args.batch}, {args.warmup} warm-up + {args.steps} timed steps, {args.samples} samples")
+    model = args.model
+    if args.model == "llama":
+        model = f"llama {args.llama_preset} (vocab {args.vocab}, seq_len {args.seq_len})"
+    log(f"torch {torch.__version__}, model {model}, global batch {args.batch}, {args.warmup} warm-up + "
+        f"{args.steps} timed steps, {args.samples} samples")
     for name, (kind, threads) in configs:
         log(f"running {name}")
         if kind == "single":

@@ -29,6 +29,7 @@ struct BenchArgs {
   // start-up. Its data are random tokens: a speed, not a learning, measurement.
   std::string llama_preset = "124m";
   int64_t seq_len = 0;
+  int64_t dim = 0, layers = 0, heads = 0, kv_heads = 0;  // overrides of the preset (0: the preset's)
   std::optional<nn::LlamaConfig> llama;
   // The PyTorch side's interpreter, run directly (never through a shell): Debian's, which has python3-torch.
   std::string pytorch_python = "/usr/bin/python3";

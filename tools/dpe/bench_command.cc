@@ -39,6 +39,7 @@
 #include "tools/dpe/dist_option.h"
 #include "tools/dpe/file_args.h"
 #include "tools/dpe/subprocess.h"
+#include "tools/dpe/train_llm.h"
 
 namespace dpe::tool {
 
@@ -54,6 +55,7 @@ std::vector<Device> check_before_work(BenchArgs& args) {
   check_device_ids("--device-ids", devices);
   if (args.model == "llama") {
     nn::LlamaConfig config = nn::llama_preset(args.llama_preset);
+    apply_overrides(config, args.dim, args.layers, args.heads, args.kv_heads);
     DPE_CHECK(args.seq_len <= config.max_seq_len, "--seq-len ", args.seq_len, " is longer than the ",
               args.llama_preset, " preset's ", config.max_seq_len, " positions");
     args.llama = config;
@@ -169,6 +171,10 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember(nn::kLlamaPresetNames));
   add_int_option(*cmd, "--seq-len", args->seq_len, "--model llama: tokens per sample (default: the preset's longest)",
                  1, int64_t{1} << 20);
+  add_int_option(*cmd, "--dim", args->dim, "--model llama: model width (default: the preset's)", 1, 1 << 20);
+  add_int_option(*cmd, "--layers", args->layers, "--model llama: blocks (default: the preset's)", 1, 4096);
+  add_int_option(*cmd, "--heads", args->heads, "--model llama: query heads (default: the preset's)", 1, 4096);
+  add_int_option(*cmd, "--kv-heads", args->kv_heads, "--model llama: key/value heads (default: the preset's)", 1, 4096);
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
                                             "modes to run; single-all: one device on every core; ddp-no-sync: ddp "
                                             "exchanging nothing (every backward in no_sync, every replica stepping on "

@@ -34,7 +34,14 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
                                    "--batch", std::to_string(args.batch_size), "--steps",
                                    std::to_string(args.steps), "--warmup", std::to_string(args.warmup),
                                    "--samples", std::to_string(samples), "--configs", configs};
-  if (!args.data_dir.empty()) argv.insert(argv.end(), {"--data-dir", args.data_dir});
+  if (args.llama) {
+    // The same model and data shape as dpe's rows: the preset (the script keeps layers/llama.cc's table), the
+    // tokens per row as resolved here, the vocabulary of dpe's configuration. Its data are random tokens too.
+    argv.insert(argv.end(), {"--llama-preset", args.llama_preset, "--seq-len", std::to_string(tokens_per_sample(args)),
+                             "--vocab", std::to_string(args.llama->vocab_size)});
+  } else if (!args.data_dir.empty()) {
+    argv.insert(argv.end(), {"--data-dir", args.data_dir});
+  }
   // Not --channels-last even when dpe's rows are: PyTorch 1.13's CPU CNN is slower in it (docs/BENCHMARKS.md,
   // "Channels last"), and the comparison is against PyTorch's best configuration.
   std::string shown;

@@ -99,7 +99,9 @@ std::optional<double> row_mfu(const BenchArgs& args, const Row& r) {
   for (const auto& [device, bytes] : r.peak) devices.push_back(device);
   if (devices.empty()) devices.push_back(Device::cpu(0));
   const ComputePrecision precision = r.precision == "fp32" ? ComputePrecision::FP32 : ComputePrecision::BF16;
-  const std::string key = device_list_str(devices) + "/" + r.precision + "/" + std::to_string(r.processes);
+  // CPU devices share one machine peak whatever the list: one probe for every CPU row, so rows compare.
+  const std::string where = devices[0].is_cpu() ? "cpu" : device_list_str(devices);
+  const std::string key = where + "/" + r.precision + "/" + std::to_string(r.processes);
   if (!peaks.contains(key)) peaks[key] = peak_flops(devices, precision, r.processes);
   const std::optional<PeakFlops>& peak = peaks[key];
   if (!peak) return std::nullopt;

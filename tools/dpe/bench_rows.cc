@@ -111,7 +111,8 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
        .deterministic = args.deterministic, .virtual_shards = args.virtual_shards,
        .precision = precision, .reduce_dtype = needs_ddp_shards(mode) ? args.reduce_dtype : "fp32", .dist = dist,
        .seed = 1, .llama = args.llama},
-      {.name = args.llama ? "adamw" : "sgd", .lr = args.llama ? 6e-4 : 0.01, .decay_matrices_only = args.llama.has_value()});
+      {.name = args.llama ? "adamw" : "sgd", .lr = args.llama ? 6e-4 : 0.01, .weight_decay = args.llama ? 0.1 : 0.0,
+       .decay_matrices_only = args.llama.has_value()});
   // --dist mpi: every process takes its slice of each global batch (training.h, as dpe train does); the row
   // is the whole group's: its devices over every process, the global batch's samples/s.
   const ProcessSlice slice = process_slice(*dp, across_processes, args.batch_size);

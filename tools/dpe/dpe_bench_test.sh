@@ -206,6 +206,15 @@ if [[ -f "$reference" ]] && /usr/bin/python3 -c 'import torch, numpy' 2>/dev/nul
   done
   expect 0 "pytorch  ddp-gloo-no-sync" --model mlp --cpu-devices 1 --batch-size 16 --steps 1 --warmup 0 --modes single \
     --compare-pytorch --pytorch-script "$reference" --pytorch-configs ddp-gloo-no-sync
+  # --model llama: the script gets the preset, the resolved sequence length and the vocabulary, builds the same
+  # model on random tokens, and its rows get tokens/s and MFU as dpe's do.
+  out=$("$bin" bench --model llama --llama-preset tiny --seq-len 16 --cpu-devices 1 --batch-size 4 --steps 2 --warmup 1 \
+        --modes single --compare-pytorch --pytorch-script "$reference" --pytorch-configs single-1t,ddp-gloo 2>&1) ||
+    { echo "FAILED: --model llama --compare-pytorch: $out"; fail=1; }
+  grep -qE '^running PyTorch: .* --model llama .*--llama-preset tiny --seq-len 16 --vocab 259( |$)' <<<"$out" ||
+    { echo "FAILED: the llama preset, sequence length and vocabulary not passed: $out"; fail=1; }
+  [[ $(grep -cE '^#   (dpe single|pytorch single-1t|pytorch ddp-gloo): [0-9]+ tokens/s, MFU [0-9.]+%$' <<<"$out") -eq 3 ]] ||
+    { echo "FAILED: not every llama row has tokens/s and MFU: $out"; fail=1; }
 else
   echo "note: pytorch_reference.py itself not run (no $reference, or no torch for /usr/bin/python3)"
 fi
@@ -283,4 +292,16 @@ import csv, json, sys
 assert json.load(open(sys.argv[1]))["rows"][0]["scaling"] is None
 assert next(csv.DictReader(open(sys.argv[2])))["scaling"] == ""
 PY
+# --model llama: a preset on random tokens; every row has tokens/s and MFU, in the table and the JSON.
+out=$("$bin" bench --model llama --llama-preset tiny --seq-len 16 --cpu-devices 2 --batch-size 4 --steps 2 --warmup 1 \
+      --modes single,ddp --json "$tmp/llama.json" 2>&1) || { echo "FAILED: --model llama: $out"; fail=1; }
+[[ $(grep -cE '^#   dpe (single|ddp): [0-9]+ tokens/s, MFU [0-9.]+%$' <<<"$out") -eq 2 ]] || {
+  echo "FAILED: no tokens/s and MFU lines: $out"; fail=1; }
+python3 - "$tmp/llama.json" <<'PY' || { echo "FAILED: llama rows without tokens_per_s / mfu"; fail=1; }
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    assert abs(float(r["tokens_per_s"]) - 16 * float(r["samples_per_s"])) < 1e-3 * float(r["tokens_per_s"]), r
+    assert 0 < float(r["mfu"]) < 2, r
+PY
+expect 2 "--seq-len 100 is longer than the tiny preset's 64 positions" --model llama --llama-preset tiny --seq-len 100
 exit $fail
