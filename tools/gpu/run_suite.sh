@@ -14,8 +14,8 @@
 #      fuzz harnesses, by exit status)
 #   3. with a GPU: the CUDA tests again with DPE_CUDA_LOGICAL_DEVICES=0,0 (two logical devices on GPU 0),
 #      which the multi-device CUDA tests need on a one-GPU machine, and the engine's with 0,0,0,0 (four)
-#   4. benchmarks: bin/bench/*; with a GPU also `dpe bench` (mlp, cnn, tiny-llama; single, DP, DDP) and
-#      `dpe collectives`, with JSON results in results/bench/
+#   4. benchmarks: bin/bench/*; with a GPU also `dpe bench` (the 124M Llama in bf16 first; mlp, cnn, tiny-llama;
+#      single, DP, DDP) and `dpe collectives`, with JSON results in results/bench/
 #   5. with --sanitizer: the CUDA tests under compute-sanitizer (memcheck, racecheck by default)
 #
 # Options:
@@ -418,7 +418,12 @@ if ((bench)); then
   # @2dev rows run two logical devices on it: the multi-device code paths and their overhead, not scaling.
   if ((gpus > 0)) && [[ -x "$dpe_tool" ]]; then
     mkdir -p "$results/bench"
-    # First dpe beside PyTorch, and training to an accuracy. PyTorch on the same GPU, models, data and batch: the machine's own torch, run by dpe bench --compare-pytorch through a
+    # The language model at real size first: the 124M Llama in bfloat16, tokens/s and MFU against the GPU's
+    # datasheet peak (core/peak_flops.h), single and DDP on the GPUs (docs/LANGUAGE_MODELS.md).
+    run_bench "llama_124m_bf16" "" "$dpe_tool" bench --model llama --llama-preset 124m --modes single,ddp \
+      --precision bf16 --batch-size 8 --steps "$bench_steps" --warmup "$bench_warmup" \
+      --json "$results/bench/llama_124m_bf16.json"
+    # Then dpe beside PyTorch, and training to an accuracy. PyTorch on the same GPU, models, data and batch: the machine's own torch, run by dpe bench --compare-pytorch through a
     # wrapper that gives it the machine's library path, not the bundle's. Its rows hold dpe's own.
     dpe_only_models=()
     torch_py=""
