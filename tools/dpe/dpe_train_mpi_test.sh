@@ -121,4 +121,13 @@ expect 2 "--dist mpi needs --mode ddp or dp (--mode single trains one device)" \
   timeout 30 "$bin" train --dist mpi --mode single
 expect 2 "--batch-size 30 with --dist mpi: the global batch must be a multiple of the 4 DDP replicas (2 processes x 2 devices); try 28 or 32" \
   "${mpi[@]}" "${common[@]}" --device-ids cpu:0,cpu:1 --batch-size 30
+# One configuration per launch (Note [A run's configuration]): processes given different training options are
+# refused at start-up, on every rank, naming the option and both values; their devices and paths may differ.
+for differ in "--epochs 2 : --epochs 1:--epochs: rank 0 has '2', rank 1 has '1'" \
+              "--epochs 1 --lr 0.05 : --epochs 1 --lr 0.01:--lr: rank 0 has '0.05', rank 1 has '0.01'"; do
+  IFS=: read -r first second want <<<"$differ"
+  out=$(timeout 60 mpirun "${bind[@]}" -np 1 "$bin" train --dist mpi --model mlp --mode ddp --limit 256 --device-ids cpu:0 \
+        $first : -np 1 "$bin" train --dist mpi --model mlp --mode ddp --limit 256 --device-ids cpu:1 $second 2>&1)
+  [[ $(grep -cF -- "$want" <<<"$out") -eq 2 ]] || { echo "FAILED: ranks with $first / $second: want '$want' from both:"; echo "$out" | tail -5; fail=1; }
+done
 exit $fail

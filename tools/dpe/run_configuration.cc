@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
+#include "collectives/process_group.h"
 #include "core/error.h"
 
 namespace dpe::tool {
@@ -18,11 +21,16 @@ const std::set<std::string> kMayChangeOnResume = {
     "--timeout", "--on-device-failure", "--data-dir", "--inject-failure", "--inject-hang", "--help",
 };
 
-RunConfiguration run_configuration(const CLI::App& cmd) {
+const std::set<std::string> kMayDifferPerProcess = {
+    "--device-ids", "--cpu-devices", "--output-device", "--json", "--checkpoint", "--data-dir", "--inject-failure",
+    "--inject-hang", "--help",
+};
+
+RunConfiguration run_configuration(const CLI::App& cmd, const std::set<std::string>& excluded) {
   RunConfiguration configuration;
   for (const CLI::Option* option : cmd.get_options()) {
     const std::string name = option->get_name();
-    if (name.rfind("--", 0) != 0 || kMayChangeOnResume.contains(name) || name == "--override") continue;
+    if (name.rfind("--", 0) != 0 || excluded.contains(name) || name == "--override") continue;
     std::string value;
     if (option->count() > 0) {
       for (const std::string& result : option->results()) value += (value.empty() ? "" : ",") + result;
@@ -67,6 +75,49 @@ std::vector<std::string> compare_configuration(const RunConfiguration& now, cons
     changed.push_back(name + " changed from " + value_of(saved, name) + " to " + value_of(now, name) + " (--override)");
   }
   return changed;
+}
+
+namespace {
+
+std::vector<uint8_t> as_bytes(const std::string& text) { return {text.begin(), text.end()}; }
+
+std::string encoded(const RunConfiguration& configuration) { return nlohmann::json(configuration).dump(); }
+
+RunConfiguration decoded(const std::vector<uint8_t>& bytes) {
+  return nlohmann::json::parse(bytes.begin(), bytes.end()).get<RunConfiguration>();
+}
+
+}  // namespace
+
+// Process 0's configuration is broadcast as one object; every process finds its first difference; an
+// all-reduce (min) agrees on the first rank that differs, and that rank's description of the difference is
+// broadcast, so that every process throws the same message before any work.
+void check_same_configuration_across_processes(const RunConfiguration& configuration,
+                                               std::chrono::milliseconds timeout) {
+  ProcessGroup group({Device::cpu(0)}, {.backend = CollectiveBackend::Mpi, .timeout = timeout});
+  const int world = group.world_size(), rank = group.global_rank(0);
+  const RunConfiguration reference = decoded(group.broadcast_object(0, as_bytes(encoded(configuration)), 0));
+  std::string difference;
+  std::set<std::string> names;
+  for (const auto& [name, value] : configuration) names.insert(name);
+  for (const auto& [name, value] : reference) names.insert(name);
+  for (const std::string& name : names) {
+    const auto mine = configuration.find(name), theirs = reference.find(name);
+    const std::string a = theirs == reference.end() ? "(no such option)" : "'" + theirs->second + "'";
+    const std::string b = mine == configuration.end() ? "(no such option)" : "'" + mine->second + "'";
+    if (a == b) continue;
+    difference = detail::str_cat(name, ": rank 0 has ", a, ", rank ", rank, " has ", b);
+    break;
+  }
+  Tensor first = Tensor::from_vector(std::vector<int64_t>{difference.empty() ? world : rank}, {1},
+                                     TensorOptions(DType::Int64));
+  group.all_reduce(0, first, ReduceOp::Min);
+  const int root = static_cast<int>(first.to_vector<int64_t>()[0]);
+  if (root == world) return;
+  const std::vector<uint8_t> described = group.broadcast_object(0, as_bytes(difference), root);
+  DPE_CHECK(false, "--dist: the processes were launched with different options; ",
+            std::string(described.begin(), described.end()), " (every process must get the same training options; "
+            "those that may differ: its devices and its paths)");
 }
 
 }  // namespace dpe::tool

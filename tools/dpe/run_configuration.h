@@ -1,12 +1,15 @@
 // Note [A run's configuration]
-// What `dpe train` was told, kept with its checkpoints, so that a resumed run is the same run: every option
-// of the command but those that may change between a run and its resume (where it runs and writes, and how long
-// it goes on: kMayChangeOnResume), by name, with the value the command line gave or its default. The list is
-// generated from the command's options, so a new option is covered without a line here. `--resume` compares
-// the checkpoint's configuration with its own and refuses a changed option, naming it with both values, unless
-// `--override NAME,...` lists it; then it says what changed.
+// What `dpe train` was told, by option name, with the value the command line gave or its default, generated
+// from the command's options so that a new option is covered without a line here. Two uses:
+//  - across time: kept with its checkpoints, every option but those that may change between a run and its
+//    resume (where it runs and writes, and how long it goes on: kMayChangeOnResume). `--resume` refuses a changed
+//    option, naming it with both values, unless `--override NAME,...` lists it; then it says what changed;
+//  - across the processes of one launch (--dist): every option but those that may differ per process (its
+//    devices and the paths it reads or writes: kMayDifferPerProcess) must be the same on every rank, checked at
+//    start-up before any work, naming the option, the ranks and both values.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <set>
 #include <string>
@@ -20,12 +23,18 @@ namespace dpe::tool {
 
 using RunConfiguration = std::map<std::string, std::string>;  // "--lr" -> "0.05"
 
-// The options that may differ between a run and its resume.
-extern const std::set<std::string> kMayChangeOnResume;
+// The options that may differ between a run and its resume, and between the processes of one launch.
+extern const std::set<std::string> kMayChangeOnResume, kMayDifferPerProcess;
 
-// `cmd`'s options (after parsing) but kMayChangeOnResume and --override: given values joined by ",", or the
-// default ("" for a flag not given).
-RunConfiguration run_configuration(const CLI::App& cmd);
+// `cmd`'s options (after parsing) but `excluded` and --override: given values joined by ",", or the default
+// ("" for a flag not given).
+RunConfiguration run_configuration(const CLI::App& cmd, const std::set<std::string>& excluded);
+
+// Under --dist: every process's `configuration` against process 0's, through the MPI backend (one member per
+// process, the collectives' `timeout`). Throws on every process alike when one differs: the first differing
+// rank, its first differing option, both values. Every process of the launch must call it at the same point.
+void check_same_configuration_across_processes(const RunConfiguration& configuration,
+                                               std::chrono::milliseconds timeout);
 
 // Into a checkpoint's training state: metadata "run<name>" ("run--lr").
 void record_configuration(const RunConfiguration& configuration, io::TrainingState& state);

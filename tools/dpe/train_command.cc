@@ -50,7 +50,8 @@ struct TrainArgs {
   std::string on_device_failure = "fail";
   InjectedFaults faults;  // tests only (fault_injection.h)
   LlmOptions llm;         // --model llama (train_llm.h)
-  RunConfiguration configuration;       // Note [A run's configuration] (run_configuration.h)
+  RunConfiguration configuration;          // Note [A run's configuration] (run_configuration.h): across resumes
+  RunConfiguration process_configuration;  // and across the processes of one launch
   std::vector<std::string> overrides;   // --override: options a resumed run may change
   std::vector<std::string> llm_options_given, epoch_options_given;  // to refuse those of the other kind
   bool optimizer_given = false, lr_given = false, weight_decay_given = false;
@@ -87,6 +88,10 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
     check_device_ids("--output-device", {*args.engine.output_device});
   }
   args.engine.dist = dist_backend(args.dist, args.engine.devices);
+  if (args.engine.dist) {
+    check_same_configuration_across_processes(
+        args.process_configuration, std::chrono::milliseconds(std::llround(std::clamp(args.engine.timeout_s, 1e-3, 1e7) * 1000)));
+  }
   args.engine.split = parse_split_rule(args.split);
   args.engine.on_device_failure = parse_device_failure_policy(args.on_device_failure);
   check_engine_options(args.engine);
@@ -461,7 +466,8 @@ void add_train_command(CLI::App& app) {
     args->optimizer_given = optimizer->count() > 0;
     args->lr_given = lr->count() > 0;
     args->weight_decay_given = weight_decay->count() > 0;
-    args->configuration = run_configuration(*cmd);
+    args->configuration = run_configuration(*cmd, kMayChangeOnResume);
+    args->process_configuration = run_configuration(*cmd, kMayDifferPerProcess);
     run_train(*args);
   });
 }
