@@ -1,5 +1,5 @@
 // This process's place among the processes of an MPI launch (`mpirun -np P`, Slurm's `srun --mpi=pmix`), and
-// the one cross-process collective the scale-out backends build on (issue "Scale out": docs/SCALE_OUT.md).
+// the one cross-process collective the scale-out backends build on (docs/SCALE_OUT.md).
 // Internal to //collectives.
 //
 // MpiWorld::get() initialises MPI once per process with MPI_THREAD_MULTIPLE (every device thread of a process

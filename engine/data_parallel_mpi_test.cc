@@ -1,6 +1,6 @@
 // DataParallel across processes (backend 'mpi'), DDP and DP mode, run as both processes of `mpirun -np 2`
 // (collectives/mpirun_test.sh) with four CPU devices each: 2 processes x 2 devices must train like 1 process x 4
-// devices on the same global batches (the issue "Scale out", test 1), and failures and mismatches must be
+// devices on the same global batches, and failures and mismatches must be
 // reported alike on both.
 #include <gtest/gtest.h>
 
