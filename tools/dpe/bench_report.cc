@@ -142,17 +142,20 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
     std::string peak;
     for (const auto& [d, bytes] : r.peak) peak += d.str() + " " + mb(bytes) + "  ";
     const StepReport& p = r.phases;
+    // A large model makes less than one sample per second (the 124M Llama on CPUs): decimals then, not "0".
+    char rate[24];
+    std::snprintf(rate, sizeof rate, r.samples_per_s < 100 ? "%10.2f" : "%10.0f", r.samples_per_s);
     if (r.framework == "dpe") {
       char scaling[16] = "-";
       if (r.scaling) std::snprintf(scaling, sizeof scaling, "%.0f%%", *r.scaling * 100);
-      std::printf("%-8s %-16s %3d %10.0f %7s %8.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %8s | %s\n",
-                  r.framework.c_str(), r.config.c_str(), r.devices, r.samples_per_s, scaling, r.step_ms,
+      std::printf("%-8s %-16s %3d %s %7s %8.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f | %8s | %s\n",
+                  r.framework.c_str(), r.config.c_str(), r.devices, rate, scaling, r.step_ms,
                   p.scatter_ms, p.broadcast_ms, p.forward_ms, p.gather_ms, p.loss_ms, p.backward_ms, p.reduce_ms,
                   p.optimizer_ms, mb(p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes).c_str(),
                   peak.c_str());
     } else {
-      std::printf("%-8s %-16s %3d %10.0f %7s %8.2f |\n", r.framework.c_str(), r.config.c_str(), r.devices,
-                  r.samples_per_s, "", r.step_ms);
+      std::printf("%-8s %-16s %3d %s %7s %8.2f |\n", r.framework.c_str(), r.config.c_str(), r.devices, rate, "",
+                  r.step_ms);
     }
   }
   print_exchange_costs(rows);
