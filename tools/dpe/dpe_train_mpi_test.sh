@@ -121,6 +121,22 @@ expect 2 "--dist mpi needs --mode ddp or dp (--mode single trains one device)" \
   timeout 30 "$bin" train --dist mpi --mode single
 expect 2 "--batch-size 30 with --dist mpi: the global batch must be a multiple of the 4 DDP replicas (2 processes x 2 devices); try 28 or 32" \
   "${mpi[@]}" "${common[@]}" --device-ids cpu:0,cpu:1 --batch-size 30
+# The Llama on token shards across processes: 2 processes x 1 device (each its slice of every global batch of
+# windows) train like 1 process x 2 devices, step by step.
+printf '%s\n\n' $(python3 -c "import random; random.seed(3); w='the quick brown fox jumps over a lazy dog'.split(); print(' '.join('_'.join(random.choice(w) for _ in range(40)) for _ in range(200)))") \
+  > "$tmp/corpus.txt"
+run "tokenize" "$bin" tokenize --input "$tmp/corpus.txt" --vocab-size 300 --out "$tmp/shards"
+llama=(--model llama --llama-preset tiny --data "$tmp/shards" --seq-len 16 --batch-size 8 --max-steps 6 --lr 3e-3 --seed 3)
+run "llama, 2 processes" "${mpi[@]}" "${llama[@]}" --mode ddp --device-ids cpu:0 --json "$tmp/llama2.json"
+run "llama, 1 process" "${one[@]}" "$bin" train "${llama[@]}" --mode ddp --device-ids cpu:0,cpu:1 --json "$tmp/llama1.json"
+python3 - "$tmp/llama2.json" "$tmp/llama1.json" <<'PY' || fail=1
+import json, sys
+a, b = ([float(s["train_loss"]) for s in json.load(open(f))["steps"]] for f in sys.argv[1:])
+if len(a) != 6 or max(abs(x - y) for x, y in zip(a, b)) > 1e-5:
+    sys.exit(f"FAILED: llama across processes {a} != one process {b}")
+print("llama: the same losses across 2 processes as in one:", a)
+PY
+
 # One configuration per launch (Note [A run's configuration]): processes given different training options are
 # refused at start-up, on every rank, naming the option and both values; their devices and paths may differ.
 for differ in "--epochs 2 : --epochs 1:--epochs: rank 0 has '2', rank 1 has '1'" \
