@@ -8,14 +8,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <optional>
-#include <random>
 #include <utility>
 
 #include "core/error.h"
-#include "io/temp_file.h"
+#include "io/atomic_file.h"
 
 namespace dpe::data {
 namespace {
@@ -50,43 +47,12 @@ struct FdCloser {
 
 // ---- writing ----
 
-// Creates `<path>.tmp.XXXXXX` with O_EXCL beside `path` (a name of its own per write, so two writers of one
-// path never share a temporary), registered in *scope before it exists (io/temp_file.h). Returns the fd.
-int create_temporary(const std::string& path, std::string* tmp, std::optional<io::TemporaryFileScope>* scope) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  thread_local std::mt19937_64 rng(std::random_device{}() ^ (static_cast<uint64_t>(::getpid()) << 32) ^
-                                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    std::string name = path + ".tmp.";
-    for (int i = 0; i < 6; ++i) name += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
-    scope->emplace(name);
-    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      *tmp = std::move(name);
-      return fd;
-    }
-    const int err = errno;
-    scope->reset();
-    DPE_CHECK(err == EEXIST || err == EINTR, "write_token_shard: cannot create a temporary file ", name, " next to ",
-              path, ": ", std::strerror(err));
-  }
-  DPE_CHECK(false, "write_token_shard: cannot create a temporary file next to ", path,
-            ": 100 random names were all taken");
-  __builtin_unreachable();
-}
-
 void write_all(int fd, const std::string& tmp, const uint8_t* data, size_t n, int64_t* written) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      DPE_CHECK(false, "write_token_shard: writing ", tmp, " failed at byte ", *written, ": ",
-                std::strerror(w < 0 ? errno : EIO));
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-    *written += w;
-  }
+  size_t done = 0;
+  const int err = io::write_fully(fd, data, n, &done);
+  DPE_CHECK(err == 0, "write_token_shard: writing ", tmp, " failed at byte ", *written + static_cast<int64_t>(done),
+            ": ", std::strerror(err));
+  *written += static_cast<int64_t>(done);
 }
 
 // header + tokens (little-endian, `width` bytes each) to fd, in blocks of at most 1 MiB.
@@ -165,36 +131,8 @@ void write_token_shard(const std::string& path, const std::vector<uint32_t>& tok
             " is a directory; expected a file path");
   const int version = vocab_size <= 65536 ? 1 : 7;
 
-  std::string tmp;
-  std::optional<io::TemporaryFileScope> scope;  // until the temporary is renamed or removed
-  const int fd = create_temporary(path, &tmp, &scope);
-  try {
-    write_shard_bytes(fd, tmp, tokens, version);
-    DPE_CHECK(::fsync(fd) == 0, "write_token_shard: fsync of ", tmp, " failed: ", std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    DPE_CHECK(false, "write_token_shard: closing ", tmp, " failed: ", std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    DPE_CHECK(false, "write_token_shard: renaming ", tmp, " to ", path, " failed: ", std::strerror(err));
-  }
-  scope.reset();
-  // The rename made durable (best effort: the new file is complete either way).
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  io::write_file_atomically(path, "write_token_shard",
+                            [&](int fd, const std::string& tmp) { write_shard_bytes(fd, tmp, tokens, version); });
 }
 
 TokenShard TokenShard::open(const std::string& path, int64_t vocab_size) {

@@ -9,8 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <optional>
-#include <random>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -19,7 +17,7 @@
 #include <sentencepiece_trainer.h>
 
 #include "core/error.h"
-#include "io/temp_file.h"
+#include "io/atomic_file.h"
 
 namespace dpe::data {
 
@@ -151,48 +149,15 @@ std::string directory_of(const std::string& path) {
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
 }
 
-// Writes `bytes` to a temporary beside `path` and renames it over `path` (Note [Files of a model]). The
-// temporary is `<path>.tmp.XXXXXX`, created 0644 (the umask applies, as for a plain open; mkstemp's 0600 would
-// hide a model in a shared directory) and registered with io::TemporaryFileScope, so SIGINT or SIGTERM during
-// the write removes it; on any failure it is removed and `path` is left as it was.
+// Writes `bytes` through io::write_file_atomically (Note [Files of a model]).
 void write_file_atomically(const std::string& path, const std::string& bytes, const char* what) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  std::mt19937_64 rng(std::random_device{}() ^ (static_cast<uint64_t>(::getpid()) << 32));
-  std::optional<io::TemporaryFileScope> scope;
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = path + ".tmp.";
-    for (int i = 0; i < 6; ++i) tmp += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
-    scope.emplace(tmp);
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      const int err = errno;
-      scope.reset();
-      DPE_CHECK(err == EEXIST || err == EINTR, "Tokenizer::train: cannot create a temporary for the ", what, " ",
-                path, " (", tmp, "): ", std::strerror(err));
-    }
-  }
-  DPE_CHECK(fd >= 0, "Tokenizer::train: cannot create a temporary for the ", what, " ", path,
-            ": 100 random names were all taken");
-  size_t written = 0;
-  int err = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      err = n < 0 ? errno : EIO;
-      break;
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    DPE_CHECK(false, "Tokenizer::train: cannot write the ", what, " ", path, ": ", std::strerror(err));
-  }
+  io::write_file_atomically(path, detail::str_cat("Tokenizer::train: the ", what, " ", path),
+                            [&](int fd, const std::string& tmp) {
+                              size_t written = 0;
+                              const int err = io::write_fully(fd, bytes.data(), bytes.size(), &written);
+                              DPE_CHECK(err == 0, "Tokenizer::train: cannot write the ", what, " ", path, " (", tmp,
+                                        "): ", std::strerror(err));
+                            });
 }
 
 std::string status_text(const spm::util::Status& status) { return status.ToString(); }

@@ -8,21 +8,19 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <new>
 #include <optional>
-#include <random>
 #include <set>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/ops.h"
 #include "io/safetensors_header.h"
-#include "io/temp_file.h"
+#include "io/atomic_file.h"
 #include "optim/grad_scaler.h"
 
 namespace dpe::io {
@@ -81,7 +79,8 @@ struct Entry {
   Tensor host;  // contiguous, on cpu:0
 };
 
-// Writes the checkpoint's bytes to the temporary, counting them, so that an error can say how far it got.
+// Writes the checkpoint's bytes to the temporary, counting them, so that an error can say how far it got; EFBIG
+// names the file size limit (SIGXFSZ is ignored while saving: io/temp_file.h) or the file system's largest file.
 struct TemporaryWriter {
   int fd;
   const std::string& tmp;
@@ -89,19 +88,13 @@ struct TemporaryWriter {
   uint64_t written = 0;
 
   void write_all(const char* data, size_t n) {
-    while (n > 0) {
-      ssize_t w = ::write(fd, data, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail_write(w < 0 ? errno : EIO);
-      data += w;
-      n -= static_cast<size_t>(w);
-      written += static_cast<uint64_t>(w);
-    }
+    size_t done = 0;
+    const int err = write_fully(fd, data, n, &done);
+    written += done;
+    if (err != 0) fail_write(err);
   }
 
   [[noreturn]] void fail_write(int err) const {
-    // EFBIG: past the file size limit (SIGXFSZ is ignored while saving: io/temp_file.h) or the file system's
-    // largest file.
     if (err == EFBIG) {
       rlimit limit;
       if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < total) {
@@ -118,82 +111,23 @@ struct TemporaryWriter {
   }
 };
 
-// Creates `<path>.tmp.XXXXXX` (6 random letters and digits) with O_EXCL in the target's directory and returns
-// its descriptor; *tmp receives the name. Note [Checkpoint temporaries]: a name of its own per save, so two
-// writers of one path never share (and tear) a temporary, as they did with a fixed `path + ".tmp"`. mkstemp
-// would do the same but creates the file 0600, which would make checkpoints in a shared directory unreadable
-// to the others; open(O_CREAT | O_EXCL, 0644) keeps the umask-governed permissions a plain open gave.
-// Temporaries left by killed runs are never read (load opens only `path`) and never removed by other saves (a
-// live writer's temporary looks the same). Each name is registered in *scope (io/temp_file.h) before the file
-// is created, so SIGINT, SIGTERM or SIGHUP during the save removes it; a name another writer holds is
-// unregistered at once.
-int create_temporary(const std::string& path, std::string* tmp, std::optional<TemporaryFileScope>* scope) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  thread_local std::mt19937_64 rng(std::random_device{}() ^
-                                   (static_cast<uint64_t>(::getpid()) << 32) ^
-                                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    std::string name = path + ".tmp.";
-    for (int i = 0; i < 6; ++i) name += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
-    scope->emplace(name);
-    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      *tmp = std::move(name);
-      return fd;
-    }
-    const int err = errno;
-    scope->reset();
-    DPE_CHECK(err == EEXIST || err == EINTR, "save_checkpoint: cannot create a temporary file ", name,
-              " next to ", path, ": ", std::strerror(err));
-  }
-  DPE_CHECK(false, "save_checkpoint: cannot create a temporary file next to ", path,
-            ": 100 random names were all taken");
-  __builtin_unreachable();
-}
+// Note [Checkpoint temporaries]
+// Each save writes a temporary of its own (io/atomic_file.h), so two writers of one path never share (and
+// tear) a temporary, as they did with a fixed `path + ".tmp"`. Temporaries left by killed runs are never read
+// (load opens only `path`) and never removed by other saves (a live writer's temporary looks the same).
 
-// Writes the header block and the entries to a fresh temporary, fsyncs it, renames it over `path` and fsyncs
-// the directory. On any failure the temporary is removed and `path` is left as it was; a fatal signal while
-// the temporary exists removes it too (io/temp_file.h), and a write past `ulimit -f` is an error naming the
-// limit instead of SIGXFSZ.
+// Writes the header block and the entries through io::write_file_atomically.
 void write_atomically(const std::string& path, const std::string& header_block, const std::vector<Entry>& entries) {
   struct stat st;
   DPE_CHECK(!(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)), "save_checkpoint: ", path,
             " is a directory; expected a file path");
   uint64_t total = header_block.size();
   for (const Entry& e : entries) total += e.host.nbytes();
-  std::string tmp;
-  std::optional<TemporaryFileScope> scope;  // until the temporary is renamed or removed
-  int fd = create_temporary(path, &tmp, &scope);
-  try {
+  write_file_atomically(path, "save_checkpoint", [&](int fd, const std::string& tmp) {
     TemporaryWriter writer{fd, tmp, total};
     writer.write_all(header_block.data(), header_block.size());
     for (const Entry& e : entries) writer.write_all(static_cast<const char*>(e.host.data_ptr()), e.host.nbytes());
-    DPE_CHECK(::fsync(fd) == 0, "save_checkpoint: fsync of ", tmp, " failed: ", std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  const bool closed = ::close(fd) == 0;
-  if (!closed) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    DPE_CHECK(false, "save_checkpoint: closing ", tmp, " failed: ", std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    DPE_CHECK(false, "save_checkpoint: renaming ", tmp, " to ", path, " failed: ", std::strerror(err));
-  }
-  scope.reset();
-  // Make the rename itself durable (best effort: the new file is complete either way).
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  });
 }
 
 Tensor to_host_contiguous(const Tensor& t) {
