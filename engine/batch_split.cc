@@ -4,16 +4,15 @@
 
 namespace dpe {
 
-BatchSplit::BatchSplit(SplitRule rule, std::vector<double> weights, size_t devices)
-    : rule_(rule), weights_(std::move(weights)), devices_(devices) {
-  if (rule_ == SplitRule::Auto) auto_ = std::make_unique<AutoSplit>(static_cast<int>(devices_));
+BatchSplit::BatchSplit(const DataParallelOptions& options, size_t devices) : options_(options), devices_(devices) {
+  if (options_.split == SplitRule::Auto) auto_ = std::make_unique<AutoSplit>(static_cast<int>(devices_));
 }
 
 std::vector<int64_t> BatchSplit::chunk_sizes(int64_t batch) const {
   const int64_t n = static_cast<int64_t>(devices_);
   // The auto split keeps every device in use once the batch has a sample for each.
   if (!auto_ || batch < n * AutoSplit::kMinChunk) {
-    return compute_chunk_sizes(batch, n, auto_ ? SplitRule::Chunk : rule_, weights_);
+    return compute_chunk_sizes(batch, n, auto_ ? SplitRule::Chunk : options_.split, options_.split_weights);
   }
   return auto_->sizes(batch);
 }
@@ -31,16 +30,10 @@ bool BatchSplit::observe(StepReport& report) {
   return auto_->weights() != before;
 }
 
-void BatchSplit::set_weights(std::vector<double> weights) {
-  DPE_INTERNAL_ASSERT(weights.size() == devices_, weights.size(), " weights for ", devices_, " devices");
-  rule_ = SplitRule::Weighted;
-  weights_ = std::move(weights);
-  auto_.reset();
-}
+void BatchSplit::rule_changed() { auto_.reset(); }
 
-void BatchSplit::drop(size_t r) {
+void BatchSplit::drop() {
   --devices_;
-  if (rule_ == SplitRule::Weighted) weights_.erase(weights_.begin() + static_cast<std::ptrdiff_t>(r));
   if (auto_) auto_ = std::make_unique<AutoSplit>(static_cast<int>(devices_));
 }
 

@@ -32,7 +32,9 @@ namespace dpe {
 
 class BatchSplit {
  public:
-  BatchSplit(SplitRule rule, std::vector<double> weights, size_t devices);
+  // The rule and weights are read from `options` at each call (the failure policy changes them there); the
+  // options outlive the split (both are the engine's StepContext's).
+  BatchSplit(const DataParallelOptions& options, size_t devices);
 
   // Per device in device order, up to the last device with a sample, summing to batch ({0} for 0). Auto:
   // by the measured speeds once the batch has a sample for every device (the chunk rule before).
@@ -43,13 +45,13 @@ class BatchSplit {
   // SplitRule::Auto: the current weights (one per device, summing to 1); null otherwise.
   const std::vector<double>* auto_weights() const { return auto_ ? &auto_->weights() : nullptr; }
 
-  // The failure policies: from now on, split by these weights (one per device) / without device r.
-  void set_weights(std::vector<double> weights);
-  void drop(size_t r);
+  // The failure policies: the options now say another rule (the auto split's measurements end) / one device
+  // fewer (its weight already gone from the options; the auto split measures afresh).
+  void rule_changed();
+  void drop();
 
  private:
-  SplitRule rule_;
-  std::vector<double> weights_;
+  const DataParallelOptions& options_;
   size_t devices_;
   std::unique_ptr<AutoSplit> auto_;
 };

@@ -45,7 +45,7 @@ void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
     auto_mode_ = std::make_unique<AutoMode>();
     options.mode = ParallelMode::DP;  // measured first
   }
-  ctx_->split = std::make_unique<BatchSplit>(options.split, options.split_weights, placement.device_ids.size());
+  ctx_->split = std::make_unique<BatchSplit>(options, placement.device_ids.size());
   // The deterministic mode's workers compute with one intra-op thread: results that do not depend on how many
   // devices share the cores.
   ctx_->replicas = std::make_unique<ReplicaSet>(std::move(given), std::move(placement.device_ids),

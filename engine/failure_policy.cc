@@ -38,8 +38,8 @@ std::string retry_smaller_chunk(const Recovery& recovery, size_t r) {
   std::vector<double> weights(shares.begin(), shares.end());
   weights[r] = static_cast<double>(shares[r] / 2);
   ctx.options.split = SplitRule::Weighted;
-  ctx.options.split_weights = weights;
-  ctx.split->set_weights(std::move(weights));
+  ctx.options.split_weights = std::move(weights);
+  ctx.split->rule_changed();
   return detail::str_cat(device, " (replica ", r, ") ran out of memory with ", shares[r], " samples; the step was "
                          "redone with ", shares[r] / 2, " there");
 }
@@ -47,11 +47,11 @@ std::string retry_smaller_chunk(const Recovery& recovery, size_t r) {
 void drop_replica(StepContext& ctx, Step& step, size_t r) {
   const Device dropped = ctx.replicas->devices()[r];
   ctx.replicas->drop(r);
-  ctx.split->drop(r);
   ctx.options.device_ids = ctx.replicas->devices();
   if (ctx.options.split == SplitRule::Weighted) {
     ctx.options.split_weights.erase(ctx.options.split_weights.begin() + static_cast<std::ptrdiff_t>(r));
   }
+  ctx.split->drop();
   if (ctx.output_device == dropped) ctx.output_device = ctx.replicas->devices()[0];
   step.replica_dropped(r);
 }
