@@ -2,6 +2,9 @@
 // with what every step shares (the report, the failure policy, Auto's measurement).
 #include "engine/data_parallel.h"
 
+#include <cmath>
+#include <optional>
+
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "engine/auto_mode.h"
@@ -11,6 +14,8 @@
 #include "engine/failure_policy.h"
 #include "engine/step.h"
 #include "engine/timing.h"
+#include "engine/zero_optimizer.h"
+#include "engine/zero_step.h"
 #include "layers/sync_batchnorm.h"
 
 namespace dpe {
@@ -55,7 +60,9 @@ void DataParallel::init(std::vector<std::shared_ptr<nn::Module>> given) {
 
 std::unique_ptr<Step> DataParallel::make_step(ParallelMode mode) {
   std::unique_ptr<Step> step;
-  if (mode == ParallelMode::DDP) {
+  if (mode == ParallelMode::DDP && ctx_->options.zero_stage > 0) {
+    step = std::make_unique<ZeroStep>(*ctx_);
+  } else if (mode == ParallelMode::DDP) {
     step = std::make_unique<DdpStep>(*ctx_);
   } else {
     step = std::make_unique<DpStep>(*ctx_);
@@ -113,6 +120,7 @@ void DataParallel::set_optimizer(const OptimizerFactory& make) {
     ctx_->optimizers.push_back(make(ctx_->replicas->replica(r).parameters()));
     DPE_CHECK(ctx_->optimizers.back() != nullptr, "DataParallel::set_optimizer: the factory returned null");
   }
+  step_->optimizers_made();
 }
 
 optim::Optimizer& DataParallel::optimizer(size_t replica) {
@@ -124,8 +132,12 @@ optim::Optimizer& DataParallel::optimizer(size_t replica) {
 
 void DataParallel::optimizer_step() { step_->optimizer_step(); }
 
-void DataParallel::zero_grad() {
-  for (size_t r = 0; r < step_->owners(); ++r) ctx_->replicas->replica(r).zero_grad();
+void DataParallel::zero_grad() { step_->zero_grad(); }
+
+double DataParallel::clip_grad_norm(double max_norm) {
+  DPE_CHECK(std::isfinite(max_norm) && max_norm >= 0, "DataParallel::clip_grad_norm: max_norm ", max_norm,
+            "; expected a finite number >= 0");
+  return step_->clip_grad_norm(max_norm);
 }
 
 double DataParallel::train_step(const Tensor& input, const Tensor& target, const LossFn& loss_fn) {
@@ -152,6 +164,10 @@ void DataParallel::set_mode(ParallelMode mode) {
   if (mode == this->mode()) return;
   NoGradGuard no_grad;
   ReplicaSet& replicas = *ctx_->replicas;
+  std::vector<std::unique_ptr<optim::Optimizer>>& optimizers = ctx_->optimizers;
+  // The whole state, taken while every replica's part is there (a ZeRO optimizer gathers it).
+  std::optional<optim::OptimizerStateDict> state;
+  if (!optimizers.empty()) state = optimizers[0]->state_dict();
   for (size_t r = 0; r < replicas.size(); ++r) replicas.replica(r).zero_grad();
   // The old step's reducer and group go (or are kept for a lost worker) before the new step's are built; DDP's
   // construction gives every replica the master's parameters and buffers.
@@ -165,16 +181,17 @@ void DataParallel::set_mode(ParallelMode mode) {
     step_ = make_step(before);
     throw;
   }
-  std::vector<std::unique_ptr<optim::Optimizer>>& optimizers = ctx_->optimizers;
-  if (optimizers.empty()) return;
-  // Replica 0's optimizer is the master's in both modes; DDP gives every other replica one with its state.
-  for (size_t r = 1; r < optimizers.size(); ++r) replicas.retire(std::shared_ptr<optim::Optimizer>(std::move(optimizers[r])));
-  optimizers.resize(1);
-  const optim::OptimizerStateDict state = optimizers[0]->state_dict();
-  for (size_t r = 1; r < step_->owners(); ++r) {
+  if (!state) return;
+  // Replica 0's optimizer is the master's in both modes (unless ZeRO sharded it); DDP gives every other replica
+  // one with its state.
+  const size_t kept = dynamic_cast<ZeroOptimizer*>(optimizers[0].get()) ? 0 : 1;
+  for (size_t r = kept; r < optimizers.size(); ++r) replicas.retire(std::shared_ptr<optim::Optimizer>(std::move(optimizers[r])));
+  optimizers.resize(kept);
+  for (size_t r = kept; r < step_->owners(); ++r) {
     optimizers.push_back(ctx_->make_optimizer(replicas.replica(r).parameters()));
-    optimizers.back()->load_state_dict(state);
+    optimizers.back()->load_state_dict(*state);
   }
+  step_->optimizers_made();
 }
 
 void DataParallel::set_grad_scaler(std::shared_ptr<optim::GradScaler> scaler) { ctx_->scaler = std::move(scaler); }

@@ -80,7 +80,13 @@ class DataParallel {
   double forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss);
   void set_optimizer(const OptimizerFactory& make);
   void optimizer_step();  // DP: the master's optimizer; DDP: every replica's, in parallel on the workers
-  void zero_grad();       // gradients of the replicas the mode owns become undefined
+  void zero_grad();       // gradients of the replicas the mode owns become undefined (ZeRO: their shards too)
+  // torch.nn.utils.clip_grad_norm_ over the gradients the optimizers will step, between forward_backward and
+  // optimizer_step (after GradScaler::unscale_ of every optimizer when loss scaling): DP the master's, DDP every
+  // replica's (all the same), ZeRO each replica's pieces by the norm over all of them (FSDP's clip_grad_norm_; the
+  // replicas' .grad outside their pieces are left as they are).
+  // Returns the total 2-norm before clipping.
+  double clip_grad_norm(double max_norm);
   // zero_grad + forward_backward + optimizer_step. Not inside no_sync.
   double train_step(const Tensor& input, const Tensor& target, const LossFn& loss);
   // Dynamic loss scaling for the step API (PyTorch's GradScaler recipe; null: none, the default). While set,

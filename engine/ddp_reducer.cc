@@ -64,6 +64,8 @@ struct DdpReducer::ReplicaState {
   double weight = 0;               // this replica's gradient's weight in the SUM (set_gradient_weight)
   int64_t launched_from_hooks = 0;
   double allreduce_ms = 0;
+  std::vector<Tensor> shards;      // shard_gradients: per bucket, the reduced shard this replica owns
+  std::vector<char> reduced;       // shard_gradients: per param, reduced since clear_shard_gradients
   std::optional<detail::Clock::time_point> entered_last_collective;
 };
 
@@ -84,7 +86,7 @@ DdpReducer::DdpReducer(std::vector<std::vector<Tensor>> replica_params, std::vec
   std::vector<size_t> registration(n);
   for (size_t i = 0; i < n; ++i) registration[i] = i;
   std::vector<std::vector<size_t>> initial;
-  if (options_.find_unused_parameters) {
+  if (options_.find_unused_parameters || options_.zero) {
     initial = compute_bucket_assignment_by_size(params_[0], registration,
                                                 {options_.first_bucket_bytes, options_.bucket_cap_bytes}, true);
   } else {
@@ -92,6 +94,15 @@ DdpReducer::DdpReducer(std::vector<std::vector<Tensor>> replica_params, std::vec
   }
   std::reverse(initial.begin(), initial.end());  // bucket 0 holds the last-registered parameters
   assign_buckets(std::move(initial));
+  if (options_.zero) {
+    std::vector<int64_t> numels;
+    for (const Tensor& p : params_[0]) numels.push_back(p.numel());
+    layout_ = std::make_unique<ZeroLayout>(buckets_, numels, static_cast<size_t>(group_->world_size()));
+    for (auto& state : replicas_) {
+      state->shards.assign(buckets_.size(), Tensor());
+      state->reduced.assign(n, 0);
+    }
+  }
   hooks_ = std::make_unique<detail::ReplicaGradientHooks>(
       params_, [this](size_t r, size_t p) { on_gradient_ready(r, p); });
 }
@@ -115,7 +126,8 @@ void DdpReducer::assign_buckets(std::vector<std::vector<size_t>> buckets) {
     ReplicaState& state = *replicas_[r];
     state.buffers.clear();
     state.views.assign(n, Tensor());
-    if (alone_) continue;  // Note [One replica in all]: no bucket memory
+    // Note [One replica in all]: no bucket memory; ZeRO-2 stages a bucket only while it is sent.
+    if (alone_ || options_.shard_gradients) continue;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Tensor& first = params_[r][buckets_[b][0]];
       state.buffers.push_back(Tensor::empty({numel[b]}, TensorOptions(first.dtype()).with_device(first.device())));
@@ -163,7 +175,7 @@ bool same_memory(const Tensor& a, const Tensor& b) { return a.defined() && a.dat
 
 void DdpReducer::attach_gradients(size_t replica) {
   // Alone, the backward accumulates into .grad as it is (Note [One replica in all]).
-  if (!armed_ || options_.find_unused_parameters || alone_) return;
+  if (!armed_ || options_.find_unused_parameters || alone_ || options_.shard_gradients) return;
   NoGradGuard no_grad;
   ReplicaState& state = *replicas_[replica];
   for (size_t p = 0; p < params_[replica].size(); ++p) {
@@ -202,12 +214,19 @@ void DdpReducer::mark_ready(size_t replica, size_t param, bool from_hook) {
             " was marked ready twice in one backward; a parameter may take part in one backward pass per "
             "iteration (reentrant backward and shared parameters used in several backward calls are not supported)");
   state.ready[param] = true;
-  if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters) ready_order_.push_back(param);
+  const bool fixed = options_.find_unused_parameters || options_.zero;
+  if (replica == 0 && !rebuilt_ && !fixed) ready_order_.push_back(param);
   NoGradGuard no_grad;
   const Tensor& grad = params_[replica][param].grad();
   const Tensor& view = state.views[param];
   if (alone_) {
     // Note [One replica in all]: the gradient stays where it is; there is no bucket to stage it in.
+  } else if (options_.shard_gradients) {
+    // Staged when its bucket is sent; undefined: zeros.
+    if (from_hook && grad.defined()) {
+      state.used[param] = 1;
+      state.pieces[param] = grad.is_contiguous() ? grad : grad.contiguous();
+    }
   } else if (from_hook && grad.defined()) {
     state.used[param] = 1;
     // Weighted when the bucket is all-reduced (all_reduce_into), so the SUM over every replica of every
@@ -256,7 +275,9 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
     Tensor& bucket = state.buffers[state.next_bucket];
     std::vector<Tensor> pieces;
     for (size_t p : members) pieces.push_back(std::move(state.pieces[p]));
-    if (options_.reduce_dtype && *options_.reduce_dtype != bucket.dtype()) {
+    if (options_.shard_gradients) {
+      reduce_scatter_bucket(replica, state.next_bucket, pieces);
+    } else if (options_.reduce_dtype && *options_.reduce_dtype != bucket.dtype()) {
       // Compressed on the wire (bf16_compress_hook): weighted into the bucket, rounded once, summed, and
       // widened back in place.
       for (size_t i = 0; i < members.size(); ++i) scaled_copy_into(state.views[members[i]], pieces[i], state.weight);
@@ -268,7 +289,7 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
     }
     // Gradients as bucket views (what finalize_backward expects of attached gradients); the backward's own
     // gradient tensors go with `pieces`.
-    if (!options_.find_unused_parameters) {
+    if (!options_.find_unused_parameters && !options_.shard_gradients) {
       for (size_t p : members) {
         if (!same_memory(params_[replica][p].grad(), state.views[p])) params_[replica][p].set_grad(state.views[p]);
       }
@@ -277,6 +298,55 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
     if (from_hook) ++state.launched_from_hooks;
     ++state.next_bucket;
   }
+}
+
+// ZeRO-2's launch of bucket b: the weighted pieces into a padded flat buffer (zeros where a parameter has
+// none), reduce-scattered so that this replica receives the sum of the shard it owns; the bucket's gradients
+// are then freed.
+void DdpReducer::reduce_scatter_bucket(size_t replica, size_t bucket, const std::vector<Tensor>& pieces) {
+  ReplicaState& state = *replicas_[replica];
+  const std::vector<size_t>& members = buckets_[bucket];
+  const Tensor& first = params_[replica][members[0]];
+  const int64_t shard = layout_->shard_numel(bucket);
+  const TensorOptions options = TensorOptions(first.dtype()).with_device(first.device());
+  Tensor flat = Tensor::empty({shard * static_cast<int64_t>(layout_->ranks())}, options);
+  int64_t end = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const Tensor& param = params_[replica][members[i]];
+    Tensor slot = flat.narrow(0, layout_->bucket_offset(members[i]), param.numel()).view(param.shape());
+    end = layout_->bucket_offset(members[i]) + param.numel();
+    if (pieces[i].defined()) {
+      scaled_copy_into(slot, pieces[i], state.weight);
+    } else {
+      fill_into(slot, 0.0);
+    }
+  }
+  if (end < flat.numel()) fill_into(flat.narrow(0, end, flat.numel() - end), 0.0);
+  const DType wire = options_.reduce_dtype.value_or(first.dtype());
+  Tensor input = wire == first.dtype() ? flat : flat.to(wire);
+  Tensor output = Tensor::empty({shard}, TensorOptions(wire).with_device(first.device()));
+  group_->reduce_scatter_tensor(static_cast<int>(replica), output, input, ReduceOp::Sum);
+  if (wire != first.dtype()) output = output.to(first.dtype());
+  Tensor& mine = state.shards[bucket];
+  if (mine.defined()) {
+    mine.add_(output);
+  } else {
+    mine = output;
+  }
+  for (size_t p : members) params_[replica][p].set_grad(Tensor());
+}
+
+const Tensor& DdpReducer::shard_gradient(size_t replica, size_t bucket) const {
+  DPE_INTERNAL_ASSERT(options_.shard_gradients && bucket < replicas_[replica]->shards.size());
+  return replicas_[replica]->shards[bucket];
+}
+
+bool DdpReducer::reduced(size_t replica, size_t param) const { return replicas_[replica]->reduced[param] != 0; }
+
+void DdpReducer::clear_shard_gradients(size_t replica) {
+  ReplicaState& state = *replicas_[replica];
+  for (Tensor& shard : state.shards) shard = Tensor();
+  std::fill(state.reduced.begin(), state.reduced.end(), 0);
 }
 
 void DdpReducer::contribute_nothing(size_t replica) {
@@ -320,7 +390,7 @@ void DdpReducer::finalize_backward(size_t replica) {
               "construct DataParallel with find_unused_parameters = true");
   }
   // Every bucket was launched: replica 0's ready order is complete for the rebuild.
-  if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters) rebuild_due_ = true;
+  if (replica == 0 && !rebuilt_ && !options_.find_unused_parameters && !options_.zero) rebuild_due_ = true;
   if (alone_) return;  // Note [One replica in all]: every gradient is final where it is
   NoGradGuard no_grad;
   std::vector<int32_t> used(params_[replica].size(), 1);
@@ -330,6 +400,10 @@ void DdpReducer::finalize_backward(size_t replica) {
     state.entered_last_collective = detail::Clock::now();
     group_->all_reduce(static_cast<int>(replica), map, ReduceOp::Max);
     used = map.to_vector<int32_t>();
+  }
+  if (options_.shard_gradients) {  // the shards hold the reduced values; .grad was freed
+    for (size_t p = 0; p < used.size(); ++p) state.reduced[p] = static_cast<char>(state.reduced[p] || used[p]);
+    return;
   }
   for (size_t p = 0; p < params_[replica].size(); ++p) {
     if (!used[p]) continue;  // unused on every replica: .grad untouched, like PyTorch
@@ -359,6 +433,14 @@ std::optional<detail::Clock::time_point> DdpReducer::entered_last_collective(siz
 
 int64_t DdpReducer::allreduce_bytes() const {
   int64_t bytes = 0;
+  if (options_.shard_gradients && !alone_) {  // each bucket's padded flat buffer goes into the reduce-scatter
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const Tensor& first = params_[0][buckets_[b][0]];
+      bytes += layout_->shard_numel(b) * static_cast<int64_t>(layout_->ranks()) *
+               static_cast<int64_t>(element_size(options_.reduce_dtype.value_or(first.dtype())));
+    }
+    return bytes;
+  }
   for (const Tensor& b : replicas_[0]->buffers) {
     bytes += b.numel() * static_cast<int64_t>(element_size(options_.reduce_dtype.value_or(b.dtype())));
   }

@@ -28,6 +28,14 @@
 // replica's loss are marked ready (contributing zeros) before backward, a used-map is all-reduced at the end,
 // and parameters unused on every replica keep their .grad untouched.
 //
+// ZeRO (DataParallelOptions::zero_stage, engine/zero_step.h). The buckets are fixed at construction (the
+// find_unused_parameters assignment above, never rebuilt), because who owns which gradient (zero_layout(),
+// engine/zero_layout.h) follows them. With shard_gradients (stage 2) a bucket is not all-reduced but
+// reduce-scattered: each replica's weighted gradients are staged in a padded flat buffer of the bucket's size,
+// every replica receives the sum of the shard it owns (added to shard_gradient(r, b) when one is kept from an
+// earlier synchronised backward) and the bucket's .grad tensors are freed, so no replica keeps more than its
+// shard of the gradients once a bucket is sent. There are no persistent bucket buffers then.
+//
 // no_sync. When a backward runs without prepare_for_backward (the engine's no_sync), the hooks do nothing and
 // gradients accumulate locally; the next synchronised backward reduces the accumulated gradients.
 //
@@ -46,6 +54,7 @@
 #include "core/tensor.h"
 #include "engine/replica_hooks.h"
 #include "engine/timing.h"
+#include "engine/zero_layout.h"
 #include "collectives/process_group.h"
 
 namespace dpe {
@@ -68,6 +77,10 @@ struct DdpReducerOptions {
   bool find_unused_parameters = false;
   // The dtype buckets are all-reduced in (DataParallelOptions::reduce_dtype); unset: the gradients'.
   std::optional<DType> reduce_dtype;
+  // ZeRO: buckets fixed at construction and a layout of who owns what; shard_gradients: stage 2's
+  // reduce-scatter (see the file comment).
+  bool zero = false;
+  bool shard_gradients = false;
 };
 
 class DdpReducer {
@@ -117,12 +130,23 @@ class DdpReducer {
   std::optional<detail::Clock::time_point> entered_last_collective(size_t replica) const;
   int64_t allreduce_bytes() const;
 
+  // ZeRO only (options.zero): who owns which elements; rank k of the layout is the member of global rank k.
+  const ZeroLayout& zero_layout() const { return *layout_; }
+  // shard_gradients: replica r's reduced shard of bucket b (layout's shard_numel(b) elements), undefined before
+  // a synchronised backward or after clear_shard_gradients; whether parameter p received a gradient in a
+  // synchronised backward since (with find_unused_parameters, one unused on every replica does not).
+  const Tensor& shard_gradient(size_t replica, size_t bucket) const;
+  bool reduced(size_t replica, size_t param) const;
+  // zero_grad for the shards: frees them (on replica r's worker, or while no backward runs).
+  void clear_shard_gradients(size_t replica);
+
  private:
   struct ReplicaState;
   void assign_buckets(std::vector<std::vector<size_t>> buckets);
   void on_gradient_ready(size_t replica, size_t param);
   void mark_ready(size_t replica, size_t param, bool from_hook);
   void launch_ready_buckets(size_t replica, bool from_hook);
+  void reduce_scatter_bucket(size_t replica, size_t bucket, const std::vector<Tensor>& pieces);
 
   std::vector<std::vector<Tensor>> params_;
   std::vector<std::string> names_;
@@ -136,6 +160,7 @@ class DdpReducer {
   bool armed_ = false;
   bool rebuilt_ = false;
   bool rebuild_due_ = false;
+  std::unique_ptr<ZeroLayout> layout_;  // options.zero
   std::vector<size_t> ready_order_;  // replica 0's gradient-ready order in the first synchronised iteration
   std::unique_ptr<detail::ReplicaGradientHooks> hooks_;  // last: removed before the state above
 };

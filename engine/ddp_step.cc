@@ -94,7 +94,9 @@ void DdpStep::split_changed() {
 
 void DdpStep::build_reducer() {
   DdpReducerOptions options{.find_unused_parameters = ctx_.options.find_unused_parameters,
-                            .reduce_dtype = ctx_.options.reduce_dtype};
+                            .reduce_dtype = ctx_.options.reduce_dtype,
+                            .zero = ctx_.options.zero_stage > 0,
+                            .shard_gradients = ctx_.options.zero_stage == 2};
   if (ctx_.options.bucket_cap_mb.has_value()) {
     options.bucket_cap_bytes = static_cast<size_t>(*ctx_.options.bucket_cap_mb * 1024 * 1024);
     options.first_bucket_bytes = options.bucket_cap_bytes;

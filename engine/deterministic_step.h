@@ -22,7 +22,7 @@
 // convolutions run deterministic algorithms (conv_cuda.cu; a step refuses CUDA devices while
 // backends::cudnn::benchmark is on: it may choose others, per device), cuBLAS repeats its bits on one stream
 // per device, dpe's reductions use fixed trees; index_add (Embedding's backward) uses atomics and is not.
-// It wraps the mode's own step (DpStep or DdpStep), which keeps everything but forward_backward: forward,
+// It wraps the mode's own step (DpStep, DdpStep or ZeroStep), which keeps everything but forward_backward: forward,
 // the optimizers, the reducer rebuilt on frozen parameters, the device dropped.
 #pragma once
 
@@ -43,6 +43,9 @@ class DeterministicStep final : public Step {
   std::vector<Tensor> forward(const nn::ModuleInput& input) override { return mode_->forward(input); }
   double forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss) override;
   void trainable_changed() override { mode_->trainable_changed(); }
+  void zero_grad() override { mode_->zero_grad(); }
+  double clip_grad_norm(double max_norm) override { return mode_->clip_grad_norm(max_norm); }
+  void optimizers_made() override { mode_->optimizers_made(); }
   TransferStats replicate(const std::vector<size_t>& to) override { return mode_->replicate(to); }
   void replica_dropped(size_t r) override { mode_->replica_dropped(r); }
   std::vector<int> missing_at_last_timeout() const override { return mode_->missing_at_last_timeout(); }

@@ -86,6 +86,17 @@ void check_deterministic(const DataParallelOptions& options) {
             " does not apply (use chunk)");
 }
 
+void check_zero(const DataParallelOptions& options) {
+  if (options.zero_stage == 0) return;
+  DPE_CHECK(options.zero_stage == 1 || options.zero_stage == 2, "DataParallel: zero_stage ", options.zero_stage,
+            " is not a ZeRO stage; expected 0 (none), 1 (optimizer state) or 2 (optimizer state and gradients)");
+  DPE_CHECK(options.mode == ParallelMode::DDP, "DataParallel: zero_stage ", options.zero_stage, " shards DDP "
+            "mode's optimizers; mode ", mode_name(options.mode), " has ", options.mode == ParallelMode::DP ? "one" :
+            "a DP phase with one", "; use mode ddp");
+  DPE_CHECK(!spans_processes(options.backend), "DataParallel: zero_stage ", options.zero_stage, " runs in one "
+            "process for now; backend '", backend_name(options.backend), "' spans processes (use zero_stage 0)");
+}
+
 }  // namespace
 
 Placement validate(const DataParallelOptions& options, size_t given_replicas) {
@@ -97,6 +108,7 @@ Placement validate(const DataParallelOptions& options, size_t given_replicas) {
   check_split(options, devices);
   check_reduce_dtype(options);
   check_deterministic(options);
+  check_zero(options);
   return placement;
 }
 

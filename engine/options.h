@@ -79,6 +79,11 @@ struct DataParallelOptions {
   bool deterministic = false;
   int64_t virtual_shards = 0;
   DeviceFailurePolicy on_device_failure = DeviceFailurePolicy::Fail;
+  // DDP mode: ZeRO's stage (engine/zero_step.h, docs/DATA_PARALLEL.md "Memory: ZeRO"). 0: none, every replica
+  // keeps the whole optimizer state; 1: each replica keeps the state of the 1/n of the elements it owns, steps
+  // them, and all-gathers the parameters; 2: also only its 1/n of the reduced gradients (buckets are
+  // reduce-scattered during backward). Results are plain DDP's, bit for bit. One process.
+  int zero_stage = 0;
 };
 
 // What the last step did. Times are host wall-clock milliseconds per phase (on CUDA, work is asynchronous:

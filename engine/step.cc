@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "engine/loss_scaling.h"
 #include "engine/timing.h"
+#include "optim/clip_grad.h"
 
 namespace dpe {
 
@@ -48,6 +49,20 @@ void Step::optimizer_step() {
   // (the workers' caches end with their tasks).
   amp::clear_autocast_cache();
   ctx_.report.optimizer_ms = detail::ms_since(start);
+}
+
+void Step::zero_grad() {
+  for (size_t r = 0; r < owners(); ++r) ctx_.replicas->replica(r).zero_grad();
+}
+
+// Every owner's gradients are the same (DP: one owner), so each clips by the same norm.
+double Step::clip_grad_norm(double max_norm) {
+  double norm = 0;
+  for (size_t r = 0; r < owners(); ++r) {
+    const double own = optim::clip_grad_norm_(ctx_.replicas->replica(r).parameters(), max_norm);
+    if (r == 0) norm = own;
+  }
+  return norm;
 }
 
 void Step::refresh_trainable() {

@@ -6,7 +6,8 @@
 //
 //   DpStep (engine/dp_step.h)                 nn.DataParallel: replicate from the master, reduce into it
 //   DdpStep (engine/ddp_step.h)               DistributedDataParallel: bucketed all-reduce during backward
-//   DeterministicStep (deterministic_step.h)  wraps either: the same bits for any device count
+//   ZeroStep (engine/zero_step.h)             DDP with ZeRO stage 1 or 2: optimizer state (and gradients) sharded
+//   DeterministicStep (deterministic_step.h)  wraps any of them: the same bits for any device count
 //
 // Contract for every step: one thread (the engine's) calls its methods, never two at once; forward_backward
 // and forward write ctx.report (the engine resets it first and completes it after); a method that throws
@@ -67,6 +68,14 @@ class Step {
   // Every owned optimizer steps; through ctx.scaler when it is enabled (Note [One skip decision] in
   // engine/loss_scaling.h). Times itself into ctx.report.
   void optimizer_step();
+  // DataParallel::zero_grad: the gradients of the replicas the step owns become undefined.
+  virtual void zero_grad();
+  // DataParallel::clip_grad_norm: clips the gradients the owned optimizers will step by their total 2-norm
+  // (torch.nn.utils.clip_grad_norm_'s rule) and returns that norm.
+  virtual double clip_grad_norm(double max_norm);
+  // ctx.optimizers were (re)made from ctx.make_optimizer (set_optimizer, set_mode): a step that shards them
+  // takes them over here, keeping their state.
+  virtual void optimizers_made() {}
   // The master's requires_grad flags changed (Note [Frozen parameters]): rebuild what depends on them.
   virtual void trainable_changed() = 0;
   // Before replicas `to` (each >= 1) compute: bring them up to date with the master (DP: PyTorch's replicate,
@@ -93,7 +102,8 @@ class Step {
 
   StepContext& ctx_;
 
-  friend class DeterministicStep;  // drives the step it wraps
+  friend class DeterministicStep;  // drive the step they wrap
+  friend class ZeroStep;
 };
 
 }  // namespace dpe

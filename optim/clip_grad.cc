@@ -23,25 +23,36 @@ double norm_of(const Tensor& g, double p) {
 
 }  // namespace
 
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+double grad_norm_power(const std::vector<Tensor>& params, double norm_type) {
   DPE_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be positive, got ", norm_type);
   NoGradGuard no_grad;
-  std::vector<Tensor> grads;
-  for (const Tensor& p : params) {
-    if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
-  }
-  if (grads.empty()) return 0.0;
   double total = 0.0;
-  if (std::isinf(norm_type)) {
-    for (const Tensor& g : grads) total = std::max(total, norm_of(g, norm_type));
-  } else {
-    for (const Tensor& g : grads) total += std::pow(norm_of(g, norm_type), norm_type);
-    total = std::pow(total, 1.0 / norm_type);
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    if (std::isinf(norm_type)) {
+      total = std::max(total, norm_of(p.grad(), norm_type));
+    } else {
+      total += std::pow(norm_of(p.grad(), norm_type), norm_type);
+    }
   }
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
-    for (Tensor& g : grads) g.mul_(coef);
+  return total;
+}
+
+void clip_grads_with_norm_(const std::vector<Tensor>& params, double max_norm, double total_norm) {
+  const double coef = max_norm / (total_norm + 1e-6);
+  if (coef >= 1.0) return;
+  NoGradGuard no_grad;
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    Tensor g = p.grad();
+    g.mul_(coef);
   }
+}
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  const double power = grad_norm_power(params, norm_type);
+  const double total = std::isinf(norm_type) ? power : std::pow(power, 1.0 / norm_type);
+  clip_grads_with_norm_(params, max_norm, total);
   return total;
 }
 

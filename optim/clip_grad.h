@@ -15,4 +15,11 @@ namespace dpe::optim {
 // none at all gives 0. Returns the total norm before clipping. norm_type must be > 0.
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
 
+// Its two halves, for gradients split over devices (ZeRO: engine/zero_step.cc). grad_norm_power: the sum over
+// params of ||g||_p^p (for infinity, the largest |g|), which shards add up (then the p-th root);
+// clip_grads_with_norm_ (PyTorch's name): scales every gradient by max_norm / (total_norm + 1e-6) when that is
+// < 1.
+double grad_norm_power(const std::vector<Tensor>& params, double norm_type = 2.0);
+void clip_grads_with_norm_(const std::vector<Tensor>& params, double max_norm, double total_norm);
+
 }  // namespace dpe::optim

@@ -50,6 +50,14 @@ void Optimizer::zero_grad(bool set_to_none) {
   }
 }
 
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [i, named] : tensor_state_) {
+    for (const auto& [name, t] : named) bytes += static_cast<int64_t>(t.nbytes());
+  }
+  return bytes;
+}
+
 OptimizerStateDict Optimizer::state_dict() const {
   OptimizerStateDict out;
   out.type = type_name_;

@@ -63,15 +63,17 @@ class Optimizer {
   void add_param_group(ParamGroup group);
   const std::string& type_name() const { return type_name_; }
 
-  // Snapshot of the state: the state tensors are clones (later steps do not change a saved dict).
-  OptimizerStateDict state_dict() const;
+  // Snapshot of the state: the state tensors are clones (later steps do not change a saved dict). Virtual, as
+  // the two below, for a sharded optimizer (engine/zero_optimizer.h) that keeps its state in pieces and shows
+  // the whole.
+  virtual OptimizerStateDict state_dict() const;
   // Throws dpe::Error naming the problem when `state` does not fit this optimizer (type, number of groups,
   // parameters per group, state index out of range, state tensor shape differing from its parameter's,
   // unknown state names); nothing is modified then. On success, hyper-parameters and lr come from `state`
   // and state tensors are copied to each parameter's device and dtype.
-  void load_state_dict(const OptimizerStateDict& state);
+  virtual void load_state_dict(const OptimizerStateDict& state);
   // The checks of load_state_dict alone (checkpoints validate everything before touching anything).
-  void check_state_dict(const OptimizerStateDict& state) const;
+  virtual void check_state_dict(const OptimizerStateDict& state) const;
 
   // Note [Hyper-parameter ranges]: "" when `value` is valid for hyper-parameter `name` ("lr", or an option
   // such as "momentum", "beta1") of this optimizer, else what was expected ("expected a finite number >= 0");
@@ -85,12 +87,14 @@ class Optimizer {
   // The same for rules between the hyper-parameters of one group (SGD's nesterov needs momentum > 0 and
   // dampening 0); the base has none.
   virtual std::string param_group_violation(double lr, const std::map<std::string, double>& options) const;
-
- protected:
-  Optimizer(std::string type_name, std::map<std::string, double> defaults, double default_lr);
+  // Bytes of the per-parameter state tensors this optimizer holds now (the memory report's "optimizer state").
+  virtual int64_t state_bytes() const;
   // Names of the per-parameter state tensors and scalars this optimizer keeps.
   virtual std::vector<std::string> state_tensor_names() const = 0;
   virtual std::vector<std::string> state_scalar_names() const = 0;
+
+ protected:
+  Optimizer(std::string type_name, std::map<std::string, double> defaults, double default_lr);
 
   // Per-parameter state by packed index (see the file comment).
   std::map<int64_t, std::map<std::string, Tensor>> tensor_state_;
