@@ -41,6 +41,7 @@ class ZeroStep final : public Step {
   void zero_grad() override;
   double clip_grad_norm(double max_norm) override;
   void optimizers_made() override;
+  std::vector<StepReport::MemoryUse> memory_use() const override;  // the gradient shards counted too
 
  private:
   bool step_optimizers(optim::GradScaler* scaler) override;

@@ -1,5 +1,6 @@
 #include "layers/containers.h"
 
+#include <algorithm>
 #include <typeinfo>
 
 #include "core/autograd/grad_mode.h"
@@ -7,6 +8,7 @@
 #include "core/ops/conv.h"
 #include "core/ops/pool.h"
 #include "layers/activation.h"
+#include "layers/checkpoint.h"
 #include "layers/conv.h"
 #include "layers/pooling.h"
 
@@ -78,10 +80,31 @@ std::shared_ptr<Module> Sequential::operator[](size_t index) const { return chil
 // largest activation and four passes over it. Unlike the pair above, the fused sums run in their own order, so
 // the triple's values are the composition's to rounding, not bit for bit (as another convolution kernel's).
 Tensor Sequential::forward(const Tensor& input) {
+  const size_t n = size();
+  if (checkpoint_segments_ <= 1 || !GradMode::is_enabled() || n < 2) return run(input, 0, n);
+  const size_t segments = std::min(n, static_cast<size_t>(checkpoint_segments_));
+  const std::vector<std::shared_ptr<Module>> modules = children();
+  Tensor x = input;
+  for (size_t s = 0; s < segments; ++s) {
+    const size_t begin = n * s / segments, end = n * (s + 1) / segments;
+    if (s + 1 == segments) return run(x, begin, end);  // its output is needed anyway (checkpoint_sequential's rule)
+    std::vector<Module*> segment;
+    for (size_t i = begin; i < end; ++i) segment.push_back(modules[i].get());
+    x = checkpoint(segment, [this, begin, end](const std::vector<Tensor>& xs) { return run(xs[0], begin, end); }, {x});
+  }
+  return x;
+}
+
+void Sequential::set_checkpoint_segments(int64_t segments) {
+  DPE_CHECK(segments >= 0, "Sequential::set_checkpoint_segments: ", segments, " segments; expected >= 0 (0: none)");
+  checkpoint_segments_ = segments;
+}
+
+Tensor Sequential::run(const Tensor& input, size_t begin, size_t end) {
   Tensor x = input;
   const std::vector<std::shared_ptr<Module>> modules = children();
-  auto is = [&](size_t i, const std::type_info& type) { return i < modules.size() && typeid(*modules[i]) == type; };
-  for (size_t i = 0; i < modules.size(); ++i) {
+  auto is = [&](size_t i, const std::type_info& type) { return i < end && typeid(*modules[i]) == type; };
+  for (size_t i = begin; i < end; ++i) {
     if (is(i, typeid(Conv2d)) && is(i + 1, typeid(ReLU)) && is(i + 2, typeid(MaxPool2d))) {
       const auto& conv = static_cast<const Conv2d&>(*modules[i]);
       const auto& pool = static_cast<const MaxPool2d&>(*modules[i + 2]);
@@ -105,7 +128,11 @@ Tensor Sequential::forward(const Tensor& input) {
   return x;
 }
 
-std::shared_ptr<Module> Sequential::clone(const Device& device) const { return clone_children(*this, device); }
+std::shared_ptr<Module> Sequential::clone(const Device& device) const {
+  auto copy = clone_children(*this, device);
+  copy->checkpoint_segments_ = checkpoint_segments_;
+  return copy;
+}
 
 ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) : ModuleList() {
   for (auto& m : modules) push_back(std::move(m));

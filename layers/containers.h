@@ -24,6 +24,15 @@ class Sequential : public Module {
   std::shared_ptr<Module> operator[](size_t index) const;
   Tensor forward(const Tensor& input) override;
   std::shared_ptr<Module> clone(const Device& device) const override;
+  // Activation checkpointing (torch.utils.checkpoint.checkpoint_sequential): with grad mode on, the children
+  // run as `segments` runs of consecutive children, each but the last under nn::checkpoint (layers/checkpoint.h),
+  // which keeps only its input; 0 (the default) or 1: none. Clones keep it.
+  void set_checkpoint_segments(int64_t segments);
+  int64_t checkpoint_segments() const { return checkpoint_segments_; }
+
+ private:
+  Tensor run(const Tensor& input, size_t begin, size_t end);  // children [begin, end)
+  int64_t checkpoint_segments_ = 0;
 };
 
 class ModuleList : public Module {

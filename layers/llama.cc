@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/ops.h"
+#include "layers/checkpoint.h"
 #include "layers/init.h"
 
 namespace dpe::nn {
@@ -166,7 +167,12 @@ Tensor Llama::forward_impl(const Tensor& tokens, const Tensor& key_padding_mask)
   DPE_CHECK(tokens.size(1) <= config_.max_seq_len, "Llama: sequence length ", tokens.size(1),
             " exceeds max_seq_len ", config_.max_seq_len);
   Tensor h = tok_embeddings->forward(tokens);  // (B, T, dim)
-  for (const auto& block : blocks) h = key_padding_mask.defined() ? block->forward(h, key_padding_mask) : block->forward(h);
+  for (const auto& block : blocks) {
+    auto run = [block = block.get(), key_padding_mask](const std::vector<Tensor>& x) {
+      return key_padding_mask.defined() ? block->forward(x[0], key_padding_mask) : block->forward(x[0]);
+    };
+    h = activation_checkpointing_ ? checkpoint(*block, run, {h}) : run({h});
+  }
   h = norm->forward(h);
   return output ? output->forward(h) : linear(h, tok_embeddings->weight);  // (B, T, vocab_size)
 }

@@ -143,6 +143,10 @@ class Llama : public Cloneable<Llama> {
   const LlamaConfig& config() const { return config_; }
   // The output projection's weight (vocab, dim): output->weight, or tok_embeddings->weight when tied.
   const Tensor& output_weight() const;
+  // Activation checkpointing per block (layers/checkpoint.h): with grad mode on, each block keeps only its
+  // input and runs its forward again in the backward. Off by default; clones keep it.
+  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
+  bool activation_checkpointing() const { return activation_checkpointing_; }
 
   std::shared_ptr<Embedding> tok_embeddings;
   std::shared_ptr<ModuleList> layers;
@@ -153,6 +157,7 @@ class Llama : public Cloneable<Llama> {
  private:
   Tensor forward_impl(const Tensor& tokens, const Tensor& key_padding_mask);
   LlamaConfig config_;
+  bool activation_checkpointing_ = false;
 };
 using TinyLlama = Llama;
 

@@ -44,9 +44,10 @@ void accumulate(Tensor& slot, const Tensor& grad) {
   slot = slot.defined() ? add(slot, grad) : grad;
 }
 
-}  // namespace
-
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients) {
+// backward() and grad(): `captured`, when given, maps the leaves whose gradients are returned (their
+// AccumulateGrad nodes do not run) to their place in `out`.
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
+                  const std::unordered_map<const TensorImpl*, size_t>* captured, std::vector<Tensor>* out) {
   DPE_CHECK(roots.size() == gradients.size(), "backward: ", roots.size(), " roots but ", gradients.size(),
             " gradients");
   NoGradGuard no_grad;  // backward functions compute plain tensors (no higher-order gradients)
@@ -91,6 +92,14 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
     std::vector<Tensor> grad_outputs = std::move(inputs[node]);
     inputs.erase(node);
     grad_outputs.resize(node->num_outputs);
+    if (captured != nullptr) {
+      if (const auto* leaf = dynamic_cast<const AccumulateGrad*>(node)) {
+        if (auto it = captured->find(leaf->leaf()); it != captured->end()) {
+          accumulate((*out)[it->second], grad_outputs[0]);
+          continue;
+        }
+      }
+    }
     if (profile) profile->start(*node, grad_outputs);
     std::vector<Tensor> grad_inputs = node->apply(std::move(grad_outputs));
     if (profile) profile->stop();
@@ -110,6 +119,25 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradi
     node->release_saved();
   }
   if (profile) profile->finish();
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients) {
+  run_backward(roots, gradients, nullptr, nullptr);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
+                         const std::vector<Tensor>& inputs) {
+  std::unordered_map<const TensorImpl*, size_t> captured;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    DPE_CHECK(inputs[i].defined() && inputs[i].is_leaf() && inputs[i].requires_grad(), "autograd::grad: input ", i,
+              " is not a leaf that requires grad");
+    captured.emplace(inputs[i].impl(), i);
+  }
+  std::vector<Tensor> out(inputs.size());
+  run_backward(roots, gradients, &captured, &out);
+  return out;
 }
 
 }  // namespace dpe::autograd

@@ -15,4 +15,10 @@ namespace dpe::autograd {
 // gradients[i] is the gradient of roots[i] (same shape); an undefined entry means ones (one-element roots only).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients);
 
+// torch.autograd.grad(roots, inputs, gradients, allow_unused=True) for leaf inputs: the gradients reaching
+// each input (undefined where none does), returned instead of accumulated into its .grad (its hooks do not
+// run); other leaves the graph reaches accumulate as in backward(). inputs: leaves that require grad.
+std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
+                         const std::vector<Tensor>& inputs);
+
 }  // namespace dpe::autograd

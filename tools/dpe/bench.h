@@ -36,6 +36,8 @@ struct BenchArgs {
   double pytorch_timeout = 3600;  // seconds the PyTorch side may run
   std::optional<std::string> device_ids;
   std::vector<std::string> modes = {"single", "dp", "ddp"};
+  bool activation_checkpointing = false;  // rows ddp-ac, ...
+  std::string optimizer;  // --optimizer: sgd (momentum), adam, adamw; "": adamw for llama, sgd otherwise
   std::vector<std::string> pytorch_configs = {"single-1t", "single-2t", "ddp-gloo"};
   int64_t batch_size = 256, steps = 30, warmup = 5, repeat = 1;
   int cpu_devices = 2;
@@ -60,6 +62,7 @@ struct Row {
   std::optional<double> scaling;  // against the single row of the same precision; none without one
   StepReport phases;  // per-step averages of the timed steps (ms), bytes per step
   std::vector<std::pair<Device, int64_t>> peak;  // peak allocated bytes per device during the timed steps
+  std::vector<StepReport::MemoryUse> memory_use;  // per device, after the last timed step's backward
   std::string note;
   bool reports = true;  // --dist mpi: only process 0's rows are shown and written
   int64_t processes = 1;  // --dist mpi: the processes whose devices the row counts
@@ -83,6 +86,9 @@ double flops_per_sample(const BenchArgs& args);
 ModelData random_tokens(const BenchArgs& args, int64_t rows);
 
 // ---- running dpe's rows (bench_rows.cc) ----
+
+// --optimizer's optimizer (the default: llama's AdamW with decay on matrices, the other models' SGD-momentum).
+OptimizerOptions bench_optimizer(const BenchArgs& args);
 
 // One row: `mode` (single, single-all, dp, ddp, ddp-no-sync, auto) in `precision` on `devices`: its warm-up,
 // then its timed steps over `data`'s training set (and as many again profiled, with --profile).

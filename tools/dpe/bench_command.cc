@@ -176,11 +176,19 @@ void add_bench_command(CLI::App& app) {
   add_int_option(*cmd, "--heads", args->heads, "--model llama: query heads (default: the preset's)", 1, 4096);
   add_int_option(*cmd, "--kv-heads", args->kv_heads, "--model llama: key/value heads (default: the preset's)", 1, 4096);
   CLI::Option* modes = add_name_list_option(*cmd, "--modes", args->modes,
-                                            "modes to run; single-all: one device on every core; ddp-no-sync: ddp "
+                                            "modes to run; single-all: one device on every core; ddp-zero1, ddp-zero2: "
+                                            "ddp with ZeRO stage 1 or 2 (optimizer state, and gradients, sharded); "
+                                            "ddp-no-sync: ddp "
                                             "exchanging nothing (every backward in no_sync, every replica stepping on "
                                             "its own gradients), the most data parallelism gets from these devices "
                                             "(--dist mpi: dp, ddp, ddp-no-sync)",
-                                            {"single", "single-all", "dp", "ddp", kNoSyncMode, "auto"});
+                                            {"single", "single-all", "dp", "ddp", kNoSyncMode, "auto", "ddp-zero1",
+                                             "ddp-zero2"});
+  cmd->add_flag("--activation-checkpointing", args->activation_checkpointing,
+                std::string(kActivationCheckpointingHelp) + " (rows ddp-ac, ...)");
+  cmd->add_option("--optimizer", args->optimizer, "sgd (momentum 0.9), adam or adamw (decay on matrices); default "
+                  "adamw for llama, sgd otherwise")
+      ->check(CLI::IsMember(std::vector<std::string>{"sgd", "adam", "adamw"}));
   CLI::Option* deterministic = cmd->add_flag(
       "--deterministic", args->deterministic, "every mode in the deterministic mode (rows single-det, dp-det, ...): "
       "bitwise the same for any device count; compare with a run without it for its cost");

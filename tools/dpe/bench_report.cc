@@ -124,6 +124,24 @@ void print_language_model_rates(const BenchArgs& args, const std::vector<Row>& r
   }
 }
 
+// Where each dpe row's peak goes, per device: parameters, gradients and optimizer state (StepReport::memory_use),
+// and the rest of the peak (activations and temporaries). ZeRO's rows and DP's first device show here.
+void print_memory(const std::vector<Row>& rows) {
+  std::printf("# memory per device, MB: peak = parameters + gradients + optimizer state + activations and "
+              "temporaries\n");
+  for (const Row& r : rows) {
+    if (r.framework != "dpe" || !r.note.empty() || r.memory_use.size() != r.peak.size()) continue;
+    std::string line;
+    for (size_t i = 0; i < r.peak.size(); ++i) {
+      const StepReport::MemoryUse& use = r.memory_use[i];
+      const int64_t rest = r.peak[i].second - use.parameters - use.gradients - use.optimizer_state;
+      line += "  " + r.peak[i].first.str() + " " + mb(r.peak[i].second) + " = " + mb(use.parameters) + " + " +
+              mb(use.gradients) + " + " + mb(use.optimizer_state) + " + " + mb(rest);
+    }
+    std::printf("#   %s%s\n", r.config.c_str(), line.c_str());
+  }
+}
+
 }  // namespace
 
 void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
@@ -159,6 +177,7 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
     }
   }
   print_exchange_costs(rows);
+  print_memory(rows);
   print_language_model_rates(args, rows);
   // The CPU's FMA peak and GEMM choices describe CPU devices: a table of CUDA devices ends with its rows.
   const bool on_cpu = std::ranges::all_of(rows, [](const Row& r) {
@@ -291,6 +310,16 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
         }
       }
       for (const auto& [device, bytes] : r.peak) row["peak_bytes"][device.str()] = bytes;
+      if (r.memory_use.size() == r.peak.size() && !r.peak.empty()) {
+        // memory_bytes[device]: the peak's parts (print_memory).
+        row["memory_bytes"] = Json::object();
+        for (size_t i = 0; i < r.peak.size(); ++i) {
+          const StepReport::MemoryUse& use = r.memory_use[i];
+          row["memory_bytes"][r.peak[i].first.str()] = {
+              {"parameters", use.parameters}, {"gradients", use.gradients}, {"optimizer_state", use.optimizer_state},
+              {"activations_and_temporaries", r.peak[i].second - use.parameters - use.gradients - use.optimizer_state}};
+        }
+      }
       if (!r.note.empty()) row["note"] = r.note;
       if (!r.rounds.empty()) {
         row["rounds"] = Json::array();

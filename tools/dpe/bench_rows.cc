@@ -97,13 +97,21 @@ ModelData random_tokens(const BenchArgs& args, int64_t rows) {
           .train_targets = windows.narrow(1, 1, seq_len).contiguous()};
 }
 
+OptimizerOptions bench_optimizer(const BenchArgs& args) {
+  const std::string name = !args.optimizer.empty() ? args.optimizer : args.llama ? "adamw" : "sgd";
+  const bool adam = name != "sgd";
+  return {.name = name, .lr = adam ? 6e-4 : 0.01, .weight_decay = name == "adamw" ? 0.1 : 0.0,
+          .decay_matrices_only = name == "adamw"};
+}
+
 Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string& precision,
                const std::vector<Device>& devices, const ModelData& data) {
   Row row;
   row.config = row.mode = mode;
   row.precision = precision;
   const bool no_sync = mode == kNoSyncMode;
-  const std::string engine_mode = mode == "single-all" ? "single" : no_sync ? "ddp" : mode;
+  const int zero_stage = mode == "ddp-zero1" ? 1 : mode == "ddp-zero2" ? 2 : 0;
+  const std::string engine_mode = mode == "single-all" ? "single" : no_sync || zero_stage > 0 ? "ddp" : mode;
   const std::optional<CollectiveBackend> dist = dist_backend(args.dist, devices);
   const bool across_processes = dist.has_value();
   // Declared before the engine, so destroyed after it: what the allocators cached for this row goes back to the
@@ -123,9 +131,9 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
       {.model = args.model, .mode = engine_mode, .devices = devices, .split = parse_split_rule(args.split),
        .deterministic = args.deterministic, .virtual_shards = args.virtual_shards,
        .precision = precision, .reduce_dtype = needs_ddp_shards(mode) ? args.reduce_dtype : "fp32", .dist = dist,
-       .seed = 1, .llama = args.llama},
-      {.name = args.llama ? "adamw" : "sgd", .lr = args.llama ? 6e-4 : 0.01, .weight_decay = args.llama ? 0.1 : 0.0,
-       .decay_matrices_only = args.llama.has_value()});
+       .zero_stage = zero_stage, .activation_checkpointing = args.activation_checkpointing, .seed = 1,
+       .llama = args.llama},
+      bench_optimizer(args));
   // --dist mpi: every process takes its slice of each global batch (training.h, as dpe train does); the row
   // is the whole group's: its devices over every process, the global batch's samples/s.
   const ProcessSlice slice = process_slice(*dp, across_processes, args.batch_size);
@@ -135,6 +143,7 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
   if (across_processes) row.config = mode + "-" + args.dist;  // ddp-mpi, ddp-mpi-nccl
   if (args.deterministic) row.config += "-det";
   if (args.channels_last) row.config += "-cl";
+  if (args.activation_checkpointing) row.config += "-ac";
   const std::string precision_suffix = (precision == "fp32" ? "" : "-" + precision) +
                                        (needs_ddp_shards(mode) && args.reduce_dtype != "fp32" ? "-r" + args.reduce_dtype : "");
   row.config += precision_suffix;
@@ -181,6 +190,7 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
     const int64_t data_bytes = data.train_inputs.is_pinned()
                                    ? 0
                                    : static_cast<int64_t>(data.train_inputs.nbytes() + data.train_targets.nbytes());
+    row.memory_use = dp->last_step().memory_use;
     for (const Device& d : dp->device_ids()) {
       const int64_t peak = memory_stats(d).peak_allocated_bytes;
       row.peak.emplace_back(d, d == data.train_inputs.device() ? peak - data_bytes : peak);

@@ -17,8 +17,8 @@ constexpr const char* kPrefix = "run";
 
 const std::set<std::string> kMayChangeOnResume = {
     "--resume", "--checkpoint", "--json", "--save-every", "--epochs", "--stop-at-step",  // where, how long
-    "--device-ids", "--cpu-devices", "--output-device", "--dist", "--mode", "--split",    // where it runs
-    "--timeout", "--on-device-failure", "--data-dir", "--inject-failure", "--inject-hang", "--help",
+    "--device-ids", "--cpu-devices", "--output-device", "--dist", "--mode", "--split", "--zero",  // where it runs
+    "--timeout", "--on-device-failure", "--activation-checkpointing", "--data-dir", "--inject-failure", "--inject-hang", "--help",
 };
 
 const std::set<std::string> kMayDifferPerProcess = {

@@ -144,6 +144,7 @@ void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes
   report["batch_size"] = args.batch_size;
   report["precision"] = args.engine.precision;
   report["reduce_dtype"] = args.engine.reduce_dtype;
+  report["zero"] = args.engine.zero_stage;
   report["final_test_accuracy"] = as_printed("%g", accuracy);
   JsonReport& lines = report["epochs"] = JsonReport::array();
   for (const EpochRecord& e : epochs) {
@@ -413,6 +414,7 @@ void add_train_command(CLI::App& app) {
   CLI::Option* weight_decay =
       add_real_option(*cmd, "--weight-decay", args->optimizer.weight_decay, "weight decay (llama: default 0.1)", 0, false);
   cmd->add_flag("--sync-bn", args->engine.sync_bn, "DDP: BatchNorm layers become SyncBatchNorm");
+  cmd->add_flag("--activation-checkpointing", args->engine.activation_checkpointing, kActivationCheckpointingHelp);
   cmd->add_flag("--channels-last", args->channels_last, "the images in channels-last memory, PyTorch's "
                 "memory_format=torch.channels_last (faster CPU convolutions; docs/LAYERS.md)");
   cmd->add_flag("--cudnn-benchmark", args->cudnn_benchmark, kCudnnBenchmarkHelp);
@@ -434,6 +436,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--precision", args->engine.precision, "fp32; bf16 (autocast: bfloat16 products with float32 "
                   "accumulation and master weights); fp16 (CUDA only, with a gradient scaler; docs/MIXED_PRECISION.md)")
       ->check(CLI::IsMember(kPrecisions));
+  add_int_option(*cmd, "--zero", args->engine.zero_stage, "ddp: ZeRO stage; 1: each device keeps the optimizer "
+                 "state of 1/n of the parameters, 2: and 1/n of the gradients (docs/DATA_PARALLEL.md \"Memory\")",
+                 0, 2);
   cmd->add_option("--reduce-dtype", args->engine.reduce_dtype, "ddp: the dtype gradient buckets are all-reduced in "
                   "(bf16 halves the bytes; docs/MIXED_PRECISION.md)")
       ->check(CLI::IsMember(kReduceDtypes));

@@ -16,7 +16,6 @@
 #include "data/token_loader.h"
 #include "data/tokenizer.h"
 #include "layers/loss.h"
-#include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "tools/dpe/cli_util.h"
@@ -269,12 +268,10 @@ void run_train_llm(const EngineOptions& engine, const OptimizerOptions& optimize
       }
     }
     if (options.grad_clip > 0) {
-      // Every owner's gradients are the reduced ones (DP: the master's; DDP: identical on every replica), so
-      // every owner clips by the same norm.
-      for (size_t r = 0; r < dp->num_optimizers(); ++r) {
-        if (optim::GradScaler* scaler = dp->grad_scaler()) scaler->unscale_(dp->optimizer(r));
-        optim::clip_grad_norm_(dp->replica(r).parameters(), options.grad_clip);
+      if (optim::GradScaler* scaler = dp->grad_scaler()) {
+        for (size_t r = 0; r < dp->num_optimizers(); ++r) scaler->unscale_(dp->optimizer(r));
       }
+      dp->clip_grad_norm(options.grad_clip);  // the reduced gradients' norm, in every mode and ZeRO stage
     }
     dp->optimizer_step();
     for (auto& scheduler : schedules.schedulers) scheduler->step();

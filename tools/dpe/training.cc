@@ -10,6 +10,7 @@
 #include "data/fashion_mnist.h"
 #include "data/text_corpus.h"
 #include "io/checkpoint.h"
+#include "layers/containers.h"
 #include "layers/sync_batchnorm.h"
 #include "models/models.h"
 #include "optim/grad_scaler.h"
@@ -123,6 +124,18 @@ std::shared_ptr<nn::Module> build_model(const EngineOptions& options) {
   return models::make_model(options.model);
 }
 
+// --activation-checkpointing: the Llamas per block; mlp and cnn (Sequentials) in 3 segments, the cnn's blocks
+// (convolution, ReLU, pool | convolution, BatchNorm, ReLU, pool | the classifier).
+void set_activation_checkpointing(nn::Module& model) {
+  if (auto* llama = dynamic_cast<nn::Llama*>(&model)) {
+    llama->set_activation_checkpointing(true);
+  } else if (auto* sequential = dynamic_cast<nn::Sequential*>(&model)) {
+    sequential->set_checkpoint_segments(3);
+  } else {
+    DPE_INTERNAL_ASSERT(false, "--activation-checkpointing: no rule for this model");
+  }
+}
+
 }  // namespace
 
 void check_engine_options(const EngineOptions& options) {
@@ -153,6 +166,12 @@ void check_engine_options(const EngineOptions& options) {
             " compresses DDP's gradient all-reduce; --mode ", options.mode, " has none (use --mode ddp or auto)");
   DPE_CHECK(!options.output_device || options.mode == "dp", "--output-device ", *options.output_device,
             " is used only in dp mode (--mode ", options.mode, " has no output device)");
+  DPE_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2, "--zero ", options.zero_stage,
+            ": expected 0 (none), 1 (optimizer state sharded) or 2 (and gradients)");
+  DPE_CHECK(options.zero_stage == 0 || options.mode == "ddp", "--zero ", options.zero_stage, " shards DDP mode's "
+            "optimizers; expected --mode ddp, got --mode ", options.mode);
+  DPE_CHECK(options.zero_stage == 0 || !options.dist, "--zero ", options.zero_stage, " runs in one process; it "
+            "cannot be combined with --dist yet");
 }
 
 io::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer) {
@@ -199,6 +218,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
   manual_seed(options.seed);
   std::shared_ptr<nn::Module> model = build_model(options);
   if (options.sync_bn) model = nn::convert_sync_batchnorm(model);
+  if (options.activation_checkpointing) set_activation_checkpointing(*model);
   model->to(options.devices[0]);
   DataParallelOptions dp_options;
   dp_options.deterministic = options.deterministic;
@@ -213,6 +233,7 @@ std::unique_ptr<DataParallel> make_engine(const EngineOptions& options, const Op
     dp_options.output_device = options.output_device;
     dp_options.split = options.split;
     if (options.mode == "ddp") dp_options.mode = ParallelMode::DDP;
+    dp_options.zero_stage = options.zero_stage;
     if (options.mode == "auto") dp_options.mode = ParallelMode::Auto;
     if (options.dist) dp_options.backend = *options.dist;
   }

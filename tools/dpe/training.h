@@ -23,7 +23,9 @@ inline const std::vector<std::string> kTrainModels = {"mlp", "cnn", "tiny-llama"
 inline const std::vector<std::string> kModes = {"single", "dp", "ddp", "auto"};
 // Modes whose steps split every batch over the devices' DDP replicas at least part of the time (every
 // replica needs a sample): ddp and auto.
-inline bool needs_ddp_shards(const std::string& mode) { return mode == "ddp" || mode == "auto"; }
+inline bool needs_ddp_shards(const std::string& mode) {
+  return mode == "ddp" || mode == "auto" || mode == "ddp-zero1" || mode == "ddp-zero2";
+}
 // --split's values: chunk (PyTorch's), balanced, auto (chunks follow the devices' measured speeds).
 inline const std::vector<std::string> kSplitRules = {"chunk", "balanced", "auto"};
 SplitRule parse_split_rule(const std::string& name);
@@ -76,6 +78,10 @@ inline constexpr const char* kCudnnBenchmarkHelp =
     "CUDA devices: time every cuDNN convolution algorithm once per shape and keep the fastest, as "
     "torch.backends.cudnn.benchmark = True (default: cuDNN's heuristics, deterministic algorithms first)";
 
+inline constexpr const char* kActivationCheckpointingHelp =
+    "keep only each block's input in the forward and run the block again in the backward (llama: per block; mlp, "
+    "cnn: 3 segments): less activation memory for more compute, the same results";
+
 struct EngineOptions {
   std::string model = "cnn";
   std::string mode = "ddp";
@@ -90,6 +96,8 @@ struct EngineOptions {
   std::string precision = "fp32";        // --precision: fp32, bf16 or fp16 (kPrecisions)
   std::string reduce_dtype = "fp32";     // --reduce-dtype: the dtype DDP's gradient buckets travel in
   std::optional<CollectiveBackend> dist;  // --dist mpi, mpi-nccl: dp/ddp over the devices of every process
+  int zero_stage = 0;                     // --zero: ddp's ZeRO stage (DataParallelOptions::zero_stage)
+  bool activation_checkpointing = false;  // --activation-checkpointing (training.cc says which blocks)
   uint64_t seed = 0;                    // initial weights
   std::string resume;                   // checkpoint to start from (model and optimizer)
   std::optional<nn::LlamaConfig> llama;  // model "llama": its configuration (required)
