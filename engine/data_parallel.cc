@@ -133,6 +133,11 @@ optim::Optimizer& DataParallel::optimizer(size_t replica) {
 
 void DataParallel::optimizer_step() { step_->optimizer_step(); }
 
+void DataParallel::consolidate_state_dict() {
+  DPE_CHECK(!ctx_->optimizers.empty(), "DataParallel::consolidate_state_dict: no optimizer; call set_optimizer first");
+  step_->consolidate_state_dict();
+}
+
 void DataParallel::zero_grad() { step_->zero_grad(); }
 
 double DataParallel::clip_grad_norm(double max_norm) {

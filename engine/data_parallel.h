@@ -122,6 +122,11 @@ class DataParallel {
   std::shared_ptr<nn::Module> module_ptr();
   std::vector<Tensor> parameters() const;
   optim::Optimizer& optimizer(size_t replica = 0);
+  // ZeRO across processes (zero_stage > 0, backend 'mpi' or 'mpi-nccl'): gathers the whole optimizer state from
+  // every process's devices so that optimizer(r).state_dict() returns it (for a checkpoint) until the next step;
+  // every process calls it at the same point (PyTorch's ZeroRedundancyOptimizer.consolidate_state_dict).
+  // Anywhere else state_dict() is whole already and this does nothing.
+  void consolidate_state_dict();
   size_t num_optimizers() const;  // DP: 1, DDP: one per replica
   // DDP mode: the replicas' group; DP mode across processes: the masters' (one member per process); else null.
   ProcessGroup* process_group();

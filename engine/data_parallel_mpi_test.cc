@@ -364,5 +364,46 @@ TEST(GradScalerAcrossProcesses, AnInfInOneProcessSkipsTheStepEverywhere) {
   }
 }
 
+// ZeRO across processes: the shards span every process's devices (4 ranks over 2 processes), the buckets are
+// reduce-scattered (stage 2) or all-reduced (stage 1) and the parameters all-gathered by the mpi backend; the
+// training is one process's plain DDP on 4 devices, and the whole optimizer state, gathered by
+// consolidate_state_dict on every process, is that run's.
+TEST(ZeroAcrossProcesses, TwoProcessesOfTwoDevicesTrainLikeOneProcessOfFourAndGatherTheState) {
+  const int p = process_rank(), processes = process_count();
+  const int64_t batch = 8 * processes;
+  const auto batches = global_batches(13, batch);
+  DataParallel one(make_model(400), {.device_ids = cpus(0, 2 * processes), .mode = ParallelMode::DDP});
+  const std::vector<double> one_losses = train(one, batches, 0, batch);
+  const optim::OptimizerStateDict want = one.optimizer(0).state_dict();
+  for (int stage : {1, 2}) {
+    const std::string what = "stage " + std::to_string(stage) + " process " + std::to_string(p);
+    DataParallel across(make_model(400 + p), {.device_ids = cpus(0, 2), .mode = ParallelMode::DDP,
+                                              .bucket_cap_mb = 0.0005, .backend = CollectiveBackend::Mpi,
+                                              .zero_stage = stage});
+    expect_same_losses(train(across, batches, batch / processes * p, batch / processes), one_losses);
+    for (size_t r = 0; r < 2; ++r) {
+      expect_parameters_close(across.replica(r).parameters(), one.module().parameters(), what + " replica " +
+                              std::to_string(r));
+    }
+    std::string refused;
+    try {
+      across.optimizer(0).state_dict();
+    } catch (const std::exception& e) {
+      refused = e.what();
+    }
+    EXPECT_NE(refused.find("call DataParallel::consolidate_state_dict() on every process first"), std::string::npos)
+        << what << ": " << refused;
+    across.consolidate_state_dict();
+    const optim::OptimizerStateDict got = across.optimizer(0).state_dict();
+    ASSERT_EQ(got.tensors.size(), want.tensors.size()) << what;
+    for (const auto& [i, named] : want.tensors) {
+      for (const auto& [name, t] : named) {
+        EXPECT_LE(max_abs_diff(got.tensors.at(i).at(name), t), 1e-6) << what << ": " << name << " of " << i;
+      }
+    }
+    EXPECT_EQ(got.scalars, want.scalars) << what;
+  }
+}
+
 }  // namespace
 }  // namespace dpe

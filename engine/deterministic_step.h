@@ -46,6 +46,7 @@ class DeterministicStep final : public Step {
   void zero_grad() override { mode_->zero_grad(); }
   double clip_grad_norm(double max_norm) override { return mode_->clip_grad_norm(max_norm); }
   void optimizers_made() override { mode_->optimizers_made(); }
+  void consolidate_state_dict() override { mode_->consolidate_state_dict(); }
   std::vector<StepReport::MemoryUse> memory_use() const override { return mode_->memory_use(); }
   TransferStats replicate(const std::vector<size_t>& to) override { return mode_->replicate(to); }
   void replica_dropped(size_t r) override { mode_->replica_dropped(r); }

@@ -93,8 +93,6 @@ void check_zero(const DataParallelOptions& options) {
   DPE_CHECK(options.mode == ParallelMode::DDP, "DataParallel: zero_stage ", options.zero_stage, " shards DDP "
             "mode's optimizers; mode ", mode_name(options.mode), " has ", options.mode == ParallelMode::DP ? "one" :
             "a DP phase with one", "; use mode ddp");
-  DPE_CHECK(!spans_processes(options.backend), "DataParallel: zero_stage ", options.zero_stage, " runs in one "
-            "process for now; backend '", backend_name(options.backend), "' spans processes (use zero_stage 0)");
 }
 
 }  // namespace

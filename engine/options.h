@@ -82,7 +82,8 @@ struct DataParallelOptions {
   // DDP mode: ZeRO's stage (engine/zero_step.h, docs/DATA_PARALLEL.md "Memory: ZeRO"). 0: none, every replica
   // keeps the whole optimizer state; 1: each replica keeps the state of the 1/n of the elements it owns, steps
   // them, and all-gathers the parameters; 2: also only its 1/n of the reduced gradients (buckets are
-  // reduce-scattered during backward). Results are plain DDP's, bit for bit. One process.
+  // reduce-scattered during backward). Results are plain DDP's. Across processes too (the shards span every
+  // process's devices; DataParallel::consolidate_state_dict before saving the optimizer).
   int zero_stage = 0;
 };
 
@@ -91,8 +92,9 @@ struct DataParallelOptions {
 // backward_ms is the whole backward, gradient reduction included; reduce_ms the part of it spent reducing (DP:
 // what was left after the replicas' backward; DDP: inside the overlapped all-reduces).
 // DDP mode: phases run on every replica at once; a phase's time is the slowest replica's. broadcast is the buffer
-// broadcast; reduce.bytes is the gradient bytes all-reduced, summed over replicas; reduce.transfers the
-// all-reduce calls.
+// broadcast (ZeRO: and the parameters all-gathered after the optimizer, whose time is in optimizer_ms);
+// reduce.bytes is the gradient bytes all-reduced (ZeRO-2: reduce-scattered), summed over replicas;
+// reduce.transfers the all-reduce calls.
 struct StepReport {
   ParallelMode mode = ParallelMode::DP;
   std::vector<int64_t> chunk_sizes;

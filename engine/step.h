@@ -76,6 +76,9 @@ class Step {
   // ctx.optimizers were (re)made from ctx.make_optimizer (set_optimizer, set_mode): a step that shards them
   // takes them over here, keeping their state.
   virtual void optimizers_made() {}
+  // DataParallel::consolidate_state_dict: a step whose optimizer state is spread over processes gathers it
+  // (a collective); the others have nothing to do.
+  virtual void consolidate_state_dict() {}
   // The master's requires_grad flags changed (Note [Frozen parameters]): rebuild what depends on them.
   virtual void trainable_changed() = 0;
   // Before replicas `to` (each >= 1) compute: bring them up to date with the master (DP: PyTorch's replicate,

@@ -20,16 +20,20 @@ std::map<std::string, double> defaults_of(const optim::Optimizer& optimizer) {
 
 ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> whole, std::unique_ptr<optim::Optimizer> shard,
                              const std::vector<Tensor>& params, const std::vector<ZeroPiece>& pieces,
-                             std::shared_ptr<ZeroPeers> peers)
+                             std::shared_ptr<ZeroPeers> peers, size_t ranks)
     : Optimizer(whole->type_name(), defaults_of(*whole), 0.0),
       whole_(std::move(whole)),
       shard_(std::move(shard)),
-      peers_(std::move(peers)) {
+      piece_shard_index_(pieces.size(), -1),
+      whole_index_(params.size(), -1),
+      peers_(std::move(peers)),
+      ranks_(ranks) {
   DPE_INTERNAL_ASSERT(whole_->type_name() == shard_->type_name() &&
                       whole_->param_groups().size() == shard_->param_groups().size());
   NoGradGuard no_grad;
   // This replica's piece of each reducer parameter (at most one: engine/zero_layout.h).
-  std::map<const TensorImpl*, size_t> piece_of;
+  std::map<const TensorImpl*, size_t> piece_of, param_of;
+  for (size_t p = 0; p < params.size(); ++p) param_of[params[p].impl()] = p;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ZeroPiece& piece = pieces[k];
     pieces_.push_back(params[piece.param].detach().view({-1}).narrow(0, piece.start, piece.length));
@@ -40,12 +44,16 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> whole, std::uniqu
     const optim::ParamGroup& group = whole_->param_groups()[g];
     std::vector<Tensor> mine;
     for (const Tensor& p : group.params) {
+      if (auto param = param_of.find(p.impl()); param != param_of.end()) {
+        whole_index_[param->second] = static_cast<int64_t>(slots_.size());
+      }
       auto it = piece_of.find(p.impl());
       if (it == piece_of.end()) {
         slots_.emplace_back(std::nullopt);
         continue;
       }
       const ZeroPiece& piece = pieces[it->second];
+      piece_shard_index_[it->second] = shard_index;
       slots_.emplace_back(Slot{shard_index++, piece.start, piece.length});
       mine.push_back(pieces_[it->second]);
     }
@@ -54,7 +62,17 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> whole, std::uniqu
   }
 }
 
+optim::OptimizerStateDict ZeroOptimizer::whole_structure() const {
+  optim::OptimizerStateDict out = whole_->state_dict();  // `whole` never holds state
+  for (size_t g = 0; g < out.param_groups.size(); ++g) {
+    out.param_groups[g].lr = param_groups()[g].lr;
+    out.param_groups[g].options = param_groups()[g].options;
+  }
+  return out;
+}
+
 void ZeroOptimizer::step() {
+  consolidated_.reset();
   // The user's hyper-parameters (a scheduler changes this optimizer's groups) are the shard's.
   for (size_t g = 0; g < param_groups().size(); ++g) {
     shard_->param_groups()[g].lr = param_groups()[g].lr;
@@ -64,11 +82,13 @@ void ZeroOptimizer::step() {
 }
 
 optim::OptimizerStateDict ZeroOptimizer::state_dict() const {
-  optim::OptimizerStateDict out = whole_->state_dict();  // the structure; `whole` never holds state
-  for (size_t g = 0; g < out.param_groups.size(); ++g) {
-    out.param_groups[g].lr = param_groups()[g].lr;
-    out.param_groups[g].options = param_groups()[g].options;
+  if (peers_->ranks.size() < ranks_) {
+    DPE_CHECK(consolidated_.has_value(), "ZeRO across processes: the optimizer state is spread over ", ranks_,
+              " devices of several processes; call DataParallel::consolidate_state_dict() on every process first "
+              "(PyTorch's ZeroRedundancyOptimizer.consolidate_state_dict)");
+    return *consolidated_;
   }
+  optim::OptimizerStateDict out = whole_structure();
   std::vector<optim::OptimizerStateDict> shards;
   for (const ZeroOptimizer* peer : peers_->ranks) shards.push_back(peer->shard_->state_dict());
   std::vector<const Tensor*> packed;
@@ -109,6 +129,7 @@ void ZeroOptimizer::check_state_dict(const optim::OptimizerStateDict& state) con
 
 void ZeroOptimizer::load_state_dict(const optim::OptimizerStateDict& state) {
   check_state_dict(state);
+  consolidated_.reset();
   optim::OptimizerStateDict mine;
   mine.type = state.type;
   int64_t next = 0;

@@ -1,11 +1,14 @@
 #include "engine/zero_step.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "core/autograd/grad_mode.h"
 #include "core/copy.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "engine/ddp_reducer.h"
 #include "engine/zero_optimizer.h"
 #include "optim/clip_grad.h"
@@ -96,7 +99,19 @@ bool ZeroStep::step_optimizers(optim::GradScaler* scaler) {
   replicas.run([&](size_t r) { attach_gradients(r); }, group);
   // Every replica its pieces; all or none skip. Through Step, whose friend this is.
   const bool took_step = static_cast<Step&>(*ddp_).step_optimizers(scaler);
-  if (took_step) replicas.run([&](size_t r) { all_gather_parameters(r); }, group);
+  if (took_step) {
+    replicas.run([&](size_t r) { all_gather_parameters(r); }, group);
+    // The parameters sent back to every replica: reported with the broadcasts (DP's parameters travel there too).
+    const ZeroLayout& layout = ddp_->ddp_reducer()->zero_layout();
+    if (layout.ranks() > 1) {
+      for (size_t b = 0; b < layout.num_buckets(); ++b) {
+        const Tensor& first = params_[0][ddp_->ddp_reducer()->buckets()[b][0]];
+        ctx_.report.broadcast.bytes += layout.shard_numel(b) * static_cast<int64_t>(layout.ranks()) *
+                                       static_cast<int64_t>(element_size(first.dtype())) *
+                                       static_cast<int64_t>(replicas.size());
+      }
+    }
+  }
   return took_step;
 }
 
@@ -148,10 +163,96 @@ void ZeroStep::optimizers_made() {
   repartition([] {});
 }
 
+bool ZeroStep::across_processes() const {
+  ProcessGroup& group = *ddp_->process_group();
+  return group.world_size() > group.size();
+}
+
+void ZeroStep::consolidate_state_dict() {
+  if (!across_processes()) return;  // state_dict() gathers from the replicas of this process
+  const optim::OptimizerStateDict state = gather_state_across_processes();
+  for (size_t r = 0; r < ctx_.optimizers.size(); ++r) optimizer(r).set_consolidated(state);
+}
+
+// Each bucket's state, one tensor name at a time: every replica writes its pieces' state into a zeroed
+// bucket-sized buffer at their places, and a sum over every replica of every process fills it (each element
+// has one owner, so the sum is exact); scalars (Adam's step, the same for every piece of a parameter) by a
+// maximum over a per-parameter vector, -inf where a replica has no state for it.
+optim::OptimizerStateDict ZeroStep::gather_state_across_processes() {
+  ReplicaSet& replicas = *ctx_.replicas;
+  const DdpReducer& reducer = *ddp_->ddp_reducer();
+  const ZeroLayout& layout = reducer.zero_layout();
+  ProcessGroup& group = *ddp_->process_group();
+  optim::OptimizerStateDict out = optimizer(0).whole_structure();
+  const std::vector<std::string> names = optimizer(0).state_tensor_names();
+  const std::vector<std::string> scalar_names = optimizer(0).state_scalar_names();
+  const size_t count = params_[0].size();
+  replicas.run([&](size_t r) {
+    NoGradGuard no_grad;
+    ZeroOptimizer& mine = optimizer(r);
+    const optim::OptimizerStateDict shard = mine.shard_state_dict();
+    const std::vector<ZeroPiece>& pieces = layout.pieces(rank(r));
+    const Device& device = replicas.devices()[r];
+    const auto has_state = [&](size_t k) { return shard.tensors.count(mine.shard_index(k)) > 0; };
+    // Which parameters have state anywhere, and their scalars.
+    std::vector<double> values((1 + scalar_names.size()) * count, -std::numeric_limits<double>::infinity());
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      if (!has_state(k)) continue;
+      const size_t p = pieces[k].param;
+      values[p] = 1;
+      for (size_t s = 0; s < scalar_names.size(); ++s) {
+        values[(1 + s) * count + p] = shard.scalars.at(mine.shard_index(k)).at(scalar_names[s]);
+      }
+    }
+    Tensor found = Tensor::from_vector(values, {static_cast<int64_t>(values.size())},
+                                       TensorOptions(DType::Float64).with_device(device));
+    group.all_reduce(static_cast<int>(r), found, ReduceOp::Max);
+    values = found.to_vector<double>();
+    size_t k = 0;
+    for (size_t b = 0; b < reducer.num_buckets(); ++b) {
+      const std::vector<size_t>& members = reducer.buckets()[b];
+      const size_t first_piece = k;
+      while (k < pieces.size() && pieces[k].bucket == b) ++k;
+      if (std::none_of(members.begin(), members.end(), [&](size_t p) { return values[p] > 0; })) continue;
+      const int64_t shard_numel = layout.shard_numel(b);
+      const int64_t base = static_cast<int64_t>(rank(r)) * shard_numel;
+      for (const std::string& name : names) {
+        Tensor bucket = zeros({shard_numel * static_cast<int64_t>(layout.ranks())},
+                              TensorOptions(params_[r][members[0]].dtype()).with_device(device));
+        for (size_t j = first_piece; j < k; ++j) {
+          if (!has_state(j)) continue;
+          copy_into(bucket.narrow(0, base + pieces[j].shard_offset, pieces[j].length),
+                    shard.tensors.at(mine.shard_index(j)).at(name));
+        }
+        group.all_reduce(static_cast<int>(r), bucket, ReduceOp::Sum);
+        if (r != 0) continue;
+        for (size_t p : members) {
+          if (values[p] <= 0) continue;
+          const Tensor& param = params_[0][p];
+          out.tensors[mine.whole_index(p)][name] =
+              bucket.narrow(0, layout.bucket_offset(p), param.numel()).view(param.shape()).clone();
+        }
+      }
+    }
+    if (r != 0) return;
+    for (size_t p = 0; p < count; ++p) {
+      if (values[p] <= 0) continue;
+      for (size_t s = 0; s < scalar_names.size(); ++s) {
+        out.scalars[mine.whole_index(p)][scalar_names[s]] = values[(1 + s) * count + p];
+      }
+    }
+  }, &group);
+  return out;
+}
+
 template <typename Change>
 void ZeroStep::repartition(const Change& change) {
   std::optional<optim::OptimizerStateDict> state;
-  if (!ctx_.optimizers.empty()) state = ctx_.optimizers[0]->state_dict();  // the whole, from every replica
+  if (!ctx_.optimizers.empty()) {
+    // The whole state: from every replica of this process, or, sharded across processes, gathered from all.
+    const bool sharded = dynamic_cast<ZeroOptimizer*>(ctx_.optimizers[0].get()) != nullptr;
+    state = sharded && across_processes() ? gather_state_across_processes() : ctx_.optimizers[0]->state_dict();
+  }
   change();
   params_ = ctx_.replicas->trainable_params();
   if (!state) return;
@@ -164,7 +265,7 @@ void ZeroStep::repartition(const Change& change) {
   for (size_t r = 0; r < replicas.size(); ++r) {
     const std::vector<Tensor> parameters = replicas.replica(r).parameters();
     auto zero = std::make_unique<ZeroOptimizer>(ctx_.make_optimizer(parameters), ctx_.make_optimizer(parameters),
-                                                params_[r], layout.pieces(rank(r)), peers);
+                                                params_[r], layout.pieces(rank(r)), peers, layout.ranks());
     peers->ranks.push_back(zero.get());
     ctx_.optimizers.push_back(std::move(zero));
   }

@@ -12,6 +12,9 @@
 //     DDP's bit for bit), then every bucket's parameters are all-gathered from their owners.
 // The failure policy's dropped device, frozen parameters that change, and set_optimizer re-partition: the
 // whole optimizer state is gathered, the layout recomputed for the replicas left, and the state cut again.
+// Across processes (backend 'mpi', 'mpi-nccl') the layout spans every process's devices (rank k: global rank
+// k), the collectives are the backend's reduce-scatter and all-gather, and the whole state is gathered by a
+// collective (consolidate_state_dict).
 #pragma once
 
 #include <memory>
@@ -41,6 +44,7 @@ class ZeroStep final : public Step {
   void zero_grad() override;
   double clip_grad_norm(double max_norm) override;
   void optimizers_made() override;
+  void consolidate_state_dict() override;
   std::vector<StepReport::MemoryUse> memory_use() const override;  // the gradient shards counted too
 
  private:
@@ -49,7 +53,9 @@ class ZeroStep final : public Step {
   // gathered before it and cut again after.
   template <typename Change>
   void repartition(const Change& change);
-  void shard_optimizers();
+  bool across_processes() const;
+  // The whole optimizer state, assembled on every process from every process's pieces (a collective).
+  optim::OptimizerStateDict gather_state_across_processes();
   ZeroOptimizer& optimizer(size_t r);
   void attach_gradients(size_t r);
   void all_gather_parameters(size_t r);

@@ -68,10 +68,10 @@ std::vector<Device> check_before_work(BenchArgs& args) {
   if (args.dist != "none") {
     dist_backend(args.dist, devices);  // its checks
     for (const std::string& mode : args.modes) {
-      DPE_CHECK(mode == "ddp" || mode == "dp" || mode == kNoSyncMode, "--modes ", join_commas(args.modes),
+      DPE_CHECK(mode != "auto" && mode != "single" && mode != "single-all", "--modes ", join_commas(args.modes),
                 " with --dist ", args.dist, ": ", mode,
                 mode == "auto" ? " switches modes, which it cannot across processes" : " runs on one device",
-                "; expected ddp, dp and/or ", kNoSyncMode);
+                "; expected ddp, dp, ddp-zero1, ddp-zero2 and/or ", kNoSyncMode);
     }
   } else if (std::ranges::any_of(args.modes, shards_per_replica)) {
     check_ddp_batch("--batch-size", args.batch_size, static_cast<int64_t>(devices.size()));

@@ -25,6 +25,13 @@ namespace dpe::tool::bench {
 
 namespace {
 
+// A large model makes less than one sample per second (the 124M Llama on CPUs): decimals then, not "0".
+std::string samples_per_s(double rate) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, rate < 100 ? "%.2f" : "%.0f", rate);
+  return buf;
+}
+
 std::string mb(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / 1e6);
@@ -160,9 +167,8 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
     std::string peak;
     for (const auto& [d, bytes] : r.peak) peak += d.str() + " " + mb(bytes) + "  ";
     const StepReport& p = r.phases;
-    // A large model makes less than one sample per second (the 124M Llama on CPUs): decimals then, not "0".
     char rate[24];
-    std::snprintf(rate, sizeof rate, r.samples_per_s < 100 ? "%10.2f" : "%10.0f", r.samples_per_s);
+    std::snprintf(rate, sizeof rate, "%10s", samples_per_s(r.samples_per_s).c_str());
     if (r.framework == "dpe") {
       char scaling[16] = "-";
       if (r.scaling) std::snprintf(scaling, sizeof scaling, "%.0f%%", *r.scaling * 100);
@@ -217,7 +223,7 @@ void print_rounds(const std::vector<Row>& rows) {
   for (const Row& r : rows) {
     std::string samples, scalings;
     for (const Row::Round& round : r.rounds) {
-      samples += (samples.empty() ? "" : ", ") + std::to_string(std::llround(round.samples_per_s));
+      samples += (samples.empty() ? "" : ", ") + samples_per_s(round.samples_per_s);
       if (round.config != r.config) samples += " (" + round.config + ")";
       if (round.scaling) {
         scalings += (scalings.empty() ? "; scaling " : ", ") + std::to_string(std::llround(*round.scaling * 100)) + "%";

@@ -65,6 +65,37 @@ cmp -s "$tmp/a.ck" "$tmp/c.ck" || { echo "FAILED: the resumed checkpoint differs
 run "1 process, 2 epochs" "${one[@]}" "$bin" train "${exact[@]}" --device-ids cpu:0,cpu:1 --epochs 2 --checkpoint "$tmp/one.ck"
 cmp -s "$tmp/a.ck" "$tmp/one.ck" || { echo "FAILED: 2 processes' checkpoint differs from 1 process's"; fail=1; }
 
+# ZeRO-2 across processes: each process holds half of the optimizer state (one device of two); process 0
+# saves the whole state gathered from both, which is the plain DDP run's (its weights and Adam moments within
+# 1e-5; the sums differ in order), and a single process resumes it.
+zero=(--model mlp --mode ddp --limit 1000 --seed 3 --batch-size 60 --schedule constant --save-every 1 --optimizer adam
+      --lr 0.001)
+run "zero2, 2 processes" "${mpi[@]}" "${zero[@]}" --zero 2 --device-ids cpu:0 --epochs 2 --checkpoint "$tmp/z2.ck"
+run "ddp, 1 process" "${one[@]}" "$bin" train "${zero[@]}" --device-ids cpu:0,cpu:1 --epochs 2 --checkpoint "$tmp/z0.ck"
+python3 - "$tmp/z2.ck" "$tmp/z0.ck" <<'PY' || { echo "FAILED: ZeRO-2 across processes differs from DDP"; fail=1; }
+import array, json, struct, sys
+def tensors(path):
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__" or meta["dtype"] != "F32":
+            continue
+        begin, end = meta["data_offsets"]
+        out[name] = array.array("f", data[8 + n + begin:8 + n + end])
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a.keys() == b.keys() and any(k.startswith("optimizer.state.") for k in a), sorted(a)
+for k in a:
+    worst = max((abs(x - y) - 1e-4 * abs(y) for x, y in zip(a[k], b[k])), default=0)
+    assert worst <= 1e-6, (k, worst)
+print(len(a), "tensors agree")
+PY
+run "zero2 resumed in 1 process" "${one[@]}" "$bin" train "${zero[@]}" --device-ids cpu:0,cpu:1 --epochs 3 \
+  --checkpoint "$tmp/z3.ck" --resume "$tmp/z2.ck"
+grep -q "resumed after epoch 2" <<<"$out" || { echo "FAILED: not resumed: $out"; fail=1; }
+
 # SyncBatchNorm across processes: the CNN's statistics over every replica of both processes, byte for byte
 # those of one process with both devices.
 bn=(--model cnn --sync-bn --mode ddp --limit 256 --seed 3 --batch-size 64 --schedule constant --save-every 1 --epochs 1)
@@ -115,7 +146,7 @@ else
   fi
 fi
 
-expect 2 "--modes single,ddp with --dist mpi: single runs on one device; expected ddp, dp and/or ddp-no-sync" \
+expect 2 "--modes single,ddp with --dist mpi: single runs on one device; expected ddp, dp, ddp-zero1, ddp-zero2 and/or ddp-no-sync" \
   timeout 30 "$bin" bench --dist mpi --modes single,ddp
 expect 2 "--dist mpi needs --mode ddp or dp (--mode single trains one device)" \
   timeout 30 "$bin" train --dist mpi --mode single

@@ -303,6 +303,8 @@ void run_train(TrainArgs args) {
       ++steps;
       if (progress) progress->update(steps, loss_sum / static_cast<double>(samples), samples);
     }
+    const bool save = args.save_every > 0 && ((epoch + 1) % args.save_every == 0 || epoch + 1 == args.epochs);
+    if (save) dp->consolidate_state_dict();  // every process: ZeRO across processes gathers the optimizer here
     if (!prints) continue;  // evaluation, checkpoints and the report are process 0's
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     accuracy = evaluate();
@@ -323,7 +325,7 @@ void run_train(TrainArgs args) {
                              .samples_per_s = rate,
                              .seconds = seconds,
                              .skipped_steps = skipped});
-    if (args.save_every > 0 && ((epoch + 1) % args.save_every == 0 || epoch + 1 == args.epochs)) {
+    if (save) {
       // Replicas are identical (DDP) or the master holds the model (DP): replica 0 is the model.
       io::TrainingState state{.epoch = epoch + 1, .step = (epoch + 1) * loader.num_batches()};
       record_configuration(args.configuration, state);

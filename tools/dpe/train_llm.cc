@@ -293,7 +293,9 @@ void run_train_llm(const EngineOptions& engine, const OptimizerOptions& optimize
       progress->note(line);
     }
     if (prints) records.push_back(record);
-    if (prints && options.save_every > 0 && ((step + 1) % options.save_every == 0 || last)) {
+    const bool save = options.save_every > 0 && ((step + 1) % options.save_every == 0 || last);
+    if (save) dp->consolidate_state_dict();  // every process: ZeRO across processes gathers the optimizer here
+    if (prints && save) {
       // Replica 0 is the model (DP's master, or any of DDP's identical replicas): its own names, no prefix.
       io::TrainingState state{.epoch = loader.epoch(), .step = step + 1,
                               .metadata = {{"token_loader", loader.state().to_json()}}};

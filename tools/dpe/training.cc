@@ -170,8 +170,6 @@ void check_engine_options(const EngineOptions& options) {
             ": expected 0 (none), 1 (optimizer state sharded) or 2 (and gradients)");
   DPE_CHECK(options.zero_stage == 0 || options.mode == "ddp", "--zero ", options.zero_stage, " shards DDP mode's "
             "optimizers; expected --mode ddp, got --mode ", options.mode);
-  DPE_CHECK(options.zero_stage == 0 || !options.dist, "--zero ", options.zero_stage, " runs in one process; it "
-            "cannot be combined with --dist yet");
 }
 
 io::TrainingState read_checkpoint_state(const EngineOptions& options, const OptimizerOptions& optimizer) {
