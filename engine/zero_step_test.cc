@@ -1,13 +1,15 @@
-// ZeRO stages 1 and 2 (engine/zero_step.h): the layout's balance, training equal to plain DDP's (bitwise
-// where the arithmetic is the same, and in the deterministic mode) with SGD-momentum, Adam and AdamW, frozen and
-// unused parameters, gradient accumulation and clipping, on 2, 3 and 5 devices; optimizer state per device the
-// owned share; checkpoints that do not depend on the stage or the device count; a dropped device; errors.
+// ZeRO stages 1 and 2 (engine/zero_step.h): the layout's balance; training equal to plain DDP's (1e-6; bitwise in
+// the deterministic mode) with SGD-momentum, Adam and AdamW, frozen and unused parameters, gradient
+// accumulation, clipping, loss scaling and bfloat16 autocast, on 2, 3 and 5 devices; optimizer state per device
+// the owned share; checkpoints that do not depend on the stage or the device count; a dropped device; errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 
+#include "core/amp/autocast.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
 #include "engine/ddp_reducer.h"
@@ -81,6 +83,7 @@ struct Recipe {
   int accumulate = 1;  // micro-batches per step, all but the last inside no_sync
   double clip = 0;     // clip_grad_norm's max norm (0: none)
   bool deterministic = false;
+  bool autocast = false;  // bfloat16 autocast on the CPU (float32 where the CPU lacks bfloat16 instructions)
   int steps = 4;
 };
 
@@ -103,6 +106,8 @@ Trained train(const Recipe& recipe) {
   DataParallel dp(net, options_of(recipe));
   dp.set_optimizer(recipe.optimizer);
   Trained out;
+  std::optional<amp::AutocastGuard> autocast;
+  if (recipe.autocast) autocast.emplace(DeviceKind::CPU);
   for (int step = 0; step < recipe.steps; ++step) {
     dp.zero_grad();
     double loss = 0;
@@ -202,6 +207,8 @@ TEST(ZeroStep, FrozenUnusedAccumulatedAndClippedTrainLikeDdp) {
                 what + " accumulated");
     expect_same(train({.devices = 3, .stage = stage, .clip = 0.05}), train({.devices = 3, .clip = 0.05}), false,
                 what + " clipped");
+    expect_same(train({.devices = 2, .stage = stage, .autocast = true}), train({.devices = 2, .autocast = true}), false,
+                what + " autocast");
   }
 }
 

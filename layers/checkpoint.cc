@@ -1,5 +1,6 @@
 #include "layers/checkpoint.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -14,17 +15,17 @@ namespace dpe::nn {
 
 namespace {
 
-// Every device's default generator (seed, offset): what makes the recomputation draw the forward's numbers.
+// The default generators (seed, offset) of the devices the checkpointed tensors live on: what makes the
+// recomputation draw the forward's numbers. Only those: other devices' generators belong to other threads
+// (DataParallel's workers run their replicas' backward, and so this recomputation, at the same time).
 struct RandomState {
   std::vector<std::pair<Device, std::pair<uint64_t, uint64_t>>> generators;
 
-  static RandomState now() {
+  static RandomState now(const std::vector<Device>& devices) {
     RandomState state;
-    for (DeviceKind kind : {DeviceKind::CPU, DeviceKind::CUDA}) {
-      for (const Device& d : all_devices(kind)) {
-        const Generator& g = default_generator(d);
-        state.generators.emplace_back(d, std::pair{g.seed(), g.offset()});
-      }
+    for (const Device& d : devices) {
+      const Generator& g = default_generator(d);
+      state.generators.emplace_back(d, std::pair{g.seed(), g.offset()});
     }
     return state;
   }
@@ -80,7 +81,15 @@ Tensor checkpoint(const std::vector<Module*>& modules, const CheckpointFn& fn, c
   }
   saved->params.assign(edges.begin() + static_cast<std::ptrdiff_t>(inputs.size()), edges.end());
   saved->buffers = std::move(buffers);
-  saved->random = RandomState::now();
+  std::vector<Device> devices;
+  for (const std::vector<Tensor>* list : {&edges, &saved->buffers}) {
+    for (const Tensor& t : *list) {
+      if (t.defined() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+        devices.push_back(t.device());
+      }
+    }
+  }
+  saved->random = RandomState::now(devices);
   saved->autocast = amp::autocast_state();
   saved->fn = fn;
   Tensor out;
@@ -106,7 +115,9 @@ Tensor checkpoint(const std::vector<Module*>& modules, const CheckpointFn& fn, c
     }
     Tensor y;
     {
-      const RandomState after = RandomState::now();
+      std::vector<Device> devices;
+      for (const auto& [device, seed_offset] : saved->random.generators) devices.push_back(device);
+      const RandomState after = RandomState::now(devices);
       const amp::AutocastState autocast = amp::autocast_state();
       std::vector<Tensor> buffers;  // as the forward left them
       for (const Tensor& b : saved->buffers) buffers.push_back(b.detach().clone());

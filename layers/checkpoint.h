@@ -3,8 +3,9 @@
 //   h = nn::checkpoint(*block, [&](const std::vector<Tensor>& x) { return block->forward(x[0]); }, {h});
 //
 // The forward runs fn without recording a graph, so none of its intermediate activations stay alive; only the
-// inputs and the random generators' state are kept. The backward runs fn again from them with the same random
-// numbers (dropout draws the same mask, bit for bit) and returns the gradients of the inputs and of `module`'s
+// inputs and the state of the random generators of the devices its inputs, parameters and buffers are on are
+// kept (no other device's: another thread may be drawing from it). The backward runs fn again from them with
+// the same random numbers (dropout draws the same mask, bit for bit) and returns the gradients of the inputs and of `module`'s
 // parameters through the checkpoint's own node, so each parameter's gradient is accumulated once, by the outer
 // backward, with everything else it receives: its hooks (DDP's reducer) fire once per parameter, parameters
 // used inside and outside the checkpoint are fine, and DDP's find_unused_parameters sees them reached (the

@@ -146,6 +146,24 @@ TEST(Checkpoint, HoldsLessMemoryBetweenForwardAndBackward) {
   EXPECT_LT(checkpointed, plain * 2 / 3) << "plain " << plain << " B, checkpointed " << checkpointed << " B";
 }
 
+// The recomputation replays the generators of the checkpoint's own devices only: cpu:1's, drawn from between the
+// forward and the backward (in DataParallel, by another replica's worker at the same time), is left alone.
+TEST(Checkpoint, OtherDevicesGeneratorsAreLeftAlone) {
+  auto layer = std::make_shared<Linear>(4, 4);  // on cpu:0
+  std::vector<uint64_t> seen;                   // cpu:1's offset each time fn runs
+  auto fn = [&](const std::vector<Tensor>& in) {
+    seen.push_back(default_generator(Device::cpu(1)).offset());
+    return layer->forward(in[0]);
+  };
+  Tensor out = checkpoint(*layer, fn, {randn({2, 4})});
+  randn({1000}, TensorOptions().with_device(Device::cpu(1)));
+  const uint64_t drawn = default_generator(Device::cpu(1)).offset();
+  sum(out).backward();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1], drawn);  // the recomputation saw cpu:1 as it was, not as it was at the forward
+  EXPECT_EQ(default_generator(Device::cpu(1)).offset(), drawn);
+}
+
 TEST(Checkpoint, WithoutGradModeItIsThePlainForwardAndBadInputsAreRefused) {
   auto layer = std::make_shared<Linear>(4, 2);
   Tensor x = randn({3, 4});

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The concurrent code's tests under ThreadSanitizer (--config=tsan: dbg build, own output tree): the backward
 # profiler, the oneDNN primitive cache, the worker pool, both DataParallel modes and their reducers, the
-# deterministic mode's sums across devices, the collectives, SyncBatchNorm, the data loader's prefetch thread.
+# deterministic mode's sums across devices, ZeRO's shards and activation checkpointing in every mode, the collectives, SyncBatchNorm, the data loader's prefetch thread.
 # Ends with the same "N passed, N failed, N skipped" line as tools/test.sh. Extra arguments go to `bazel test`
 # (e.g. --runs_per_test=5 to hunt for a flaky race).
 set -uo pipefail
@@ -19,6 +19,8 @@ targets=(
   //engine:batch_split_test
   //engine:device_failure_test
   //engine:deterministic_race_test
+  //engine:zero_step_test
+  //engine:activation_checkpointing_test
   //scatter_gather/...
   //collectives/...
   //layers:sync_batchnorm_test
