@@ -272,31 +272,40 @@ void DdpReducer::launch_ready_buckets(size_t replica, bool from_hook) {
     }
     auto start = detail::Clock::now();
     state.entered_last_collective = start;
-    Tensor& bucket = state.buffers[state.next_bucket];
     std::vector<Tensor> pieces;
     for (size_t p : members) pieces.push_back(std::move(state.pieces[p]));
-    if (options_.shard_gradients) {
+    if (options_.shard_gradients) {  // no bucket buffer: staged and reduce-scattered
       reduce_scatter_bucket(replica, state.next_bucket, pieces);
-    } else if (options_.reduce_dtype && *options_.reduce_dtype != bucket.dtype()) {
-      // Compressed on the wire (bf16_compress_hook): weighted into the bucket, rounded once, summed, and
-      // widened back in place.
-      for (size_t i = 0; i < members.size(); ++i) scaled_copy_into(state.views[members[i]], pieces[i], state.weight);
-      Tensor wire = bucket.to(*options_.reduce_dtype);
-      group_->all_reduce(static_cast<int>(replica), wire, ReduceOp::Sum);
-      copy_into(bucket, wire);
     } else {
-      group_->all_reduce_into(static_cast<int>(replica), bucket, pieces, state.weight);
-    }
-    // Gradients as bucket views (what finalize_backward expects of attached gradients); the backward's own
-    // gradient tensors go with `pieces`.
-    if (!options_.find_unused_parameters && !options_.shard_gradients) {
-      for (size_t p : members) {
-        if (!same_memory(params_[replica][p].grad(), state.views[p])) params_[replica][p].set_grad(state.views[p]);
-      }
+      all_reduce_bucket(replica, state.next_bucket, pieces);
     }
     state.allreduce_ms += detail::ms_since(start);
     if (from_hook) ++state.launched_from_hooks;
     ++state.next_bucket;
+  }
+}
+
+// The launch of bucket b into its buffer (every replica's weighted pieces summed there).
+void DdpReducer::all_reduce_bucket(size_t replica, size_t bucket_index, const std::vector<Tensor>& pieces) {
+  ReplicaState& state = *replicas_[replica];
+  const std::vector<size_t>& members = buckets_[bucket_index];
+  Tensor& bucket = state.buffers[bucket_index];
+  if (options_.reduce_dtype && *options_.reduce_dtype != bucket.dtype()) {
+    // Compressed on the wire (bf16_compress_hook): weighted into the bucket, rounded once, summed, and
+    // widened back in place.
+    for (size_t i = 0; i < members.size(); ++i) scaled_copy_into(state.views[members[i]], pieces[i], state.weight);
+    Tensor wire = bucket.to(*options_.reduce_dtype);
+    group_->all_reduce(static_cast<int>(replica), wire, ReduceOp::Sum);
+    copy_into(bucket, wire);
+  } else {
+    group_->all_reduce_into(static_cast<int>(replica), bucket, pieces, state.weight);
+  }
+  // Gradients as bucket views (what finalize_backward expects of attached gradients); the backward's own
+  // gradient tensors go with `pieces`.
+  if (!options_.find_unused_parameters) {
+    for (size_t p : members) {
+      if (!same_memory(params_[replica][p].grad(), state.views[p])) params_[replica][p].set_grad(state.views[p]);
+    }
   }
 }
 

@@ -146,6 +146,7 @@ class DdpReducer {
   void on_gradient_ready(size_t replica, size_t param);
   void mark_ready(size_t replica, size_t param, bool from_hook);
   void launch_ready_buckets(size_t replica, bool from_hook);
+  void all_reduce_bucket(size_t replica, size_t bucket, const std::vector<Tensor>& pieces);
   void reduce_scatter_bucket(size_t replica, size_t bucket, const std::vector<Tensor>& pieces);
 
   std::vector<std::vector<Tensor>> params_;

@@ -24,6 +24,8 @@ targets=(
   //engine:device_failure_test
   //engine:deterministic_test
   //engine:shard_tree_test
+  //engine:zero_step_test
+  //engine:activation_checkpointing_test
   //tools/dpe:dpe_train_test
   //scatter_gather/...
   //collectives/...
