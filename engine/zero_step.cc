@@ -56,7 +56,10 @@ void ZeroStep::attach_gradients(size_t r) {
         grad = reducer.shard_gradient(r, piece.bucket).narrow(0, piece.shard_offset, piece.length);
       }
     } else if (const Tensor& full = params_[r][piece.param].grad(); full.defined()) {
-      grad = full.contiguous().view({-1}).narrow(0, piece.start, piece.length);
+      // A leaf's .grad is contiguous (AccumulateGrad, the buckets), so the piece is a view: what unscale_ and
+      // clipping do to it lands in the gradient itself, and attaching again finds it there.
+      DPE_INTERNAL_ASSERT(full.is_contiguous(), "ZeRO: a non-contiguous .grad");
+      grad = full.view({-1}).narrow(0, piece.start, piece.length);
     }
     tensors[k].set_grad(grad);
   }

@@ -423,6 +423,14 @@ if ((bench)); then
     run_bench "llama_124m_bf16" "" "$dpe_tool" bench --model llama --llama-preset 124m --modes single,ddp \
       --precision bf16 --batch-size 8 --steps "$bench_steps" --warmup "$bench_warmup" \
       --json "$results/bench/llama_124m_bf16.json"
+    # Its memory on two logical devices of the first GPU: DDP against ZeRO-1 and ZeRO-2 (a half of the optimizer
+    # state, and of the gradients, per device), with and without activation checkpointing; the table's memory
+    # lines split each peak (docs/DATA_PARALLEL.md "Memory").
+    for ac in "" "--activation-checkpointing"; do
+      run_bench "llama_124m_bf16_zero@2dev${ac:+_ac}" "DPE_CUDA_LOGICAL_DEVICES=0,0" "$dpe_tool" bench --model llama \
+        --llama-preset 124m --modes ddp,ddp-zero1,ddp-zero2 --precision bf16 --batch-size 8 --steps 5 --warmup 2 \
+        $ac --json "$results/bench/llama_124m_bf16_zero@2dev${ac:+_ac}.json"
+    done
     # Then dpe beside PyTorch, and training to an accuracy. PyTorch on the same GPU, models, data and batch: the machine's own torch, run by dpe bench --compare-pytorch through a
     # wrapper that gives it the machine's library path, not the bundle's. Its rows hold dpe's own.
     dpe_only_models=()
