@@ -238,9 +238,20 @@ class DataParallelGatherNode final : public autograd::Node {
         const Tensor& out = outputs_[k][j];
         if (!out.requires_grad()) continue;
         roots[k].push_back(out);
-        root_grads[k].push_back(pieces[k].reshape(out.shape()).to(out.device()));
+        // Note [The gathered gradient goes before the replicas' backward]: a slice on the output device is
+        // copied, so that it does not keep the whole gradient alive.
+        Tensor piece = pieces[k].reshape(out.shape());
+        root_grads[k].push_back(ran > 1 && piece.device() == out.device() ? piece.clone() : piece.to(out.device()));
       }
     }
+    // Note [The gathered gradient goes before the replicas' backward]
+    // The gradient of the gathered output is (B, ...) on output_device: for a language model's logits, B x T x
+    // vocab floats, the largest tensor of the step. Every replica has its slice now, so it is freed here rather
+    // than after every replica's backward, which is when DP's first device peaks (it also runs replica 0's).
+    // The price is a copy of replica 0's slice (1/n of it, alive with the whole for a moment): less memory
+    // whenever replica 0's backward needs more than that slice, as any model's does whose gradients outweigh
+    // its outputs. The Llama small preset on 4 devices: DP's first device 5118 -> 4594 MB (docs/BENCHMARKS.md).
+    grads.clear();
     step_->backward(roots, root_grads, ran_);
     std::vector<Tensor> input_grads;
     for (size_t t = 0; t < chunk_inputs_.size(); ++t) {
@@ -373,11 +384,17 @@ double DpStep::forward_backward(const Tensor& input, const Tensor& target, const
   try {
     ctx_.replicas->check_master_placement();
     if (across_processes) masters_->broadcast_buffers();
-    std::vector<Tensor> outputs = forward(nn::ModuleInput(input));
-    DPE_CHECK(outputs.size() == 1, "DataParallel::forward: the module returned ", outputs.size(),
-              " outputs; use forward_args for several");
+    Tensor loss;
     auto start = Clock::now();
-    Tensor loss = checked_loss(loss_fn, outputs[0], target.to(ctx_.output_device, /*non_blocking=*/true));
+    {
+      // The gathered output lives as long as the loss's graph needs it, not through the backward: the step
+      // API's caller never sees it (Note [The gathered gradient goes before the replicas' backward]).
+      std::vector<Tensor> outputs = forward(nn::ModuleInput(input));
+      DPE_CHECK(outputs.size() == 1, "DataParallel::forward: the module returned ", outputs.size(),
+                " outputs; use forward_args for several");
+      start = Clock::now();
+      loss = checked_loss(loss_fn, outputs[0], target.to(ctx_.output_device, /*non_blocking=*/true));
+    }
     report.loss_ms = ms_since(start);
     start = Clock::now();
     ctx_.backward_root(loss).backward();  // through DataParallelGatherNode when several devices ran
