@@ -50,6 +50,7 @@ struct TrainArgs {
   std::string on_device_failure = "fail";
   InjectedFaults faults;  // tests only (fault_injection.h)
   LlmOptions llm;         // --model llama (train_llm.h)
+  LlmData llm_data;       // its data directory, read by prepare_llm
   RunConfiguration configuration;          // Note [A run's configuration] (run_configuration.h): across resumes
   RunConfiguration process_configuration;  // and across the processes of one launch
   std::vector<std::string> overrides;   // --override: options a resumed run may change
@@ -68,7 +69,8 @@ void prepare_llm(TrainArgs& args) {
   args.llm.data = args.data_dir;
   args.llm.save_every = args.save_every;
   check_llm_options(args.llm);  // before anything reads the data directory
-  args.engine.llama = llama_config(args.llm);
+  args.llm_data = open_llm_data(args.llm);
+  args.engine.llama = llama_config(args.llm, args.llm_data);
   if (!args.optimizer_given) args.optimizer.name = "adamw";
   if (!args.lr_given) args.optimizer.lr = 6e-4;
   if (!args.weight_decay_given) args.optimizer.weight_decay = 0.1;
@@ -175,7 +177,7 @@ void run_train(TrainArgs args) {
   prepare_llm(args);
   check_before_work(args, &resumed);
   if (args.engine.model == "llama") {
-    return run_train_llm(args.engine, args.optimizer, args.llm,
+    return run_train_llm(args.engine, args.optimizer, args.llm, args.llm_data,
                          {.batch_size = args.batch_size, .checkpoint = args.save_every > 0 ? args.checkpoint : "",
                           .json = args.json, .configuration = args.configuration},
                          resumed);

@@ -27,22 +27,6 @@ namespace dpe::tool {
 
 namespace {
 
-// GPT-2's <|endoftext|>: the document separator of llm.c's shards, for data without a tokenizer.model.
-constexpr int64_t kGpt2EndOfText = 50256;
-
-struct Vocabulary {
-  int64_t size = 0;  // 0: the preset's default
-  int64_t bos = kGpt2EndOfText, pad = 0;
-};
-
-Vocabulary vocabulary(const std::string& data_dir) {
-  const std::string model = data_dir + "/tokenizer.model";
-  struct stat st{};
-  if (::stat(model.c_str(), &st) != 0) return {};
-  const data::Tokenizer tokenizer = data::Tokenizer::load(model);
-  return {.size = tokenizer.vocab_size(), .bos = tokenizer.bos_id(), .pad = tokenizer.pad_id()};
-}
-
 data::Packing packing_of(const std::string& name) {
   DPE_CHECK(name == "packed" || name == "document", "--packing ", name, ": expected packed or document");
   return name == "packed" ? data::Packing::Packed : data::Packing::Document;
@@ -172,12 +156,30 @@ void check_llm_options(const LlmOptions& options) {
   DPE_CHECK(options.eval_batches >= 1, "--eval-batches ", options.eval_batches, ": expected at least 1");
   DPE_CHECK(!options.data.empty(), "--data: the llama model trains on token shards (dpe tokenize writes them); "
             "give their directory");
-  data::list_shards(options.data, "train");  // a directory without training shards, refused before any work
 }
 
-nn::LlamaConfig llama_config(const LlmOptions& options) {
-  const Vocabulary vocab = vocabulary(options.data);
-  nn::LlamaConfig config = nn::llama_preset(options.preset, vocab.size);
+LlmData open_llm_data(const LlmOptions& options) {
+  LlmData out;
+  out.train_shards = data::list_shards(options.data, "train");  // none: refused before any work
+  try {
+    out.val_shards = data::list_shards(options.data, "val");
+  } catch (const Error&) {
+    DPE_CHECK(options.eval_every == 0, "--eval-every ", options.eval_every, ": ", options.data,
+              " has no validation shards (*_val_*.bin)");
+  }
+  const std::string model = options.data + "/tokenizer.model";
+  struct stat st{};
+  if (::stat(model.c_str(), &st) == 0) {
+    const data::Tokenizer tokenizer = data::Tokenizer::load(model);
+    out.vocab_size = tokenizer.vocab_size();
+    out.bos = tokenizer.bos_id();
+    out.pad = tokenizer.pad_id();
+  }
+  return out;
+}
+
+nn::LlamaConfig llama_config(const LlmOptions& options, const LlmData& data) {
+  nn::LlamaConfig config = nn::llama_preset(options.preset, data.vocab_size);
   apply_overrides(config, options.dim, options.layers, options.heads, options.kv_heads);
   if (options.seq_len > 0) {
     DPE_CHECK(options.seq_len <= config.max_seq_len, "--seq-len ", options.seq_len, " is longer than the ",
@@ -187,36 +189,105 @@ nn::LlamaConfig llama_config(const LlmOptions& options) {
   return config;
 }
 
+namespace {
+
+// One optimizer step: --grad-accum micro-batches (DDP: every one but the last under no_sync), clipping of the
+// reduced gradients, the optimizer. Returns the step's loss.
+double train_one_step(DataParallel& dp, data::TokenLoader& loader, const LlmOptions& options,
+                      const std::string& precision) {
+  dp.zero_grad();
+  double loss = 0;
+  for (int64_t micro = 0; micro < options.grad_accum; ++micro) {
+    const data::TokenBatch batch = loader.next_batch();
+    const int64_t tokens = std::max<int64_t>(1, real_targets(batch.targets, loader.options().ignore_index));
+    const LossFn loss_fn = llm_loss(batch.inputs.size(0), tokens, options.grad_accum);
+    PrecisionScope scope(precision, dp.device_ids());
+    if (micro + 1 < options.grad_accum) {
+      NoSyncGuard no_sync = dp.no_sync();
+      loss += dp.forward_backward(batch.inputs, batch.targets, loss_fn);
+    } else {
+      loss += dp.forward_backward(batch.inputs, batch.targets, loss_fn);
+    }
+  }
+  if (options.grad_clip > 0) {
+    if (optim::GradScaler* scaler = dp.grad_scaler()) {
+      for (size_t r = 0; r < dp.num_optimizers(); ++r) scaler->unscale_(dp.optimizer(r));
+    }
+    dp.clip_grad_norm(options.grad_clip);  // the reduced gradients' norm, in every mode and ZeRO stage
+  }
+  dp.optimizer_step();
+  return loss;
+}
+
+void print_header(const LlmOptions& options, const nn::LlamaConfig& config, const EngineOptions& engine,
+                  const DataParallel& dp, const LlmRun& run, int64_t windows, int64_t first_step,
+                  const std::optional<PeakFlops>& peak) {
+  std::printf("dpe train: llama %s (%lld parameters, %lld layers, dim %lld, %lld/%lld heads), mode %s on %s, "
+              "global batch %lld x %lld tokens x %lld micro-steps, %lld training windows%s\n",
+              options.preset.c_str(), static_cast<long long>(nn::llama_size(config).num_params),
+              static_cast<long long>(config.num_layers), static_cast<long long>(config.dim),
+              static_cast<long long>(config.num_heads), static_cast<long long>(config.kv_heads()),
+              engine.mode.c_str(), device_list_str(dp.device_ids()).c_str(), static_cast<long long>(run.batch_size),
+              static_cast<long long>(options.seq_len), static_cast<long long>(options.grad_accum),
+              static_cast<long long>(windows),
+              first_step > 0 ? (" (resumed after step " + std::to_string(first_step) + ")").c_str() : "");
+  if (peak) std::printf("# MFU against %s\n", peak->source.c_str());
+  std::fflush(stdout);
+}
+
+// Replica 0 is the model (DP's master, or any of DDP's identical replicas): its own names, no prefix.
+void save(DataParallel& dp, const data::TokenLoader& loader, const LlmRun& run, int64_t step) {
+  io::TrainingState state{.epoch = loader.epoch(), .step = step, .metadata = {{"token_loader", loader.state().to_json()}}};
+  record_configuration(run.configuration, state);
+  if (const optim::GradScaler* scaler = dp.grad_scaler()) state.grad_scaler = scaler->state_dict();
+  io::save_checkpoint(run.checkpoint, dp.module(), &dp.optimizer(0), state);
+}
+
+// The summary, the validation loss and what the mode keeps on each device (DP's first one holds the gathered
+// logits, the loss and the optimizer).
+void print_summary(const std::vector<StepRecord>& records, Progress* progress, const StepReport& last) {
+  const StepRecord& final_step = records.empty() ? StepRecord{} : records.back();
+  char summary[200];
+  std::snprintf(summary, sizeof summary, "loss %.4f  %.0f tokens/s  MFU %.1f%%", final_step.train_loss,
+                final_step.tokens_per_s, 100 * final_step.mfu);
+  if (progress) progress->finish(summary);
+  if (final_step.val_loss >= 0) {
+    std::printf("final validation loss %.4f, perplexity %.2f\n", final_step.val_loss, std::exp(final_step.val_loss));
+  }
+  std::string memory;
+  for (const auto& [device, stats] : last.memory) {
+    char entry[64];
+    std::snprintf(entry, sizeof entry, "  %s %.1f MB", device.str().c_str(),
+                  static_cast<double>(stats.peak_allocated_bytes) / 1e6);
+    memory += entry;
+  }
+  std::printf("peak memory per device:%s\n", memory.c_str());
+}
+
+}  // namespace
+
 void run_train_llm(const EngineOptions& engine, const OptimizerOptions& optimizer, const LlmOptions& given,
-                   const LlmRun& run, const io::TrainingState& resumed) {
+                   const LlmData& corpus, const LlmRun& run, const io::TrainingState& resumed) {
   LlmOptions options = given;
   const nn::LlamaConfig& config = *engine.llama;
   if (options.seq_len == 0) options.seq_len = config.max_seq_len;
   if (options.warmup_steps < 0) options.warmup_steps = options.max_steps / 10;
   const int64_t end_step = options.stop_at_step > 0 ? options.stop_at_step : options.max_steps;
-  const Vocabulary vocab = vocabulary(options.data);
-  const std::vector<std::string> train_shards = data::list_shards(options.data, "train");
-  std::vector<std::string> val_shards;
-  try {
-    val_shards = data::list_shards(options.data, "val");
-  } catch (const Error&) {
-    DPE_CHECK(options.eval_every == 0, "--eval-every ", options.eval_every, ": ", options.data,
-              " has no validation shards (*_val_*.bin)");
-  }
   std::unique_ptr<DataParallel> dp = make_engine(engine, optimizer);
   const ProcessSlice slice = process_slice(*dp, engine.dist.has_value(), run.batch_size);
+  const bool prints = slice.reports();
   data::TokenLoaderOptions loader_options{.seq_len = options.seq_len, .batch_size = run.batch_size,
                                           .packing = packing_of(options.packing), .seed = engine.seed,
-                                          .vocab_size = config.vocab_size, .bos = vocab.bos, .pad = vocab.pad,
+                                          .vocab_size = config.vocab_size, .bos = corpus.bos, .pad = corpus.pad,
                                           .num_processes = slice.count, .process_rank = slice.index};
-  data::TokenLoader loader(train_shards, loader_options);
-  std::optional<data::TokenLoader> val;
-  if (!val_shards.empty() && slice.reports()) {
+  data::TokenLoader loader(corpus.train_shards, loader_options);
+  std::optional<data::TokenLoader> val;  // process 0's, in order
+  if (!corpus.val_shards.empty() && prints) {
     data::TokenLoaderOptions val_options = loader_options;
     val_options.shuffle = false;
     val_options.num_processes = 1;
     val_options.process_rank = 0;
-    val.emplace(val_shards, val_options);
+    val.emplace(corpus.val_shards, val_options);
   }
   int64_t first_step = 0;
   if (!engine.resume.empty()) {
@@ -233,47 +304,14 @@ void run_train_llm(const EngineOptions& engine, const OptimizerOptions& optimize
   const ComputePrecision precision = engine.precision == "fp32" ? ComputePrecision::FP32 : ComputePrecision::BF16;
   const std::optional<PeakFlops> peak = peak_flops(dp->device_ids(), precision, slice.count);
   const double mfu_scale = peak ? flops_per_token / (peak->gflops * 1e9) : 0.0;
-  const bool prints = slice.reports();
-  if (prints) {
-    std::printf("dpe train: llama %s (%lld parameters, %lld layers, dim %lld, %lld/%lld heads), mode %s on %s, "
-                "global batch %lld x %lld tokens x %lld micro-steps, %lld training windows%s\n",
-                options.preset.c_str(), static_cast<long long>(nn::llama_size(config).num_params),
-                static_cast<long long>(config.num_layers), static_cast<long long>(config.dim),
-                static_cast<long long>(config.num_heads), static_cast<long long>(config.kv_heads()),
-                engine.mode.c_str(), device_list_str(dp->device_ids()).c_str(), static_cast<long long>(run.batch_size),
-                static_cast<long long>(options.seq_len), static_cast<long long>(options.grad_accum),
-                static_cast<long long>(loader.num_windows()),
-                first_step > 0 ? (" (resumed after step " + std::to_string(first_step) + ")").c_str() : "");
-    if (peak) std::printf("# MFU against %s\n", peak->source.c_str());
-    std::fflush(stdout);
-  }
+  if (prints) print_header(options, config, engine, *dp, run, loader.num_windows(), first_step, peak);
   std::optional<Progress> progress;
   if (prints) progress.emplace("train", std::max<int64_t>(0, end_step - first_step), ProgressRate{"tokens", mfu_scale});
   std::vector<StepRecord> records;
   const auto start = std::chrono::steady_clock::now();
   double loss_sum = 0;
   for (int64_t step = first_step; step < end_step; ++step) {
-    dp->zero_grad();
-    double loss = 0;
-    for (int64_t micro = 0; micro < options.grad_accum; ++micro) {
-      const data::TokenBatch batch = loader.next_batch();
-      const int64_t tokens = std::max<int64_t>(1, real_targets(batch.targets, loader_options.ignore_index));
-      const LossFn loss_fn = llm_loss(batch.inputs.size(0), tokens, options.grad_accum);
-      PrecisionScope scope(engine.precision, dp->device_ids());
-      if (micro + 1 < options.grad_accum) {
-        NoSyncGuard no_sync = dp->no_sync();
-        loss += dp->forward_backward(batch.inputs, batch.targets, loss_fn);
-      } else {
-        loss += dp->forward_backward(batch.inputs, batch.targets, loss_fn);
-      }
-    }
-    if (options.grad_clip > 0) {
-      if (optim::GradScaler* scaler = dp->grad_scaler()) {
-        for (size_t r = 0; r < dp->num_optimizers(); ++r) scaler->unscale_(dp->optimizer(r));
-      }
-      dp->clip_grad_norm(options.grad_clip);  // the reduced gradients' norm, in every mode and ZeRO stage
-    }
-    dp->optimizer_step();
+    const double loss = train_one_step(*dp, loader, options, engine.precision);
     for (auto& scheduler : schedules.schedulers) scheduler->step();
     if (!dp->last_step().recovered_failures.empty()) schedules.make(*dp, optimizer, options, step + 1);
     loss_sum += loss;
@@ -293,35 +331,13 @@ void run_train_llm(const EngineOptions& engine, const OptimizerOptions& optimize
       progress->note(line);
     }
     if (prints) records.push_back(record);
-    const bool save = options.save_every > 0 && ((step + 1) % options.save_every == 0 || last);
-    if (save) dp->consolidate_state_dict();  // every process: ZeRO across processes gathers the optimizer here
-    if (prints && save) {
-      // Replica 0 is the model (DP's master, or any of DDP's identical replicas): its own names, no prefix.
-      io::TrainingState state{.epoch = loader.epoch(), .step = step + 1,
-                              .metadata = {{"token_loader", loader.state().to_json()}}};
-      record_configuration(run.configuration, state);
-      if (const optim::GradScaler* scaler = dp->grad_scaler()) state.grad_scaler = scaler->state_dict();
-      io::save_checkpoint(run.checkpoint, dp->module(), &dp->optimizer(0), state);
+    if (options.save_every > 0 && ((step + 1) % options.save_every == 0 || last)) {
+      dp->consolidate_state_dict();  // every process: ZeRO across processes gathers the optimizer here
+      if (prints) save(*dp, loader, run, step + 1);
     }
   }
   if (!prints) return;
-  const StepRecord& final_step = records.empty() ? StepRecord{} : records.back();
-  char summary[200];
-  std::snprintf(summary, sizeof summary, "loss %.4f  %.0f tokens/s  MFU %.1f%%", final_step.train_loss,
-                final_step.tokens_per_s, 100 * final_step.mfu);
-  if (progress) progress->finish(summary);
-  if (final_step.val_loss >= 0) {
-    std::printf("final validation loss %.4f, perplexity %.2f\n", final_step.val_loss, std::exp(final_step.val_loss));
-  }
-  // What the mode keeps on each device (DP's first one holds the gathered logits, the loss and the optimizer).
-  std::string memory;
-  for (const auto& [device, stats] : dp->last_step().memory) {
-    char entry[64];
-    std::snprintf(entry, sizeof entry, "  %s %.1f MB", device.str().c_str(),
-                  static_cast<double>(stats.peak_allocated_bytes) / 1e6);
-    memory += entry;
-  }
-  std::printf("peak memory per device:%s\n", memory.c_str());
+  print_summary(records, progress ? &*progress : nullptr, dp->last_step());
   if (!run.json.empty()) write_report(run, engine, options, config, records, dp->last_step());
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "layers/llama.h"
 #include "tools/dpe/training.h"
@@ -41,9 +42,20 @@ struct LlmRun {
   std::map<std::string, std::string> configuration;  // recorded in every checkpoint (run_configuration.h's RunConfiguration)
 };
 
-// The model's configuration from the preset, the overrides and the data's vocabulary (tokenizer.model in the
-// data directory when there is one, else the preset's default vocabulary). Cheap: reads no shard.
-nn::LlamaConfig llama_config(const LlmOptions& options);
+// What the data directory holds, read once before anything is built: the vocabulary and special ids of its
+// tokenizer.model (without one, the preset's vocabulary and GPT-2's <|endoftext|> as the document separator),
+// and the shards' paths.
+struct LlmData {
+  int64_t vocab_size = 0;  // 0: the preset's default
+  int64_t bos = 50256, pad = 0;
+  std::vector<std::string> train_shards, val_shards;
+};
+// Throws naming the directory when it holds no training shards, or no validation shards while --eval-every asks
+// for evaluations. Reads no shard's contents.
+LlmData open_llm_data(const LlmOptions& options);
+
+// The model's configuration from the preset, the overrides and the data's vocabulary.
+nn::LlamaConfig llama_config(const LlmOptions& options, const LlmData& data);
 
 // The preset's configuration with the given overrides (0: keep): --dim scales the SwiGLU width with it (the
 // preset's ratio); --heads alone keeps the preset's key/value heads where they still divide the heads, else
@@ -54,9 +66,10 @@ void apply_overrides(nn::LlamaConfig& config, int64_t dim, int64_t layers, int64
 // naming the option and the value.
 void check_llm_options(const LlmOptions& options);
 
-// The run. engine.llama must be llama_config(options); the devices, paths and resume checkpoint checked, and
-// `resumed` the checkpoint's training state (read_checkpoint_state; unused without engine.resume).
+// The run. corpus: open_llm_data(options); engine.llama: llama_config(options, corpus); the devices, paths and
+// resume checkpoint checked; `resumed`: the checkpoint's training state (read_checkpoint_state; unused without
+// engine.resume).
 void run_train_llm(const EngineOptions& engine, const OptimizerOptions& optimizer, const LlmOptions& options,
-                   const LlmRun& run, const io::TrainingState& resumed);
+                   const LlmData& corpus, const LlmRun& run, const io::TrainingState& resumed);
 
 }  // namespace dpe::tool
