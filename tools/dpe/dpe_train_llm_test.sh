@@ -66,6 +66,9 @@ expect 2 "--batch-size was '8' in the checkpoint's run and is '4' now" "$bin" "$
   --max-steps 12 --resume "$tmp/half.safetensors"
 expect 0 "--lr changed from '3e-3' to '1e-3' (--override)" "$bin" "${base[@]/3e-3/1e-3}" --seq-len 32 --mode ddp \
   --batch-size 8 --max-steps 12 --resume "$tmp/half.safetensors" --override lr
+# Values, not their spelling: 0.003 is the 3e-3 the checkpoint's run was given.
+expect 0 "resumed after step 6" "$bin" "${base[@]/3e-3/0.003}" --seq-len 32 --mode ddp --batch-size 8 --max-steps 12 \
+  --resume "$tmp/half.safetensors"
 expect 2 "--override frob: not an option of dpe train" "$bin" "${llama[@]}" --mode ddp --batch-size 8 --max-steps 12 \
   --resume "$tmp/half.safetensors" --override frob
 # Where it runs may change: DP resumes DDP's checkpoint.

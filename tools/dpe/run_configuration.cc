@@ -1,6 +1,11 @@
 #include "tools/dpe/run_configuration.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +30,44 @@ const std::set<std::string> kMayDifferPerProcess = {
     "--device-ids", "--cpu-devices", "--output-device", "--json", "--checkpoint", "--data-dir", "--inject-failure",
     "--inject-hang", "--help",
 };
+
+namespace {
+
+// `text` as a finite number when all of it is one.
+std::optional<double> number(const std::string& text) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end != text.c_str() + text.size() || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+std::vector<std::string> items(const std::string& text) {
+  std::vector<std::string> out(1);
+  for (char c : text) {
+    if (c == ',') {
+      out.emplace_back();
+    } else {
+      out.back() += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool same_option_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const std::vector<std::string> x = items(a), y = items(b);
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == y[i]) continue;
+    const std::optional<double> u = number(x[i]), v = number(y[i]);
+    if (!u || !v || *u != *v) return false;
+  }
+  return true;
+}
 
 RunConfiguration run_configuration(const CLI::App& cmd, const std::set<std::string>& excluded) {
   RunConfiguration configuration;
@@ -67,7 +110,7 @@ std::vector<std::string> compare_configuration(const RunConfiguration& now, cons
   for (const auto& [name, value] : now) names.insert(name);
   for (const auto& [name, value] : saved) names.insert(name);
   for (const std::string& name : names) {
-    if (value_of(now, name) == value_of(saved, name)) continue;
+    if (now.contains(name) && saved.contains(name) && same_option_value(now.at(name), saved.at(name))) continue;
     const bool overridden = std::ranges::find(overrides, name.substr(2)) != overrides.end();
     DPE_CHECK(overridden, "--resume ", checkpoint, ": ", name, " was ", value_of(saved, name),
               " in the checkpoint's run and is ", value_of(now, name), " now; a resumed run keeps its configuration "
@@ -103,9 +146,11 @@ void check_same_configuration_across_processes(const RunConfiguration& configura
   for (const auto& [name, value] : reference) names.insert(name);
   for (const std::string& name : names) {
     const auto mine = configuration.find(name), theirs = reference.find(name);
+    if (mine != configuration.end() && theirs != reference.end() && same_option_value(mine->second, theirs->second)) {
+      continue;
+    }
     const std::string a = theirs == reference.end() ? "(no such option)" : "'" + theirs->second + "'";
     const std::string b = mine == configuration.end() ? "(no such option)" : "'" + mine->second + "'";
-    if (a == b) continue;
     difference = detail::str_cat(name, ": rank 0 has ", a, ", rank ", rank, " has ", b);
     break;
   }

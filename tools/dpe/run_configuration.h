@@ -39,6 +39,10 @@ void check_same_configuration_across_processes(const RunConfiguration& configura
 // Into a checkpoint's training state: metadata "run<name>" ("run--lr").
 void record_configuration(const RunConfiguration& configuration, io::TrainingState& state);
 
+// Two recorded values are the same option value: equal text, or the same numbers written differently ("3e-3"
+// and "0.003", "8" and "8.0"), item by item in comma-separated lists.
+bool same_option_value(const std::string& a, const std::string& b);
+
 // `now` against the configuration a checkpoint's metadata recorded. An option in `overrides` (names without
 // the dashes: "lr") may differ: the returned lines say what changed. Any other difference throws naming the
 // option, both values and --override; so does an override that names no option of the command. A checkpoint
