@@ -1,6 +1,9 @@
 #include "io/atomic_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,6 +32,8 @@ int create_temporary(const std::string& path, const std::string& who, std::strin
     scope->emplace(name);
     const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0) {
+      // Note [Temporaries of a killed writer]: held while it is written.
+      ::flock(fd, LOCK_EX | LOCK_NB);
       *tmp = std::move(name);
       return fd;
     }
@@ -39,6 +44,36 @@ int create_temporary(const std::string& path, const std::string& who, std::strin
   }
   DPE_CHECK(false, who, ": cannot create a temporary file next to ", path, ": 100 random names were all taken");
   __builtin_unreachable();
+}
+
+// Note [Temporaries of a killed writer]
+// A writer killed by SIGKILL (or the OOM killer, or a power cut) cannot remove its temporary: <path>.tmp.XXXXXX
+// stays, as large as the checkpoint was when it died. Every writer holds an exclusive flock on its temporary
+// while it writes, and the kernel drops it when the process dies, however it dies; so the next write of the
+// same path removes the temporaries nobody holds. Only those older than kStaleAfter: a writer locks its file
+// just after creating it, and a file seen in between must not be taken for a dead one.
+constexpr auto kStaleAfter = std::chrono::seconds(10);
+
+void remove_stale_temporaries(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;  // the write reports what is wrong with the directory
+  const auto now = std::chrono::system_clock::now();
+  while (const dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string full = dir + "/" + name;
+    const int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    struct stat st{};
+    const bool old = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                     now - std::chrono::system_clock::from_time_t(st.st_mtime) > kStaleAfter;
+    if (old && ::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(full.c_str());  // its writer is gone
+    ::close(fd);
+  }
+  ::closedir(d);
 }
 
 }  // namespace
@@ -61,6 +96,7 @@ int write_fully(int fd, const void* data, size_t n, size_t* written) {
 
 void write_file_atomically(const std::string& path, const std::string& who,
                            const std::function<void(int fd, const std::string& tmp)>& write) {
+  remove_stale_temporaries(path);
   std::string tmp;
   std::optional<TemporaryFileScope> scope;  // until the temporary is renamed or removed
   const int fd = create_temporary(path, who, &tmp, &scope);

@@ -10,6 +10,8 @@
 // during the write removes it and a write past `ulimit -f` fails with EFBIG instead of SIGXFSZ. On any failure
 // (`write` throwing included) the temporary is removed, `path` is left as it was, and the error (dpe::Error)
 // begins with `who` ("save_checkpoint: cannot create a temporary file ...", "...: fsync of <tmp> failed: ...").
+// A temporary left by a writer that was killed outright (SIGKILL) is removed by the next write of the same path
+// (Note [Temporaries of a killed writer] in io/atomic_file.cc).
 #pragma once
 
 #include <cstddef>

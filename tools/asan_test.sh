@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 targets=(
   //data/...
+  //io:atomic_file_test
   //io:checkpoint_test
   //io:safetensors_header_test
   //io:temp_file_test

@@ -159,7 +159,9 @@ def main():
         break  # the job finished (a fault that came too late is not counted)
 
     # A process killed with SIGKILL while it saved cannot remove its temporary (no handler runs); any other end
-    # removes it (io/temp_file.h). So a temporary is a failure unless a SIGKILL could have left it.
+    # removes it (io/temp_file.h), and a later save removes a killed writer's once it is 10 s old (Note
+    # [Temporaries of a killed writer], io/atomic_file.cc), which a short job may not reach. So a temporary is a
+    # failure unless a SIGKILL could have left it.
     temporaries = [p.name for p in work.iterdir() if ".tmp." in p.name]
     if temporaries and "kill" not in kinds_used:
         failures.append(f"temporaries left behind: {temporaries}")
