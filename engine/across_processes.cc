@@ -1,6 +1,7 @@
 #include "engine/across_processes.h"
 
 #include <algorithm>
+#include <charconv>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -48,15 +49,12 @@ std::vector<double> sum_over_processes(ProcessGroup& group, int rank, const std:
   return sums.to_vector<double>();
 }
 
-}  // namespace
-
-// Process 0's description of its model is broadcast as one object; every process finds its first differing
-// entry, an all-reduce (min) agrees on the first (entry, rank) of all, and that process's description of the
-// entry is broadcast, so that every process throws the same message before the parameter broadcast moves
-// any mismatched bytes. Every member of every process runs the same collectives.
-void verify_structure_across_processes(ProcessGroup& group, const ReplicaSet& replicas, const char* who,
-                                       const EachMember& each_member) {
-  const std::vector<std::string> entries = describe_state(replicas);
+// Process 0's description (one line per entry) is broadcast as one object; every process finds its first
+// differing entry, an all-reduce (min) agrees on the first (entry, rank) of all, and that process's line is
+// broadcast, so that every process throws the same message before anything else moves. Every member of every
+// process runs the same collectives. `what`: "model", "optimizer".
+void verify_lines_across_processes(ProcessGroup& group, const std::vector<std::string>& entries, const char* who,
+                                   const char* what, const EachMember& each_member) {
   std::string text;
   for (const std::string& e : entries) text += e + "\n";
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
@@ -89,9 +87,36 @@ void verify_structure_across_processes(ProcessGroup& group, const ReplicaSet& re
   if (first[0] == kNone) return;
   const int64_t entry = first[0] / world;
   const int process = static_cast<int>(first[0] % world) / group.size();
-  DPE_CHECK(false, who, " across processes: process ", process, "'s model differs from process 0's at state entry ",
-            entry, ": ", ours[0], " in process 0, ", theirs[0], " in process ", process,
-            "; every process must build the same model");
+  DPE_CHECK(false, who, " across processes: process ", process, "'s ", what, " differs from process 0's at ",
+            what == std::string("model") ? "state entry " : "entry ", entry, ": ", ours[0], " in process 0, ",
+            theirs[0], " in process ", process, "; every process must build the same ", what);
+}
+
+}  // namespace
+
+void verify_structure_across_processes(ProcessGroup& group, const ReplicaSet& replicas, const char* who,
+                                       const EachMember& each_member) {
+  verify_lines_across_processes(group, describe_state(replicas), who, "model", each_member);
+}
+
+// The optimizer's type, then per param group its parameter count, lr and every other hyper-parameter, each the
+// shortest text that reads back as the same double (so that any difference shows).
+void verify_optimizer_across_processes(ProcessGroup& group, const optim::Optimizer& optimizer, const char* who,
+                                       const EachMember& each_member) {
+  auto exact = [](double value) {
+    char text[32];
+    const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+    return std::string(text, end);
+  };
+  std::vector<std::string> entries{"type " + optimizer.type_name()};
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    const optim::ParamGroup& params = optimizer.param_groups()[g];
+    std::string line = detail::str_cat("param group ", g, ": ", params.params.size(), " parameters, lr ",
+                                       exact(params.lr));
+    for (const auto& [name, value] : params.options) line += ", " + name + " " + exact(value);
+    entries.push_back(line);
+  }
+  verify_lines_across_processes(group, entries, who, "optimizer", each_member);
 }
 
 double loss_over_processes(ProcessGroup& group, int rank, double loss, int64_t samples) {

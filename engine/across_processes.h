@@ -26,6 +26,10 @@ using EachMember = std::function<void(const std::function<void(size_t member)>& 
 // `who` prefixes the message ("DDP", "DP").
 void verify_structure_across_processes(ProcessGroup& group, const ReplicaSet& replicas, const char* who,
                                        const EachMember& each_member);
+// The same for the optimizer set_optimizer made (replica 0's): its type, and each param group's parameter count,
+// lr and hyper-parameters; a process whose optimizer differs would train another model silently.
+void verify_optimizer_across_processes(ProcessGroup& group, const optim::Optimizer& optimizer, const char* who,
+                                       const EachMember& each_member);
 
 // Over every member of every process of `group` (member `rank`'s part): the mean loss from each member's
 // `loss` over `samples`; the samples; whether `flag` is set anywhere (an all-reduce, max).

@@ -78,6 +78,8 @@ class DataParallel {
   // losses weighted by shard size; across processes, backends 'mpi' and 'mpi-nccl': over every process's
   // batch, outside no_sync, so that every process returns the same). LossFn: layers/loss.h.
   double forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss);
+  // Across processes every process calls it at the same point: the optimizers are checked against process 0's
+  // (type, param groups, hyper-parameters) and a difference throws on every process, naming it.
   void set_optimizer(const OptimizerFactory& make);
   void optimizer_step();  // DP: the master's optimizer; DDP: every replica's, in parallel on the workers
   void zero_grad();       // gradients of the replicas the mode owns become undefined (ZeRO: their shards too)

@@ -227,6 +227,47 @@ TEST(DdpAcrossProcesses, DifferentModelsAreRefusedNamingTheFirstDifference) {
   }
 }
 
+// An optimizer that differs in one process (another lr, another type, another grouping) is refused by set_optimizer
+// on every process alike, naming the first difference, in DDP, ZeRO and DP mode; the same one on both is accepted.
+TEST(OptimizerAcrossProcesses, DifferentOptimizersAreRefusedNamingTheFirstDifference) {
+  const int p = process_rank();
+  struct Case {
+    OptimizerFactory make;
+    const char* want;
+  };
+  const OptimizerFactory adamw = [](const std::vector<Tensor>& params) {
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-2});
+  };
+  const Case cases[] = {
+      {[](const std::vector<Tensor>& params) {
+         return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 2e-2});
+       },
+       "process 1's optimizer differs from process 0's at entry 1: param group 0: 4 parameters, lr 0.01, beta1 0.9, "
+       "beta2 0.999, eps 1e-08, weight_decay 0.01 in process 0, param group 0: 4 parameters, lr 0.02, beta1 0.9, "
+       "beta2 0.999, eps 1e-08, weight_decay 0.01 in process 1; every process must build the same optimizer"},
+      {[](const std::vector<Tensor>& params) { return std::make_unique<optim::Adam>(params, optim::AdamOptions{}); },
+       "process 1's optimizer differs from process 0's at entry 0: type AdamW in process 0, type Adam in process 1; "
+       "every process must build the same optimizer"},
+  };
+  for (ParallelMode mode : {ParallelMode::DDP, ParallelMode::DP}) {
+    for (int zero : {0, 2}) {
+      if (mode == ParallelMode::DP && zero > 0) continue;
+      const std::string what = std::string(mode_name(mode)) + " zero " + std::to_string(zero);
+      DataParallel dp(make_model(1), {.device_ids = cpus(0, 2), .mode = mode, .backend = CollectiveBackend::Mpi,
+                                      .zero_stage = zero});
+      dp.set_optimizer(adamw);  // the same everywhere
+      for (const Case& c : cases) {
+        try {
+          dp.set_optimizer(p == 1 ? c.make : adamw);
+          ADD_FAILURE() << what << ": different optimizers were accepted";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << what << ": " << e.what();
+        }
+      }
+    }
+  }
+}
+
 // Throws in forward on cpu:0 while `armed` is set (set in one process only).
 std::atomic<bool> armed{false};
 class Tripwire : public nn::Cloneable<Tripwire> {

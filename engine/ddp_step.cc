@@ -109,6 +109,13 @@ void DdpStep::build_reducer() {
 
 void DdpStep::trainable_changed() { build_reducer(); }
 
+void DdpStep::optimizers_made() {
+  if (group_->world_size() == group_->size() || ctx_.optimizers.empty()) return;
+  verify_optimizer_across_processes(*group_, *ctx_.optimizers[0], "DDP", [&](const std::function<void(size_t)>& fn) {
+    ctx_.replicas->run(fn, group_.get());
+  });
+}
+
 void DdpStep::replica_dropped(size_t r) {
   ReplicaSet& replicas = *ctx_.replicas;
   replicas.retire(std::shared_ptr<DdpReducer>(std::move(reducer_)));

@@ -37,6 +37,7 @@ class DdpStep final : public Step {
   ProcessGroup* process_group() override { return group_.get(); }
   void split_changed() override;
   const DdpReducer* ddp_reducer() const override { return reducer_.get(); }
+  void optimizers_made() override;
   DdpReducer& reducer() { return *reducer_; }  // ZeroStep's
 
  private:

@@ -371,6 +371,12 @@ std::vector<int> DpStep::missing_at_last_timeout() const {
 
 ProcessGroup* DpStep::process_group() { return masters_ ? &masters_->group() : nullptr; }
 
+void DpStep::optimizers_made() {
+  if (!masters_ || ctx_.optimizers.empty()) return;
+  verify_optimizer_across_processes(masters_->group(), *ctx_.optimizers[0], "DP",
+                                    [](const std::function<void(size_t)>& fn) { fn(0); });
+}
+
 size_t DpStep::num_buckets() const { return reducer_ ? reducer_->num_buckets() : 0; }
 
 std::vector<Tensor> DpStep::forward(const nn::ModuleInput& input) {

@@ -39,6 +39,7 @@ class DpStep final : public Step {
   void replica_dropped(size_t r) override;
   std::vector<int> missing_at_last_timeout() const override;
   ProcessGroup* process_group() override;
+  void optimizers_made() override;
   size_t num_buckets() const override;
 
   // The gather node's backward: replica ran[k] backpropagates roots[k] with root_grads[k] on its worker while

@@ -73,8 +73,9 @@ class Step {
   // DataParallel::clip_grad_norm: clips the gradients the owned optimizers will step by their total 2-norm
   // (torch.nn.utils.clip_grad_norm_'s rule) and returns that norm.
   virtual double clip_grad_norm(double max_norm);
-  // ctx.optimizers were (re)made from ctx.make_optimizer (set_optimizer, set_mode): a step that shards them
-  // takes them over here, keeping their state.
+  // ctx.optimizers were (re)made from ctx.make_optimizer (set_optimizer, set_mode): a step whose replicas span
+  // processes checks them against process 0's (every process calls set_optimizer at the same point); a step
+  // that shards them takes them over here, keeping their state.
   virtual void optimizers_made() {}
   // DataParallel::consolidate_state_dict: a step whose optimizer state is spread over processes gathers it
   // (a collective); the others have nothing to do.

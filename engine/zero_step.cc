@@ -163,6 +163,7 @@ std::vector<StepReport::MemoryUse> ZeroStep::memory_use() const {
 }
 
 void ZeroStep::optimizers_made() {
+  ddp_->optimizers_made();  // across processes: the factory's optimizers checked before they are sharded
   repartition([] {});
 }
 
