@@ -11,7 +11,8 @@ fall inside it). First the uninterrupted run; then the same job under faults, ea
   device    a device failure through the tool's fault injection (--inject-failure cpu:1@STEP, a random step).
 After each fault the job is restarted with --resume from its newest complete checkpoint (the first attempt, or a
 fault before the first checkpoint, starts afresh), as tools/reliability/supervise.py does. Each interruption
-must end within --timeout plus 20 s, and no `*.tmp.*` temporary may remain at the end. Prints the faults
+must end within --timeout plus 20 s and say what failed (with --mpi, the rank that was killed or stopped; the
+device a failure was injected into), and no `*.tmp.*` temporary may remain at the end. Prints the faults
 injected and survived, restarts, seconds lost (time in attempts that failed) and bytes lost (bytes of the final
 checkpoint that differ from the uninterrupted run's: must be 0); exits 1 when anything failed.
 """
@@ -42,6 +43,17 @@ def child_ranks(mpirun_pid, binary):
         if os.path.basename(exe) == os.path.basename(binary) and (parent == mpirun_pid or is_descendant(parent, mpirun_pid)):
             ranks.append(int(entry.name))
     return sorted(ranks)
+
+
+def mpi_rank(pid):
+    """The MPI rank of process `pid` (Open MPI's OMPI_COMM_WORLD_RANK), or None."""
+    try:
+        for entry in (pathlib.Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0"):
+            if entry.startswith(b"OMPI_COMM_WORLD_RANK="):
+                return int(entry.split(b"=", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def is_descendant(pid, ancestor):
@@ -130,6 +142,9 @@ def main():
         attempt = Attempt(command, env)
         process = attempt.process
         fault_at = None
+        named = None  # what the job's output must say for this fault: the rank or the device that failed
+        if kind == "device":
+            named = f"failure injected by --inject-failure on cpu:{0 if args.mpi else 1}"
         if kind in ("kill", "stop"):
             attempt.training.wait(timeout=60)
             time.sleep(rng.uniform(0.0, max(0.1, run_seconds / (args.faults + 2))))
@@ -137,6 +152,10 @@ def main():
                 if args.mpi:
                     ranks = child_ranks(process.pid, args.dpe)
                     victim = rng.choice(ranks) if ranks else process.pid
+                    rank = mpi_rank(victim)
+                    # SIGSTOP: dpe's partner names it ("rank 1 stopped answering"); SIGKILL: mpirun does
+                    # ("process rank 1 ... exited on signal 9").
+                    named = f"rank {rank}" if rank is not None else None
                 else:
                     victim = process.pid
                 os.kill(victim, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
@@ -149,6 +168,8 @@ def main():
             ended = time.monotonic() - (fault_at or attempt_start)
             if fault_at is not None and ended > args.timeout + 20:
                 failures.append(f"{kind}: the job took {ended:.1f} s to end after the fault (timeout {args.timeout} s)")
+            elif named is not None and named not in output:
+                failures.append(f"{kind}: the job's messages do not name what failed ('{named}'):\n{output[-1500:]}")
             else:
                 survived += 1
             restarts += 1
