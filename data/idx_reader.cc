@@ -13,6 +13,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "io/file_kind.h"
 
 namespace dpe::data {
 namespace {
@@ -36,14 +37,6 @@ std::string describe_magic(uint32_t magic) {
 // Deflate's largest expansion: 1032 output bytes per input byte (a stream of one repeated byte). No gzip
 // file of n bytes decompresses to more than n * kMaxDeflateRatio bytes.
 constexpr int64_t kMaxDeflateRatio = 1032;
-
-const char* file_kind(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
 
 // An open gzip (or plain) file; closes on destruction. Opens the descriptor itself so that it knows what the
 // path is: a directory, FIFO, device or socket is refused by name, and the size on disk bounds the payload.
@@ -70,7 +63,7 @@ class GzFile {
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
-      DPE_CHECK(false, "cannot read ", path, ": it is ", file_kind(st.st_mode),
+      DPE_CHECK(false, "cannot read ", path, ": it is ", io::file_kind(st.st_mode),
                 ", not a regular file; expected an IDX file", open_hint.empty() ? "" : "; ", open_hint);
     }
     const int flags = ::fcntl(fd, F_GETFL);

@@ -45,6 +45,13 @@ uint64_t uint_member(const Json& object, const char* key) {
   return v.get<uint64_t>();
 }
 
+// object[key], which must be of the kind `is` tests ("a string", "a boolean", "an array": `expected`).
+const Json& typed_member(const Json& object, const char* key, bool (Json::*is)() const noexcept, const char* expected) {
+  const Json& v = member(object, key);
+  DPE_CHECK((v.*is)(), "TokenLoaderState: '", key, "' is ", io::safetensors::kind_name(v), "; expected ", expected);
+  return v;
+}
+
 void check_keys(const Json& object, std::initializer_list<const char*> keys, const char* what) {
   for (const auto& [key, value] : object.items()) {
     DPE_CHECK(std::find_if(keys.begin(), keys.end(), [&](const char* k) { return key == k; }) != keys.end(),
@@ -98,21 +105,12 @@ TokenLoaderState TokenLoaderState::from_json(const std::string& text) {
   s.seed = uint_member(j, "seed");
   s.seq_len = int_member(j, "seq_len");
   s.batch_size = int_member(j, "batch_size");
-  const Json& packing = member(j, "packing");
-  DPE_CHECK(packing.is_string(), "TokenLoaderState: 'packing' is ", io::safetensors::kind_name(packing),
-            "; expected a string");
-  s.packing = parse_packing(packing.get<std::string>());
-  const Json& shuffle = member(j, "shuffle");
-  DPE_CHECK(shuffle.is_boolean(), "TokenLoaderState: 'shuffle' is ", io::safetensors::kind_name(shuffle),
-            "; expected a boolean");
-  s.shuffle = shuffle.get<bool>();
+  s.packing = parse_packing(typed_member(j, "packing", &Json::is_string, "a string").get<std::string>());
+  s.shuffle = typed_member(j, "shuffle", &Json::is_boolean, "a boolean").get<bool>();
   s.bos = int_member(j, "bos");
   s.pad = int_member(j, "pad");
   s.ignore_index = int_member(j, "ignore_index");
-  const Json& shards = member(j, "shards");
-  DPE_CHECK(shards.is_array(), "TokenLoaderState: 'shards' is ", io::safetensors::kind_name(shards),
-            "; expected an array");
-  for (const Json& entry : shards) {
+  for (const Json& entry : typed_member(j, "shards", &Json::is_array, "an array")) {
     DPE_CHECK(entry.is_object(), "TokenLoaderState: shard ", s.shards.size(), " is ",
               io::safetensors::kind_name(entry), "; expected an object {\"name\", \"tokens\"}");
     check_keys(entry, {"name", "tokens"}, "a shard");

@@ -12,19 +12,11 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/file_kind.h"
 #include "io/atomic_file.h"
 
 namespace dpe::data {
 namespace {
-
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
 
 // The file is little-endian whatever the host: bytes are composed explicitly (compilers turn this into one load).
 int32_t load_le32(const uint8_t* p) {
@@ -151,7 +143,7 @@ TokenShard TokenShard::open(const std::string& path, int64_t vocab_size) {
     const int err = errno;
     DPE_CHECK(false, "cannot read ", path, ": ", std::strerror(err));
   }
-  DPE_CHECK(S_ISREG(st.st_mode), "cannot read ", path, ": it is ", file_kind(st.st_mode),
+  DPE_CHECK(S_ISREG(st.st_mode), "cannot read ", path, ": it is ", io::file_kind(st.st_mode),
             ", not a regular file; expected an llm.c token shard");
   const int64_t file_bytes = static_cast<int64_t>(st.st_size);
   DPE_CHECK(file_bytes >= kTokenShardHeaderBytes, path, ": the file ends at byte ", file_bytes, ", inside the ",

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/file_kind.h"
 #include "core/ops.h"
 #include "io/safetensors_header.h"
 #include "io/atomic_file.h"
@@ -196,15 +197,6 @@ void read_range(const ParsedFile& f, uint64_t offset, void* dst, uint64_t n, con
   }
 }
 
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
 ParsedFile read_and_validate(const std::string& path) {
   ParsedFile f;
   f.path = path;
@@ -215,7 +207,7 @@ ParsedFile read_and_validate(const std::string& path) {
   struct stat st;
   if (::fstat(raw_fd, &st) != 0) fail(path, "cannot stat the file (", std::strerror(errno), ")");
   if (!S_ISREG(st.st_mode)) {
-    fail(path, "is ", file_kind(st.st_mode), ", not a checkpoint file",
+    fail(path, "is ", io::file_kind(st.st_mode), ", not a checkpoint file",
          S_ISDIR(st.st_mode) ? " (pass the .safetensors file inside it)" : "");
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
