@@ -52,9 +52,9 @@ std::vector<double> sum_over_processes(ProcessGroup& group, int rank, const std:
 // Process 0's description (one line per entry) is broadcast as one object; every process finds its first
 // differing entry, an all-reduce (min) agrees on the first (entry, rank) of all, and that process's line is
 // broadcast, so that every process throws the same message before anything else moves. Every member of every
-// process runs the same collectives. `what`: "model", "optimizer".
+// process runs the same collectives. `what`: "model", "optimizer"; `entry_name`: what one line describes.
 void verify_lines_across_processes(ProcessGroup& group, const std::vector<std::string>& entries, const char* who,
-                                   const char* what, const EachMember& each_member) {
+                                   const char* what, const char* entry_name, const EachMember& each_member) {
   std::string text;
   for (const std::string& e : entries) text += e + "\n";
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
@@ -88,15 +88,15 @@ void verify_lines_across_processes(ProcessGroup& group, const std::vector<std::s
   const int64_t entry = first[0] / world;
   const int process = static_cast<int>(first[0] % world) / group.size();
   DPE_CHECK(false, who, " across processes: process ", process, "'s ", what, " differs from process 0's at ",
-            what == std::string("model") ? "state entry " : "entry ", entry, ": ", ours[0], " in process 0, ",
-            theirs[0], " in process ", process, "; every process must build the same ", what);
+            entry_name, " ", entry, ": ", ours[0], " in process 0, ", theirs[0], " in process ", process,
+            "; every process must build the same ", what);
 }
 
 }  // namespace
 
 void verify_structure_across_processes(ProcessGroup& group, const ReplicaSet& replicas, const char* who,
                                        const EachMember& each_member) {
-  verify_lines_across_processes(group, describe_state(replicas), who, "model", each_member);
+  verify_lines_across_processes(group, describe_state(replicas), who, "model", "state entry", each_member);
 }
 
 // The optimizer's type, then per param group its parameter count, lr and every other hyper-parameter, each the
@@ -116,7 +116,7 @@ void verify_optimizer_across_processes(ProcessGroup& group, const optim::Optimiz
     for (const auto& [name, value] : params.options) line += ", " + name + " " + exact(value);
     entries.push_back(line);
   }
-  verify_lines_across_processes(group, entries, who, "optimizer", each_member);
+  verify_lines_across_processes(group, entries, who, "optimizer", "entry", each_member);
 }
 
 double loss_over_processes(ProcessGroup& group, int rank, double loss, int64_t samples) {

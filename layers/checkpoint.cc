@@ -38,17 +38,6 @@ struct RandomState {
   }
 };
 
-class GradModeScope {
- public:
-  explicit GradModeScope(bool enabled) : previous_(GradMode::is_enabled()) { GradMode::set_enabled(enabled); }
-  ~GradModeScope() { GradMode::set_enabled(previous_); }
-  GradModeScope(const GradModeScope&) = delete;
-  GradModeScope& operator=(const GradModeScope&) = delete;
-
- private:
-  bool previous_;
-};
-
 }  // namespace
 
 Tensor checkpoint(Module& module, const CheckpointFn& fn, const std::vector<Tensor>& inputs) {
@@ -103,7 +92,7 @@ Tensor checkpoint(const std::vector<Module*>& modules, const CheckpointFn& fn, c
   autograd::record(out, edges, "CheckpointBackward", [saved](const Tensor& grad) {
     // The forward again, recorded this time, on leaves standing for the inputs, with the forward's random
     // numbers and autocast; the generators then continue from where they are now.
-    GradModeScope grad_mode(true);
+    AutoGradMode grad_mode(true);
     std::vector<Tensor> xs, leaves;
     for (size_t i = 0; i < saved->inputs.size(); ++i) {
       Tensor x = saved->inputs[i].defined() ? saved->inputs[i].detach() : Tensor();

@@ -10,16 +10,23 @@ class GradMode {
   static void set_enabled(bool enabled);
 };
 
-// Disables graph recording for its scope (PyTorch's torch::NoGradGuard).
-class NoGradGuard {
+// Sets grad mode for its scope and restores the previous one (PyTorch's c10::AutoGradMode); on, e.g., where a
+// backward function records a graph again (layers/checkpoint.h).
+class AutoGradMode {
  public:
-  NoGradGuard() : previous_(GradMode::is_enabled()) { GradMode::set_enabled(false); }
-  ~NoGradGuard() { GradMode::set_enabled(previous_); }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  explicit AutoGradMode(bool enabled) : previous_(GradMode::is_enabled()) { GradMode::set_enabled(enabled); }
+  ~AutoGradMode() { GradMode::set_enabled(previous_); }
+  AutoGradMode(const AutoGradMode&) = delete;
+  AutoGradMode& operator=(const AutoGradMode&) = delete;
 
  private:
   bool previous_;
+};
+
+// Disables graph recording for its scope (PyTorch's torch::NoGradGuard).
+class NoGradGuard : public AutoGradMode {
+ public:
+  NoGradGuard() : AutoGradMode(false) {}
 };
 
 }  // namespace dpe
