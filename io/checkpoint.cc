@@ -584,6 +584,44 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
   write_atomically(path, block, entries);
 }
 
+namespace {
+
+// The training state in f's metadata (epoch, step, generators, user strings, loss scaler), checked.
+TrainingState parse_training_state(const ParsedFile& f) {
+  const std::string& path = f.path;
+  TrainingState loaded;
+  loaded.epoch = parse_int(path, "training.epoch", require_meta(path, f, "training.epoch"));
+  loaded.step = parse_int(path, "training.step", require_meta(path, f, "training.step"));
+  const std::string rng_prefix = "training.rng.";
+  const std::string user_prefix = "user.", scaler_prefix = "training.grad_scaler.";
+  for (const auto& [key, value] : f.metadata) {
+    if (key.rfind(rng_prefix, 0) == 0) {
+      const size_t comma = value.find(',');
+      if (comma == std::string::npos) fail(path, "__metadata__ '", key, "' = '", value, "' is not '<seed>,<offset>'");
+      loaded.rng.push_back({key.substr(rng_prefix.size()), parse_uint(path, key, value.substr(0, comma)),
+                            parse_uint(path, key, value.substr(comma + 1))});
+    } else if (key.rfind(user_prefix, 0) == 0) {
+      loaded.metadata[key.substr(user_prefix.size())] = value;
+    } else if (key.rfind(scaler_prefix, 0) == 0) {
+      loaded.grad_scaler[key.substr(scaler_prefix.size())] = parse_double(path, key, value);
+    }
+  }
+  // A loss scaler's state is checked here, naming the file, not when a GradScaler is given it (Note
+  // [Checkpoint values checked when loaded]).
+  if (!loaded.grad_scaler.empty()) {
+    try {
+      optim::GradScaler::check_state_dict(loaded.grad_scaler);
+    } catch (const Error& e) {
+      fail(path, "__metadata__ 'training.grad_scaler.*' is not a valid loss scaler state: ", e.what());
+    }
+  }
+  return loaded;
+}
+
+}  // namespace
+
+TrainingState read_training_state(const std::string& path) { return parse_training_state(read_and_validate(path)); }
+
 void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer, TrainingState* state) {
   const ParsedFile f = read_and_validate(path);
 
@@ -633,33 +671,7 @@ void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimize
 
   // Training state.
   TrainingState loaded;
-  if (state != nullptr) {
-    loaded.epoch = parse_int(path, "training.epoch", require_meta(path, f, "training.epoch"));
-    loaded.step = parse_int(path, "training.step", require_meta(path, f, "training.step"));
-    const std::string rng_prefix = "training.rng.";
-    const std::string user_prefix = "user.", scaler_prefix = "training.grad_scaler.";
-    for (const auto& [key, value] : f.metadata) {
-      if (key.rfind(rng_prefix, 0) == 0) {
-        const size_t comma = value.find(',');
-        if (comma == std::string::npos) fail(path, "__metadata__ '", key, "' = '", value, "' is not '<seed>,<offset>'");
-        loaded.rng.push_back({key.substr(rng_prefix.size()), parse_uint(path, key, value.substr(0, comma)),
-                              parse_uint(path, key, value.substr(comma + 1))});
-      } else if (key.rfind(user_prefix, 0) == 0) {
-        loaded.metadata[key.substr(user_prefix.size())] = value;
-      } else if (key.rfind(scaler_prefix, 0) == 0) {
-        loaded.grad_scaler[key.substr(scaler_prefix.size())] = parse_double(path, key, value);
-      }
-    }
-    // A loss scaler's state is checked here, naming the file, not when a GradScaler is given it (Note
-    // [Checkpoint values checked when loaded]).
-    if (!loaded.grad_scaler.empty()) {
-      try {
-        optim::GradScaler::check_state_dict(loaded.grad_scaler);
-      } catch (const Error& e) {
-        fail(path, "__metadata__ 'training.grad_scaler.*' is not a valid loss scaler state: ", e.what());
-      }
-    }
-  }
+  if (state != nullptr) loaded = parse_training_state(f);
 
   // Everything is valid: apply.
   model.load_state_dict(incoming, /*strict=*/true);

@@ -24,7 +24,8 @@
 // the file size limit included (SIGXFSZ is ignored while saving: the error names the limit, `ulimit -f`); a
 // SIGINT, SIGTERM or SIGHUP that ends the process during the save removes the temporary first and the process
 // still ends by that signal (io/temp_file.h, Note [Temporaries and fatal signals]). Temporaries of runs killed
-// otherwise (SIGKILL, a crash) are never read and never removed (they look like a live writer's).
+// otherwise (SIGKILL, a crash) are removed by the next save of the same path once their writer's lock is gone
+// (io/atomic_file.h).
 // Validation: load opens `path` (refusing a directory, FIFO or device by name), reads the 8-byte length and
 // the header, checks them against the file's actual size (header length, JSON, dtypes, shapes with checked
 // arithmetic, offsets inside the data, a dpe.checkpoint_version other than 1), then reads each tensor's byte range into a new tensor, and checks
@@ -77,5 +78,10 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
 // and the default generators (restore_rng_state). Validates everything first (see the file comment).
 void load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer = nullptr,
                      TrainingState* state = nullptr);
+
+// The checkpoint's training state (epoch, step, generators, metadata, loss scaler), after the same checks of the
+// file's structure and of those values as load_checkpoint; reads the header only, sets no generator. For what
+// must be checked before anything is built (a resumed run's configuration).
+TrainingState read_training_state(const std::string& path);
 
 }  // namespace dpe::io

@@ -161,6 +161,18 @@ TEST(CheckpointTest, RoundTripIsBitExact) {
   EXPECT_EQ(loaded.rng.size(), capture_rng_state().size());
   // The generators continue where they were at save time.
   EXPECT_EQ(rand({4}, TensorOptions(DType::Float64)).to_vector<double>(), next_random);
+
+  // The training state alone, from the header, without a model; no generator is set.
+  const std::vector<GeneratorState> generators = capture_rng_state();
+  const TrainingState header_only = read_training_state(path);
+  EXPECT_EQ(header_only.epoch, 3);
+  EXPECT_EQ(header_only.step, 17);
+  EXPECT_EQ(header_only.metadata, st.metadata);
+  EXPECT_EQ(header_only.grad_scaler, st.grad_scaler);
+  ASSERT_EQ(header_only.rng.size(), loaded.rng.size());
+  for (size_t i = 0; i < loaded.rng.size(); ++i) EXPECT_EQ(header_only.rng[i].offset, loaded.rng[i].offset);
+  const std::vector<GeneratorState> after = capture_rng_state();
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i].offset, generators[i].offset) << after[i].device;
 }
 
 TEST(CheckpointTest, HeaderIsValidSafetensors) {
@@ -281,6 +293,19 @@ class CorruptFileTest : public ::testing::Test {
 
 TEST_F(CorruptFileTest, MissingFile) {
   EXPECT_NE(load_error(temp_path("does_not_exist.safetensors")).find("cannot open"), std::string::npos);
+}
+
+TEST_F(CorruptFileTest, ReadingTheTrainingStateChecksTheFileAlike) {
+  const std::string bytes = read_bytes(good_);
+  const std::string p = temp_path("truncated_state.safetensors");
+  write_bytes(p, bytes.substr(0, bytes.size() - 3));
+  try {
+    read_training_state(p);
+    ADD_FAILURE() << "read_training_state accepted a truncated file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(p + ": entry "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lie outside the"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(CorruptFileTest, TruncatedFiles) {
