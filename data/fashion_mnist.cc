@@ -19,9 +19,9 @@ std::string join_path(const std::string& dir, const std::string& name) {
 }  // namespace
 
 Dataset load_fashion_mnist(const std::string& dir, Split split, const FashionMnistOptions& options) {
-  const std::string prefix = split == Split::Train ? "train" : "t10k";
-  const std::string images_path = join_path(dir, prefix + "-images-idx3-ubyte.gz");
-  const std::string labels_path = join_path(dir, prefix + "-labels-idx1-ubyte.gz");
+  const size_t first = split == Split::Train ? 0 : 2;
+  const std::string images_path = join_path(dir, kFashionMnistFiles[first]);
+  const std::string labels_path = join_path(dir, kFashionMnistFiles[first + 1]);
   // Labels first: the small file, so a missing or mismatched data set fails fast. The images' 28x28 is
   // checked by read_idx right after the header, before their payload is read.
   IdxArray labels = read_idx(labels_path, kIdxLabelsMagic, {.max_items = options.limit, .open_hint = kInstallHint});

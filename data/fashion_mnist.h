@@ -12,6 +12,7 @@
 // missing file says how to install the data set.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -27,6 +28,10 @@ inline constexpr double kFashionMnistMean = 0.2860;
 inline constexpr double kFashionMnistStd = 0.3530;
 
 enum class Split { Train, Test };  // train-*.gz (60000 items), t10k-*.gz (10000 items)
+
+// The files load_fashion_mnist reads from its directory: a split's images then its labels, Train then Test.
+inline constexpr std::array<const char*, 4> kFashionMnistFiles = {
+    "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
 
 struct Dataset {
   Tensor images;  // (N, 1, 28, 28) float32 on cpu:0: (pixel / 255 - kFashionMnistMean) / kFashionMnistStd

@@ -1,5 +1,7 @@
 #include "tools/dpe/dist_option.h"
 
+#include <cstdlib>
+
 #include "core/error.h"
 
 namespace dpe::tool {
@@ -18,6 +20,17 @@ std::optional<CollectiveBackend> dist_backend(const std::string& dist, const std
     DPE_CHECK(d.is_cuda(), "--dist mpi-nccl needs CUDA devices (NCCL), got ", d, "; use --dist mpi for CPU devices");
   }
   return CollectiveBackend::MpiNccl;
+}
+
+void check_not_alone_in_a_launch(const std::string& dist, const std::string& command) {
+  if (dist != "none") return;
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* size = std::getenv(name);
+    if (size == nullptr || std::atoll(size) <= 1) continue;
+    DPE_CHECK(false, "this process is one of ", size, " of an MPI launch (", name, "=", size, ") but --dist is none: "
+              "it would ", command, " alone beside the others; pass --dist mpi (or mpi-nccl) to every process, or "
+              "launch one process");
+  }
 }
 
 }  // namespace dpe::tool

@@ -22,4 +22,9 @@ CLI::Option* add_dist_option(CLI::App& cmd, std::string& dist, const std::string
 // starts, when the backend cannot serve the devices (mpi-nccl: CUDA devices only).
 std::optional<CollectiveBackend> dist_backend(const std::string& dist, const std::vector<Device>& devices);
 
+// A `dpe train` launched as one of several processes of an MPI job (mpirun, srun, mpiexec: the launcher's
+// OMPI_COMM_WORLD_SIZE or PMI_SIZE above 1) with --dist none would train alone, beside the others, each
+// writing the same checkpoint: refused, naming the launch. `command`: "train".
+void check_not_alone_in_a_launch(const std::string& dist, const std::string& command);
+
 }  // namespace dpe::tool

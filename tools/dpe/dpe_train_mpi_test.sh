@@ -177,4 +177,32 @@ for differ in "--epochs 2 : --epochs 1:--epochs: rank 0 has '2', rank 1 has '1'"
         $first : -np 1 "$bin" train --dist mpi --model mlp --mode ddp --limit 256 --device-ids cpu:1 $second 2>&1)
   [[ $(grep -cF -- "$want" <<<"$out") -eq 2 ]] || { echo "FAILED: ranks with $first / $second: want '$want' from both:"; echo "$out" | tail -5; fail=1; }
 done
+# Every option one by one: dpe_train_options_test. What the processes read is compared by content, whatever
+# the paths (Note [What the processes read must be the same]): a copy of the data set is accepted, a copy with
+# one byte more is refused naming the file, and so is a checkpoint to resume that differs between them.
+mkdir -p "$tmp/fm_copy" "$tmp/fm_other"
+cp /usr/share/datasets/fashion-mnist/*.gz "$tmp/fm_copy/" && cp /usr/share/datasets/fashion-mnist/*.gz "$tmp/fm_other/"
+printf 'x' >> "$tmp/fm_other/t10k-labels-idx1-ubyte.gz"
+two_data() {  # two_data DIR_OF_RANK_1 EXTRA...: rank 0 reads the installed data set, rank 1 DIR
+  local dir="$1"; shift
+  timeout 60 mpirun "${bind[@]}" -np 1 "$bin" train --dist mpi --model mlp --mode ddp --limit 256 --epochs 1 \
+    --device-ids cpu:0 "$@" : -np 1 "$bin" train --dist mpi --model mlp --mode ddp --limit 256 --epochs 1 \
+    --device-ids cpu:1 --data-dir "$dir" "$@" 2>&1
+}
+out=$(two_data "$tmp/fm_copy") || { echo "FAILED: a copy of the data set on rank 1 was refused:"; echo "$out" | tail -5; fail=1; }
+out=$(two_data "$tmp/fm_other")
+want="--dist: the processes read different inputs; --data-dir file t10k-labels-idx1-ubyte.gz: rank 0 has '"
+[[ $(grep -cF -- "$want" <<<"$out") -eq 2 ]] || { echo "FAILED: different data: want '$want' from both:"; echo "$out" | tail -5; fail=1; }
+run "a checkpoint to resume" "$bin" train --model mlp --mode ddp --limit 256 --epochs 1 --save-every 1 \
+  --checkpoint "$tmp/resume_a.safetensors"
+run "the same run one epoch further" "$bin" train --model mlp --mode ddp --limit 256 --epochs 2 --save-every 1 \
+  --checkpoint "$tmp/resume_b.safetensors" --resume "$tmp/resume_a.safetensors"
+out=$(timeout 60 mpirun "${bind[@]}" -np 1 "$bin" train --dist mpi --model mlp --mode ddp --limit 256 --epochs 3 \
+  --device-ids cpu:0 --resume "$tmp/resume_a.safetensors" : -np 1 "$bin" train --dist mpi --model mlp --mode ddp \
+  --limit 256 --epochs 3 --device-ids cpu:1 --resume "$tmp/resume_b.safetensors" 2>&1)
+want="--dist: the processes read different inputs; --resume: rank 0 has 'step "
+[[ $(grep -cF -- "$want" <<<"$out") -eq 2 ]] || { echo "FAILED: different checkpoints: want '$want' from both:"; echo "$out" | tail -5; fail=1; }
+# Several processes of one launch without --dist would each train alone, writing the same checkpoint.
+expect 2 "this process is one of 2 of an MPI launch (OMPI_COMM_WORLD_SIZE=2) but --dist is none" \
+  timeout 60 mpirun -np 2 "${bind[@]}" "$bin" train --model mlp --limit 256 --epochs 1
 exit $fail

@@ -196,8 +196,13 @@ patch_checkpoint "$tmp/b.ck" "$tmp/text.ck" training.epoch one
 expect_error "training.epoch" "${common[@]}" --epochs 2 --resume "$tmp/text.ck"
 expect_error "--resume $tmp/none.ck: no such file" "${common[@]}" --resume "$tmp/none.ck"
 expect_error "--resume $tmp: is not a regular file" "${common[@]}" --resume "$tmp"
-expect_error "load_checkpoint" --model cnn --mode ddp --limit 64 --resume "$tmp/b.ck"  # an mlp checkpoint
-expect_error "the state belongs to a SGD optimizer, not Adam" "${common[@]}" --optimizer adam --resume "$tmp/b.ck"
+# Another model or optimizer is a changed option, named before anything is loaded; with --override the
+# checkpoint itself refuses to fit.
+expect_error "--model was 'mlp' in the checkpoint's run and is 'cnn' now" "${common[@]/mlp/cnn}" --resume "$tmp/b.ck"
+expect_error "load_checkpoint" "${common[@]/mlp/cnn}" --resume "$tmp/b.ck" --override model  # an mlp checkpoint
+expect_error "--optimizer was 'sgd' in the checkpoint's run and is 'adam' now" "${common[@]}" --optimizer adam --resume "$tmp/b.ck"
+expect_error "the state belongs to a SGD optimizer, not Adam" "${common[@]}" --optimizer adam --resume "$tmp/b.ck" \
+  --override optimizer
 
 # Bad options: refused at start-up, naming the option, the value and what was expected.
 expect_error "needs --mode ddp" --model cnn --mode dp --sync-bn --limit 64

@@ -21,15 +21,22 @@ constexpr const char* kPrefix = "run";
 }  // namespace
 
 const std::set<std::string> kMayChangeOnResume = {
-    "--resume", "--checkpoint", "--json", "--save-every", "--epochs", "--stop-at-step",  // where, how long
+    "--resume", "--override", "--checkpoint", "--json", "--save-every", "--epochs", "--stop-at-step",  // where, how long
     "--device-ids", "--cpu-devices", "--output-device", "--dist", "--mode", "--split", "--zero",  // where it runs
-    "--timeout", "--on-device-failure", "--activation-checkpointing", "--data-dir", "--inject-failure", "--inject-hang", "--help",
+    "--timeout", "--on-device-failure", "--activation-checkpointing", "--data-dir",
 };
 
+// --resume and --data-dir: each process may read its own copy; what the copies hold is compared instead
+// (input_identity.h).
 const std::set<std::string> kMayDifferPerProcess = {
-    "--device-ids", "--cpu-devices", "--output-device", "--json", "--checkpoint", "--data-dir", "--inject-failure",
-    "--inject-hang", "--help",
+    "--device-ids", "--cpu-devices", "--output-device", "--json", "--checkpoint", "--data-dir", "--resume",
 };
+
+std::string option_list(const std::set<std::string>& names) {
+  std::string out;
+  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
 
 namespace {
 
@@ -73,7 +80,10 @@ RunConfiguration run_configuration(const CLI::App& cmd, const std::set<std::stri
   RunConfiguration configuration;
   for (const CLI::Option* option : cmd.get_options()) {
     const std::string name = option->get_name();
-    if (name.rfind("--", 0) != 0 || excluded.contains(name) || name == "--override") continue;
+    // Hidden options are the tests' fault injection, which may differ anywhere.
+    if (name.rfind("--", 0) != 0 || name == "--help" || option->get_group().empty() || excluded.contains(name)) {
+      continue;
+    }
     std::string value;
     if (option->count() > 0) {
       for (const std::string& result : option->results()) value += (value.empty() ? "" : ",") + result;
@@ -135,22 +145,22 @@ RunConfiguration decoded(const std::vector<uint8_t>& bytes) {
 // Process 0's configuration is broadcast as one object; every process finds its first difference; an
 // all-reduce (min) agrees on the first rank that differs, and that rank's description of the difference is
 // broadcast, so that every process throws the same message before any work.
-void check_same_configuration_across_processes(const RunConfiguration& configuration,
-                                               std::chrono::milliseconds timeout) {
+void check_same_across_processes(const RunConfiguration& entries, const std::string& disagreement,
+                                 const std::string& hint, std::chrono::milliseconds timeout) {
   ProcessGroup group({Device::cpu(0)}, {.backend = CollectiveBackend::Mpi, .timeout = timeout});
   const int world = group.world_size(), rank = group.global_rank(0);
-  const RunConfiguration reference = decoded(group.broadcast_object(0, as_bytes(encoded(configuration)), 0));
+  const RunConfiguration reference = decoded(group.broadcast_object(0, as_bytes(encoded(entries)), 0));
   std::string difference;
   std::set<std::string> names;
-  for (const auto& [name, value] : configuration) names.insert(name);
+  for (const auto& [name, value] : entries) names.insert(name);
   for (const auto& [name, value] : reference) names.insert(name);
   for (const std::string& name : names) {
-    const auto mine = configuration.find(name), theirs = reference.find(name);
-    if (mine != configuration.end() && theirs != reference.end() && same_option_value(mine->second, theirs->second)) {
+    const auto mine = entries.find(name), theirs = reference.find(name);
+    if (mine != entries.end() && theirs != reference.end() && same_option_value(mine->second, theirs->second)) {
       continue;
     }
-    const std::string a = theirs == reference.end() ? "(no such option)" : "'" + theirs->second + "'";
-    const std::string b = mine == configuration.end() ? "(no such option)" : "'" + mine->second + "'";
+    const std::string a = theirs == reference.end() ? "(none)" : "'" + theirs->second + "'";
+    const std::string b = mine == entries.end() ? "(none)" : "'" + mine->second + "'";
     difference = detail::str_cat(name, ": rank 0 has ", a, ", rank ", rank, " has ", b);
     break;
   }
@@ -160,9 +170,7 @@ void check_same_configuration_across_processes(const RunConfiguration& configura
   const int root = static_cast<int>(first.to_vector<int64_t>()[0]);
   if (root == world) return;
   const std::vector<uint8_t> described = group.broadcast_object(0, as_bytes(difference), root);
-  DPE_CHECK(false, "--dist: the processes were launched with different options; ",
-            std::string(described.begin(), described.end()), " (every process must get the same training options; "
-            "those that may differ: its devices and its paths)");
+  DPE_CHECK(false, "--dist: ", disagreement, "; ", std::string(described.begin(), described.end()), " (", hint, ")");
 }
 
 }  // namespace dpe::tool

@@ -26,15 +26,19 @@ using RunConfiguration = std::map<std::string, std::string>;  // "--lr" -> "0.05
 // The options that may differ between a run and its resume, and between the processes of one launch.
 extern const std::set<std::string> kMayChangeOnResume, kMayDifferPerProcess;
 
-// `cmd`'s options (after parsing) but `excluded` and --override: given values joined by ",", or the default
-// ("" for a flag not given).
+// "--a, --b" (for the help: a test reads the lists there).
+std::string option_list(const std::set<std::string>& names);
+
+// `cmd`'s options (after parsing) but `excluded`, --help and the hidden ones: given values joined by ",", or
+// the default ("" for a flag not given).
 RunConfiguration run_configuration(const CLI::App& cmd, const std::set<std::string>& excluded);
 
-// Under --dist: every process's `configuration` against process 0's, through the MPI backend (one member per
-// process, the collectives' `timeout`). Throws on every process alike when one differs: the first differing
-// rank, its first differing option, both values. Every process of the launch must call it at the same point.
-void check_same_configuration_across_processes(const RunConfiguration& configuration,
-                                               std::chrono::milliseconds timeout);
+// Under --dist: every process's `entries` against process 0's, through the MPI backend (one member per process,
+// the collectives' `timeout`). Throws on every process alike when one differs: `disagreement` ("the processes
+// were launched with different options"), the first differing rank, its first differing entry, both values, and
+// `hint`. Every process of the launch must call it at the same point.
+void check_same_across_processes(const RunConfiguration& entries, const std::string& disagreement,
+                                 const std::string& hint, std::chrono::milliseconds timeout);
 
 // Into a checkpoint's training state: metadata "run<name>" ("run--lr").
 void record_configuration(const RunConfiguration& configuration, io::TrainingState& state);

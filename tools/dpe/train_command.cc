@@ -12,12 +12,15 @@
 #include <vector>
 
 #include "data/data_loader.h"
+#include "data/fashion_mnist.h"
+#include "data/text_corpus.h"
 #include "io/checkpoint.h"
 #include "models/models.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "tools/dpe/cli_util.h"
 #include "tools/dpe/fault_injection.h"
+#include "tools/dpe/input_identity.h"
 #include "tools/dpe/file_args.h"
 #include "tools/dpe/commands.h"
 #include "tools/dpe/dist_option.h"
@@ -90,10 +93,6 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
     check_device_ids("--output-device", {*args.engine.output_device});
   }
   args.engine.dist = dist_backend(args.dist, args.engine.devices);
-  if (args.engine.dist) {
-    check_same_configuration_across_processes(
-        args.process_configuration, std::chrono::milliseconds(std::llround(std::clamp(args.engine.timeout_s, 1e-3, 1e7) * 1000)));
-  }
   args.engine.split = parse_split_rule(args.split);
   args.engine.on_device_failure = parse_device_failure_policy(args.on_device_failure);
   check_engine_options(args.engine);
@@ -112,16 +111,61 @@ void check_before_work(TrainArgs& args, io::TrainingState* resumed) {
   check_distinct_files({{"--json", args.json}, {"--checkpoint", checkpoint}, {"--data-dir", args.data_dir}});
   check_distinct_files({{"--json", args.json}, {"--resume", args.engine.resume}});
   if (!args.engine.resume.empty()) {
-    check_input_file("--resume", args.engine.resume);
     *resumed = read_checkpoint_state(args.engine, args.optimizer);
     DPE_CHECK(resumed->epoch >= 0 && resumed->step >= 0, "--resume ", args.engine.resume,
               ": the checkpoint says training.epoch ", resumed->epoch, ", training.step ", resumed->step,
               "; expected counts >= 0 (a damaged or foreign checkpoint)");
-    for (const std::string& line :
-         compare_configuration(args.configuration, resumed->metadata, args.overrides, args.engine.resume)) {
-      std::fprintf(stderr, "%s\n", line.c_str());
-    }
   }
+}
+
+std::chrono::milliseconds collectives_timeout(const TrainArgs& args) {
+  return std::chrono::milliseconds(std::llround(std::clamp(args.engine.timeout_s, 1e-3, 1e7) * 1000));
+}
+
+// First of all, before any data is read or model built: the options every process of a launch must share,
+// then a resumed run's options against its checkpoint's (Note [A run's configuration]). A changed option is
+// named before any error it would cause further on (another model's options, another data directory).
+void check_configuration(const TrainArgs& args) {
+  check_not_alone_in_a_launch(args.dist, "train");
+  if (args.dist != "none") {
+    check_same_across_processes(args.process_configuration, "the processes were launched with different options",
+                                "every process must get the same training options; those that may differ: " +
+                                    option_list(kMayDifferPerProcess),
+                                collectives_timeout(args));
+  }
+  if (args.engine.resume.empty()) return;
+  check_input_file("--resume", args.engine.resume);
+  const io::TrainingState saved = io::read_training_state(args.engine.resume);
+  for (const std::string& line :
+       compare_configuration(args.configuration, saved.metadata, args.overrides, args.engine.resume)) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+// Under --dist, what the processes read (Note [What the processes read must be the same]): the files of the
+// data directory the model reads and the checkpoint resumed, compared by content, whatever their paths.
+void check_same_inputs(const TrainArgs& args, const io::TrainingState& resumed) {
+  RunConfiguration inputs;
+  auto add = [&](const std::string& path) {
+    inputs["--data-dir file " + path.substr(path.find_last_of('/') + 1)] = file_identity(path);
+  };
+  const std::string& model = args.engine.model;
+  if (model == "llama") {
+    add(args.llm.data + "/tokenizer.model");
+    for (const std::string& shard : args.llm_data.train_shards) add(shard);
+    for (const std::string& shard : args.llm_data.val_shards) add(shard);
+  } else if (model == "tiny-llama") {
+    add(args.data_dir.empty() ? data::kFortunesPath : args.data_dir);
+  } else {
+    const std::string dir = args.data_dir.empty() ? data::kFashionMnistDir : args.data_dir;
+    for (const char* name : data::kFashionMnistFiles) add(dir + "/" + name);
+  }
+  if (!args.engine.resume.empty()) {
+    inputs["--resume"] = "step " + std::to_string(resumed.step) + ", " + file_identity(args.engine.resume);
+  }
+  check_same_across_processes(inputs, "the processes read different inputs",
+                              "each process may read its own copy of the data and of the checkpoint it resumes; the "
+                              "copies must hold the same bytes", collectives_timeout(args));
 }
 
 // One line of the --json report's "epochs", kept as plain numbers while training runs.
@@ -173,9 +217,11 @@ void write_json(const TrainArgs& args, const DataParallel& dp, int64_t processes
 }
 
 void run_train(TrainArgs args) {
+  check_configuration(args);
   io::TrainingState resumed;
   prepare_llm(args);
   check_before_work(args, &resumed);
+  if (args.engine.dist) check_same_inputs(args, resumed);
   if (args.engine.model == "llama") {
     return run_train_llm(args.engine, args.optimizer, args.llm, args.llm_data,
                          {.batch_size = args.batch_size, .checkpoint = args.save_every > 0 ? args.checkpoint : "",
@@ -451,7 +497,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember(kSplitRules));
   add_dist_option(*cmd, args->dist, "ddp or dp mode over the devices of every process of an MPI launch; "
                   "--batch-size is the global batch over all of them; process 0 prints, evaluates and writes "
-                  "--checkpoint and --json");
+                  "--checkpoint and --json; every other option must be the same on every process but " +
+                  option_list(kMayDifferPerProcess) + " (the data and checkpoint read must hold the same bytes)");
   add_seed_option(*cmd, "--seed", args->engine.seed, "initial weights and data order");
   CLI::Option* limit = add_int_option(*cmd, "--limit", args->limit, "use only the first N training samples", 1, int64_t{1} << 40)
       ->default_str("all");
@@ -465,7 +512,8 @@ void add_train_command(CLI::App& app) {
   add_path_option(*cmd, "--resume", args->engine.resume, "continue from this checkpoint (the epoch after the saved one); "
                   "every option that shaped its run must be the same (docs/RELIABILITY.md, \"A run's configuration\")");
   add_name_list_option(*cmd, "--override", args->overrides, "--resume: options the resumed run may change, by name "
-                       "without the dashes (lr,batch-size); what changed is printed");
+                       "without the dashes (lr,batch-size); what changed is printed; these may change without it: " +
+                       option_list(kMayChangeOnResume));
   add_path_option(*cmd, "--json", args->json, "write the final report as JSON to this file (checked at start-up)");
   cmd->callback([=] {
     args->cpu_devices_given = cpu_devices->count() > 0;
