@@ -2,21 +2,27 @@
 """A chaos soak: a dpe train job interrupted K times, restarted from its newest checkpoint each time, must end
 with the uninterrupted run's checkpoint, byte for byte.
 
-Usage: chaos.py DPE_BINARY [--faults K] [--seed S] [--mpi] [--timeout SECONDS] [--workdir DIR]
+Usage: chaos.py DPE_BINARY [--faults K] [--seed S] [--mpi] [--timeout SECONDS] [--workdir DIR] [--no-disk-faults]
 
 The job: the MLP on a slice of Fashion-MNIST, DDP, a checkpoint after every epoch (enough epochs that K faults
-fall inside it). First the uninterrupted run; then the same job under faults, each at a random moment (seeded):
+fall inside it). First the uninterrupted run; then the same job under faults, each at a random moment (seeded),
+every kind once before kinds repeat:
   kill      SIGKILL of the job (with --mpi: of one rank, chosen at random);
   stop      SIGSTOP of one rank (--mpi only): its partner must fail within --timeout, naming it;
-  device    a device failure through the tool's fault injection (--inject-failure cpu:1@STEP, a random step).
+  device    a device failure through the tool's fault injection (--inject-failure cpu:1@STEP, a random step);
+  disk      the checkpoint's file system filled up (the job's next save fails with ENOSPC, naming the file; the
+            previous checkpoint stays whole), then freed again before the restart, as an operator would. The
+            checkpoints live on a small tmpfs of their own, mounted under the work directory for the soak (root);
+            --no-disk-faults leaves this kind out where nothing can be mounted.
 After each fault the job is restarted with --resume from its newest complete checkpoint (the first attempt, or a
 fault before the first checkpoint, starts afresh), as tools/reliability/supervise.py does. Each interruption
 must end within --timeout plus 20 s and say what failed (with --mpi, the rank that was killed or stopped; the
-device a failure was injected into), and no `*.tmp.*` temporary may remain at the end. Prints the faults
+device a failure was injected into; the checkpoint that could not be written, and ENOSPC), and no `*.tmp.*` temporary may remain at the end. Prints the faults
 injected and survived, restarts, seconds lost (time in attempts that failed) and bytes lost (bytes of the final
 checkpoint that differ from the uninterrupted run's: must be 0); exits 1 when anything failed.
 """
 import argparse
+import errno
 import os
 import pathlib
 import random
@@ -69,6 +75,28 @@ def is_descendant(pid, ancestor):
     return False
 
 
+def mount_small_disk(path):
+    """A 32 MiB tmpfs at `path` (a few checkpoints of the MLP, 5.4 MB each): what a full disk fills."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(path)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.exit(f"chaos: the full-disk fault needs a file system of its own, and mounting a tmpfs at {path} failed "
+                 f"({done.stdout.strip()}); run as root, or pass --no-disk-faults")
+
+
+def fill(disk):
+    """Writes disk/filler until the file system is full."""
+    chunk = b"\0" * (1 << 20)
+    with open(disk / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+
+
 def job(args, checkpoint, epochs):
     common = ["train", "--model", "mlp", "--mode", "ddp", "--limit", "1024", "--batch-size", "64", "--seed", "7",
               "--epochs", str(epochs), "--save-every", "1", "--checkpoint", str(checkpoint),
@@ -112,13 +140,25 @@ def main():
     parser.add_argument("--mpi", action="store_true")
     parser.add_argument("--timeout", type=float, default=3.0)
     parser.add_argument("--workdir")
+    parser.add_argument("--no-disk-faults", action="store_true")
     args = parser.parse_args()
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="dpe_chaos_"))
     work.mkdir(parents=True, exist_ok=True)
+    disk = work if args.no_disk_faults else work / "disk"
+    if not args.no_disk_faults:
+        mount_small_disk(disk)
+    try:
+        return soak(args, work, disk)
+    finally:
+        if not args.no_disk_faults:
+            subprocess.run(["umount", str(disk)])
+
+
+def soak(args, work, disk):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     rng = random.Random(args.seed)
     epochs = 2 + args.faults  # each fault costs at most the epoch it hits
-    kinds = ["kill", "device"] + (["stop"] if args.mpi else [])
+    kinds = ["kill", "device"] + (["stop"] if args.mpi else []) + ([] if args.no_disk_faults else ["disk"])
 
     reference = work / "uninterrupted.safetensors"
     started = time.monotonic()
@@ -128,48 +168,57 @@ def main():
         sys.exit(f"chaos: the uninterrupted run failed (exit {done.returncode}):\n{done.stdout[-2000:]}")
     run_seconds = time.monotonic() - started
 
-    checkpoint = work / "chaos.safetensors"
+    checkpoint = disk / "chaos.safetensors"
     failures, injected, survived, restarts, lost = [], 0, 0, 0, 0.0
-    kinds_used = set()
+    kinds_used = {}  # kind -> faults of that kind injected
+    # Every kind once (in a random order) when there are enough faults, then kinds at random.
+    schedule = rng.sample(kinds, len(kinds)) + [rng.choice(kinds) for _ in range(max(0, args.faults - len(kinds)))]
     while True:
         command = job(args, checkpoint, epochs)
         if checkpoint.exists():
             command += ["--resume", str(checkpoint)]
-        kind = rng.choice(kinds) if injected < args.faults else None
+        kind = schedule[injected] if injected < args.faults else None
         if kind == "device":
             command += ["--inject-failure", f"cpu:{0 if args.mpi else 1}@{rng.randrange(2, 30)}"]
         attempt_start = time.monotonic()
         attempt = Attempt(command, env)
         process = attempt.process
         fault_at = None
-        named = None  # what the job's output must say for this fault: the rank or the device that failed
+        named = []  # what the job's output must say for this fault: the rank, the device or the file that failed
         if kind == "device":
-            named = f"failure injected by --inject-failure on cpu:{0 if args.mpi else 1}"
-        if kind in ("kill", "stop"):
+            named = [f"failure injected by --inject-failure on cpu:{0 if args.mpi else 1}"]
+        if kind == "disk":
+            named = ["No space left on device", str(checkpoint)]
+        if kind in ("kill", "stop", "disk"):
             attempt.training.wait(timeout=60)
             time.sleep(rng.uniform(0.0, max(0.1, run_seconds / (args.faults + 2))))
-            if process.poll() is None:
+            if process.poll() is None and kind == "disk":
+                fill(disk)
+                fault_at = time.monotonic()
+            elif process.poll() is None:
                 if args.mpi:
                     ranks = child_ranks(process.pid, args.dpe)
                     victim = rng.choice(ranks) if ranks else process.pid
                     rank = mpi_rank(victim)
                     # SIGSTOP: dpe's partner names it ("rank 1 stopped answering"); SIGKILL: mpirun does
                     # ("process rank 1 ... exited on signal 9").
-                    named = f"rank {rank}" if rank is not None else None
+                    named = [f"rank {rank}"] if rank is not None else []
                 else:
                     victim = process.pid
                 os.kill(victim, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
                 fault_at = time.monotonic()
         output = attempt.wait()
         seconds = time.monotonic() - attempt_start
+        if kind == "disk":
+            (disk / "filler").unlink(missing_ok=True)  # space freed before the restart
         if kind is not None and (process.returncode != 0):
             injected += 1
-            kinds_used.add(kind)
+            kinds_used[kind] = kinds_used.get(kind, 0) + 1
             ended = time.monotonic() - (fault_at or attempt_start)
             if fault_at is not None and ended > args.timeout + 20:
                 failures.append(f"{kind}: the job took {ended:.1f} s to end after the fault (timeout {args.timeout} s)")
-            elif named is not None and named not in output:
-                failures.append(f"{kind}: the job's messages do not name what failed ('{named}'):\n{output[-1500:]}")
+            elif any(n not in output for n in named):
+                failures.append(f"{kind}: the job's messages do not name what failed ({named}):\n{output[-1500:]}")
             else:
                 survived += 1
             restarts += 1
@@ -183,7 +232,7 @@ def main():
     # removes it (io/temp_file.h), and a later save removes a killed writer's once it is 10 s old (Note
     # [Temporaries of a killed writer], io/atomic_file.cc), which a short job may not reach. So a temporary is a
     # failure unless a SIGKILL could have left it.
-    temporaries = [p.name for p in work.iterdir() if ".tmp." in p.name]
+    temporaries = [p.name for p in disk.iterdir() if ".tmp." in p.name]
     if temporaries and "kill" not in kinds_used:
         failures.append(f"temporaries left behind: {temporaries}")
     bytes_lost = 0
@@ -194,7 +243,8 @@ def main():
         failures.append("no final checkpoint")
     if bytes_lost:
         failures.append(f"the final checkpoint differs from the uninterrupted run's in {bytes_lost} bytes")
-    print(f"chaos{' (mpirun -np 2)' if args.mpi else ''}: {injected} faults injected, {survived} survived, "
+    by_kind = ", ".join(f"{kind} {count}" for kind, count in sorted(kinds_used.items()))
+    print(f"chaos{' (mpirun -np 2)' if args.mpi else ''}: {injected} faults injected ({by_kind}), {survived} survived, "
           f"{restarts} restarts, {lost:.1f} s lost, {bytes_lost} bytes lost"
           + (f", {len(temporaries)} temporaries left by SIGKILL during a save" if temporaries else ""))
     for f in failures:
