@@ -93,7 +93,25 @@ size_t CachingAllocator::round_size(size_t nbytes) {
   return (nbytes + kRoundBytes - 1) / kRoundBytes * kRoundBytes;
 }
 
-void* CachingAllocator::allocate(size_t nbytes) {
+const char* memory_kind_name(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::Activations: return "activations";
+    case MemoryKind::Parameters: return "parameters";
+    case MemoryKind::Gradients: return "gradients";
+    case MemoryKind::OptimizerState: return "optimizer_state";
+  }
+  return "?";
+}
+
+namespace {
+thread_local MemoryKind current_kind = MemoryKind::Activations;
+}  // namespace
+
+MemoryKindGuard::MemoryKindGuard(MemoryKind kind) : previous_(current_kind) { current_kind = kind; }
+MemoryKindGuard::~MemoryKindGuard() { current_kind = previous_; }
+MemoryKind current_memory_kind() { return current_kind; }
+
+void* CachingAllocator::allocate(size_t nbytes, MemoryKind kind) {
   if (nbytes == 0) return nullptr;
   size_t size = round_size(nbytes);
   std::lock_guard lock(mutex_);
@@ -117,17 +135,33 @@ void* CachingAllocator::allocate(size_t nbytes) {
   }
   ++stats_.num_allocations;
   stats_.allocated_bytes += size;
-  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  stats_.allocated_by_kind[static_cast<size_t>(kind)] += static_cast<int64_t>(size);
+  if (stats_.allocated_bytes > stats_.peak_allocated_bytes) {
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    stats_.peak_by_kind = stats_.allocated_by_kind;
+  }
   return ptr;
 }
 
-void CachingAllocator::deallocate(void* ptr, size_t nbytes) noexcept {
+void CachingAllocator::deallocate(void* ptr, size_t nbytes, MemoryKind kind) noexcept {
   if (ptr == nullptr) return;
   size_t size = round_size(nbytes);
   std::lock_guard lock(mutex_);
   stats_.allocated_bytes -= size;
-  DPE_INTERNAL_ASSERT(stats_.allocated_bytes >= 0, "allocator accounting went negative on ", device_);
+  stats_.allocated_by_kind[static_cast<size_t>(kind)] -= static_cast<int64_t>(size);
+  DPE_INTERNAL_ASSERT(stats_.allocated_bytes >= 0 && stats_.allocated_by_kind[static_cast<size_t>(kind)] >= 0,
+                      "allocator accounting went negative on ", device_);
   detail::put_cached(cache_, size, ptr);
+}
+
+void CachingAllocator::retag(size_t nbytes, MemoryKind from, MemoryKind to) noexcept {
+  if (nbytes == 0 || from == to) return;
+  const auto size = static_cast<int64_t>(round_size(nbytes));
+  std::lock_guard lock(mutex_);
+  stats_.allocated_by_kind[static_cast<size_t>(from)] -= size;
+  stats_.allocated_by_kind[static_cast<size_t>(to)] += size;
+  DPE_INTERNAL_ASSERT(stats_.allocated_by_kind[static_cast<size_t>(from)] >= 0, "allocator accounting went "
+                      "negative on ", device_);
 }
 
 MemoryStats CachingAllocator::stats() const {
@@ -138,6 +172,7 @@ MemoryStats CachingAllocator::stats() const {
 void CachingAllocator::reset_peak() {
   std::lock_guard lock(mutex_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_by_kind = stats_.allocated_by_kind;
 }
 
 void CachingAllocator::empty_cache() {

@@ -12,6 +12,7 @@
 // Thread-safety: all functions may be called from any thread.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -24,12 +25,39 @@
 
 namespace dpe {
 
+// What a block holds, for the memory report (docs/DATA_PARALLEL.md "Memory"): a block takes the kind of the
+// thread that allocates it (MemoryKindGuard; Activations, the default, stands for activations and every
+// temporary), and may be given another one later (Storage::set_memory_kind: a gradient computed by the backward
+// becomes a parameter's .grad). Tagged where the engine and autograd make them: parameters and buffers of every
+// replica, .grad and the reducers' buckets and shards, and what an optimizer allocates in step() and
+// load_state_dict() (its state, and its temporaries while it runs).
+enum class MemoryKind : uint8_t { Activations, Parameters, Gradients, OptimizerState };
+inline constexpr size_t kMemoryKinds = 4;
+const char* memory_kind_name(MemoryKind kind);  // "activations", "parameters", "gradients", "optimizer_state"
+
+// The kind this thread's allocations get while the guard lives (guards nest; the innermost wins).
+class MemoryKindGuard {
+ public:
+  explicit MemoryKindGuard(MemoryKind kind);
+  ~MemoryKindGuard();
+  MemoryKindGuard(const MemoryKindGuard&) = delete;
+  MemoryKindGuard& operator=(const MemoryKindGuard&) = delete;
+
+ private:
+  MemoryKind previous_;
+};
+MemoryKind current_memory_kind();
+
 struct MemoryStats {
   int64_t allocated_bytes = 0;       // bytes in live tensors (rounded block sizes)
   int64_t peak_allocated_bytes = 0;  // max of allocated_bytes since start or reset_peak_memory_stats
   int64_t reserved_bytes = 0;        // allocated + cached (what the device really holds)
   int64_t num_allocations = 0;       // allocate() calls
   int64_t num_backend_allocations = 0;  // of which reached malloc / cudaMalloc (cache misses)
+  // allocated_bytes by MemoryKind (indexed by its value), now and when peak_allocated_bytes was reached.
+  std::array<int64_t, kMemoryKinds> allocated_by_kind{}, peak_by_kind{};
+  int64_t by_kind(MemoryKind k) const { return allocated_by_kind[static_cast<size_t>(k)]; }
+  int64_t at_peak(MemoryKind k) const { return peak_by_kind[static_cast<size_t>(k)]; }
 };
 
 namespace detail {
@@ -76,12 +104,14 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // Returns a block of at least nbytes (nullptr for 0 bytes); throws dpe::Error naming the device
-  // when the device is out of memory.
-  void* allocate(size_t nbytes);
-  // `nbytes` is the size passed to allocate() for this pointer. Never throws (it runs in destructors): the
-  // block's place in the cache was made when the block was created.
-  void deallocate(void* ptr, size_t nbytes) noexcept;
+  // Returns a block of at least nbytes (nullptr for 0 bytes) counted as `kind`; throws dpe::Error naming the
+  // device when the device is out of memory. (Storage passes its thread's current_memory_kind().)
+  void* allocate(size_t nbytes, MemoryKind kind = MemoryKind::Activations);
+  // `nbytes` and `kind` are those the block was allocated (or last retagged) with. Never throws (it runs in
+  // destructors): the block's place in the cache was made when the block was created.
+  void deallocate(void* ptr, size_t nbytes, MemoryKind kind = MemoryKind::Activations) noexcept;
+  // Counts a live block of `nbytes` as `to` instead of `from` (the peak's split is what it was).
+  void retag(size_t nbytes, MemoryKind from, MemoryKind to) noexcept;
 
   MemoryStats stats() const;
   void reset_peak();

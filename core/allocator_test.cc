@@ -37,6 +37,50 @@ TEST(AllocatorTest, CountsCurrentAndPeakPerDevice) {
   EXPECT_EQ(memory_stats(d1).reserved_bytes, memory_stats(d1).allocated_bytes);
 }
 
+// A block counts as the kind its allocating thread had (MemoryKindGuard), moves with set_memory_kind, leaves its
+// kind's count when freed; the peak keeps the split it had when it was reached.
+TEST(AllocatorTest, CountsBytesByKindAndTheSplitAtThePeak) {
+  const Device d = Device::cpu(1);
+  auto kind = [&](MemoryKind k) { return memory_stats(d).by_kind(k); };
+  const MemoryStats base = memory_stats(d);
+  reset_peak_memory_stats(d);
+  {
+    Tensor activation = Tensor::empty({1024}, TensorOptions(d));  // 4 KiB, the default kind
+    Tensor state;
+    {
+      MemoryKindGuard optimizer(MemoryKind::OptimizerState);
+      state = Tensor::empty({512}, TensorOptions(d));  // 2 KiB
+      {
+        MemoryKindGuard inner(MemoryKind::Parameters);
+        EXPECT_EQ(current_memory_kind(), MemoryKind::Parameters);
+      }
+      EXPECT_EQ(current_memory_kind(), MemoryKind::OptimizerState);
+    }
+    EXPECT_EQ(current_memory_kind(), MemoryKind::Activations);
+    EXPECT_EQ(kind(MemoryKind::Activations) - base.by_kind(MemoryKind::Activations), 4096);
+    EXPECT_EQ(kind(MemoryKind::OptimizerState) - base.by_kind(MemoryKind::OptimizerState), 2048);
+    // Another thread's allocations keep their own kind.
+    std::thread([&] { Tensor elsewhere = Tensor::empty({256}, TensorOptions(d)); }).join();
+    EXPECT_EQ(kind(MemoryKind::OptimizerState) - base.by_kind(MemoryKind::OptimizerState), 2048);
+
+    Tensor grad = Tensor::empty({256}, TensorOptions(d));  // 1 KiB: the peak is reached here
+    const MemoryStats at_peak = memory_stats(d);
+    grad.storage()->set_memory_kind(MemoryKind::Gradients);
+    EXPECT_EQ(kind(MemoryKind::Gradients) - base.by_kind(MemoryKind::Gradients), 1024);
+    EXPECT_EQ(kind(MemoryKind::Activations) - base.by_kind(MemoryKind::Activations), 4096);
+    const MemoryStats now = memory_stats(d);
+    EXPECT_EQ(now.peak_allocated_bytes, at_peak.peak_allocated_bytes);
+    EXPECT_EQ(now.at_peak(MemoryKind::Activations), at_peak.by_kind(MemoryKind::Activations));  // not retold
+    int64_t sum = 0;
+    for (int64_t bytes : now.peak_by_kind) sum += bytes;
+    EXPECT_EQ(sum, now.peak_allocated_bytes);
+  }
+  for (size_t k = 0; k < kMemoryKinds; ++k) {
+    EXPECT_EQ(memory_stats(d).allocated_by_kind[k], base.allocated_by_kind[k])
+        << memory_kind_name(static_cast<MemoryKind>(k));
+  }
+}
+
 TEST(AllocatorTest, ReusesCachedBlocksOfTheSameSize) {
   Device d = Device::cpu(1);
   { Tensor warm = Tensor::empty({1000}, TensorOptions(d)); }

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "core/allocator.h"
 #include "core/device.h"
 
 namespace dpe {
@@ -23,11 +24,16 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
   bool is_pinned() const { return pinned_; }
+  // What the device's memory statistics count this storage as (core/allocator.h): the allocating thread's
+  // MemoryKind until set. Not thread-safe against another set of the same storage.
+  MemoryKind memory_kind() const { return kind_; }
+  void set_memory_kind(MemoryKind kind);
 
  private:
   Device device_;
   size_t nbytes_;
   bool pinned_;
+  MemoryKind kind_;
   void* data_;
 };
 

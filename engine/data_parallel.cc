@@ -107,7 +107,6 @@ double DataParallel::forward_backward_once(const Tensor& input, const Tensor& ta
   report.loss_scale = ctx_->scaler ? ctx_->scaler->get_scale() : 1.0;
   if (ctx_->split->observe(report)) step_->split_changed();
   record_memory(*ctx_);
-  report.memory_use = step_->memory_use();
   return report.loss;
 }
 

@@ -5,11 +5,13 @@
 #include <map>
 #include <unordered_set>
 
+#include "core/allocator.h"
 #include "core/autograd/grad_mode.h"
 #include "core/autograd/node.h"
 #include "core/copy.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/storage.h"
 #include "engine/timing.h"
 
 namespace dpe {
@@ -128,6 +130,7 @@ void DdpReducer::assign_buckets(std::vector<std::vector<size_t>> buckets) {
     state.views.assign(n, Tensor());
     // Note [One replica in all]: no bucket memory; ZeRO-2 stages a bucket only while it is sent.
     if (alone_ || options_.shard_gradients) continue;
+    MemoryKindGuard kind(MemoryKind::Gradients);  // the replica's .grad are views of its buckets
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Tensor& first = params_[r][buckets_[b][0]];
       state.buffers.push_back(Tensor::empty({numel[b]}, TensorOptions(first.dtype()).with_device(first.device())));
@@ -341,6 +344,7 @@ void DdpReducer::reduce_scatter_bucket(size_t replica, size_t bucket, const std:
     mine.add_(output);
   } else {
     mine = output;
+    mine.storage()->set_memory_kind(MemoryKind::Gradients);  // the replica's gradient from now on
   }
   for (size_t p : members) params_[replica][p].set_grad(Tensor());
 }

@@ -47,7 +47,6 @@ class DeterministicStep final : public Step {
   double clip_grad_norm(double max_norm) override { return mode_->clip_grad_norm(max_norm); }
   void optimizers_made() override { mode_->optimizers_made(); }
   void consolidate_state_dict() override { mode_->consolidate_state_dict(); }
-  std::vector<StepReport::MemoryUse> memory_use() const override { return mode_->memory_use(); }
   TransferStats replicate(const std::vector<size_t>& to) override { return mode_->replicate(to); }
   void replica_dropped(size_t r) override { mode_->replica_dropped(r); }
   std::vector<int> missing_at_last_timeout() const override { return mode_->missing_at_last_timeout(); }

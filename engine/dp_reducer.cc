@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/allocator.h"
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/lost_thread.h"
@@ -130,7 +131,10 @@ void DpReducer::reduce_params(const std::vector<size_t>& params) {
     bool any = master.grad().defined();
     for (size_t r = 1; r < used_; ++r) any = any || params_[r][p].grad().defined();
     if (!any) continue;  // unused everywhere: stays undefined, like PyTorch
-    if (!master.grad().defined()) master.set_grad(zeros(master.shape(), TensorOptions(master.dtype()).with_device(master.device())));
+    if (!master.grad().defined()) {
+      MemoryKindGuard kind(MemoryKind::Gradients);
+      master.set_grad(zeros(master.shape(), TensorOptions(master.dtype()).with_device(master.device())));
+    }
     outputs.push_back(master.grad());
     for (size_t r = 1; r < used_; ++r) inputs[r - 1].push_back(params_[r][p].grad());
   }

@@ -122,15 +122,9 @@ struct StepReport {
   // What on_device_failure recovered from during this step, in order ("dropped cpu:1 (replica 1): <error>;
   // the step was redone on cpu:0 cpu:2"); empty when nothing failed.
   std::vector<std::string> recovered_failures;
-  std::vector<std::pair<Device, MemoryStats>> memory;  // per device_ids entry, after the step
-  // Per device_ids entry, after the step API's backward (gradients reduced, before the optimizer): the bytes of
-  // the replica's parameters, of the gradients it holds (DDP: its buckets; ZeRO-2: its shards) and of its
-  // optimizer's state (from the previous step's update). What else the device's peak holds is activations and
-  // temporaries (docs/DATA_PARALLEL.md "Memory").
-  struct MemoryUse {
-    int64_t parameters = 0, gradients = 0, optimizer_state = 0;
-  };
-  std::vector<MemoryUse> memory_use;
+  // Per device_ids entry, after the step: the allocator's statistics, with the bytes by MemoryKind now and at the
+  // peak (parameters, gradients, optimizer state, activations and temporaries; core/allocator.h).
+  std::vector<std::pair<Device, MemoryStats>> memory;
   // With a GradScaler (DataParallel::set_grad_scaler): the scale this step's backward used (1 without one)
   // and whether optimizer_step skipped the update because a gradient held an inf or NaN.
   double loss_scale = 1.0;

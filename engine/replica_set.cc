@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <mutex>
 
+#include "core/allocator.h"
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/storage.h"
 #include "engine/replica_error.h"
 #include "engine/worker_pool.h"
 
@@ -56,6 +58,10 @@ ReplicaSet::ReplicaSet(std::vector<std::shared_ptr<nn::Module>> given, std::vect
     }
     params_.push_back(std::move(params));
     if (r == 0) check_master_placement();  // before cloning a misplaced master
+    // The device's memory statistics count them as parameters (buffers too: the model's state).
+    for (const Tensor& t : state_[r]) {
+      if (t.defined() && t.storage()) t.storage()->set_memory_kind(MemoryKind::Parameters);
+    }
   }
   pool_ = make_pool();
 }

@@ -65,18 +65,6 @@ double Step::clip_grad_norm(double max_norm) {
   return norm;
 }
 
-std::vector<StepReport::MemoryUse> Step::memory_use() const {
-  std::vector<StepReport::MemoryUse> out(ctx_.replicas->size());
-  for (size_t r = 0; r < out.size(); ++r) {
-    for (const Tensor& p : ctx_.replicas->replica(r).parameters()) {
-      out[r].parameters += static_cast<int64_t>(p.nbytes());
-      if (p.grad().defined()) out[r].gradients += static_cast<int64_t>(p.grad().nbytes());
-    }
-    if (r < ctx_.optimizers.size()) out[r].optimizer_state = ctx_.optimizers[r]->state_bytes();
-  }
-  return out;
-}
-
 void Step::refresh_trainable() {
   if (ctx_.replicas->refresh_trainable()) trainable_changed();
 }

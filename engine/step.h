@@ -93,8 +93,6 @@ class Step {
   virtual ProcessGroup* process_group() { return nullptr; }
   // The auto split's weights changed (DDP's all-reduce follows them).
   virtual void split_changed() {}
-  // StepReport::memory_use now, per replica.
-  virtual std::vector<StepReport::MemoryUse> memory_use() const;
   // Tests and the report: DP's gradient buckets; DDP's reducer.
   virtual size_t num_buckets() const { return 0; }
   virtual const DdpReducer* ddp_reducer() const { return nullptr; }

@@ -148,20 +148,6 @@ double ZeroStep::clip_grad_norm(double max_norm) {
   return norms[0];
 }
 
-std::vector<StepReport::MemoryUse> ZeroStep::memory_use() const {
-  std::vector<StepReport::MemoryUse> out = Step::memory_use();
-  if (ctx_.options.zero_stage != 2) return out;
-  const DdpReducer& reducer = *ddp_->ddp_reducer();
-  for (size_t r = 0; r < out.size(); ++r) {
-    for (size_t b = 0; b < reducer.num_buckets(); ++b) {
-      if (const Tensor& shard = reducer.shard_gradient(r, b); shard.defined()) {
-        out[r].gradients += static_cast<int64_t>(shard.nbytes());
-      }
-    }
-  }
-  return out;
-}
-
 void ZeroStep::optimizers_made() {
   ddp_->optimizers_made();  // across processes: the factory's optimizers checked before they are sharded
   repartition([] {});

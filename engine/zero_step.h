@@ -45,7 +45,6 @@ class ZeroStep final : public Step {
   double clip_grad_norm(double max_norm) override;
   void optimizers_made() override;
   void consolidate_state_dict() override;
-  std::vector<StepReport::MemoryUse> memory_use() const override;  // the gradient shards counted too
 
  private:
   bool step_optimizers(optim::GradScaler* scaler) override;

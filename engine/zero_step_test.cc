@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 
+#include "core/allocator.h"
 #include "core/amp/autocast.h"
 #include "core/ops.h"
 #include "engine/data_parallel.h"
@@ -227,8 +228,11 @@ TEST(ZeroStep, OptimizerStateAndGradientsPerDeviceAreTheOwnedShare) {
   auto net = std::make_shared<Net>();
   int64_t numel = 0;
   for (const Tensor& p : net->parameters()) numel += p.numel();
+  auto rounded = [](int64_t bytes) { return static_cast<int64_t>(CachingAllocator::round_size(static_cast<size_t>(bytes))); };
   for (int stage : {1, 2}) {
     const int devices = 3;
+    std::vector<MemoryStats> before;
+    for (int r = 0; r < devices; ++r) before.push_back(memory_stats(Device::cpu(r)));
     DataParallel dp(nn::clone_module(*net, Device::cpu(0)), options_of({.devices = devices, .stage = stage}));
     dp.set_optimizer(adam());
     dp.train_step(randn({9, 7}), randn({9, 3}), mse);
@@ -237,6 +241,19 @@ TEST(ZeroStep, OptimizerStateAndGradientsPerDeviceAreTheOwnedShare) {
     for (size_t r = 0; r < static_cast<size_t>(devices); ++r) {
       const int64_t owned = layout.owned_numel(r);
       EXPECT_EQ(dp.optimizer(r).state_bytes(), 2 * owned * 4) << "stage " << stage << " replica " << r;
+      // The device's allocator counts the same as optimizer state: exp_avg and exp_avg_sq of each piece this
+      // replica owns, each block rounded (core/allocator.h); as gradients, only the shards in stage 2.
+      const MemoryStats now = memory_stats(Device::cpu(static_cast<int>(r)));
+      auto tagged = [&](MemoryKind k) { return now.by_kind(k) - before[r].by_kind(k); };
+      int64_t state_blocks = 0;
+      for (const optim::ParamGroup& group : dp.optimizer(r).param_groups()) {
+        for (const Tensor& piece : group.params) state_blocks += 2 * rounded(piece.numel() * 4);
+      }
+      EXPECT_EQ(tagged(MemoryKind::OptimizerState), state_blocks) << "stage " << stage << " replica " << r;
+      int64_t shard_blocks = 0;
+      for (size_t b = 0; b < layout.num_buckets(); ++b) shard_blocks += rounded(layout.shard_numel(b) * 4);
+      if (stage == 2) EXPECT_EQ(tagged(MemoryKind::Gradients), shard_blocks) << "replica " << r;
+      if (stage == 1) EXPECT_GE(tagged(MemoryKind::Gradients), numel * 4) << "replica " << r;  // whole buckets
       EXPECT_LE(owned, numel / devices + static_cast<int64_t>(layout.num_buckets())) << r;
       total += owned;
       // Stage 2: no replica keeps a whole gradient, only its shard of each bucket.

@@ -2,9 +2,10 @@
 
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/autograd/grad_mode.h"
-#include "core/error.h"
 #include "core/dispatch.h"
+#include "core/error.h"
 #include "core/kernels/optimizer.h"
 #include "core/ops.h"
 #include "optim/fused_batches.h"
@@ -61,6 +62,7 @@ std::string Adam::state_scalar_violation(const std::string& name, double value) 
 }
 
 void Adam::step() {
+  MemoryKindGuard kind(MemoryKind::OptimizerState);  // its state, born here (core/allocator.h)
   NoGradGuard no_grad;
   int64_t index = 0;
   for (ParamGroup& group : param_groups()) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/allocator.h"
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
 
@@ -172,6 +173,7 @@ std::string Optimizer::param_group_violation(double, const std::map<std::string,
 
 void Optimizer::load_state_dict(const OptimizerStateDict& state) {
   check_state_dict(state);
+  MemoryKindGuard kind(MemoryKind::OptimizerState);
   std::vector<const Tensor*> packed;
   for (const ParamGroup& g : groups_) {
     for (const Tensor& p : g.params) packed.push_back(&p);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/autograd/grad_mode.h"
 #include "core/dispatch.h"
 #include "core/error.h"
@@ -64,6 +65,7 @@ std::string SGD::param_group_violation(double, const std::map<std::string, doubl
 }
 
 void SGD::step() {
+  MemoryKindGuard kind(MemoryKind::OptimizerState);  // its momentum buffers, born here (core/allocator.h)
   NoGradGuard no_grad;
   int64_t index = 0;
   for (ParamGroup& group : param_groups()) {

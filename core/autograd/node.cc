@@ -1,7 +1,9 @@
 #include "core/autograd/node.h"
 
+#include "core/allocator.h"
 #include "core/autograd/grad_mode.h"
 #include "core/error.h"
+#include "core/storage.h"
 
 namespace dpe::autograd {
 
@@ -58,9 +60,12 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
       // The first gradient becomes a contiguous tensor the leaf owns (never an alias of a tensor that the
       // graph or the caller may still modify): the incoming one itself when nothing else can reach it
       // (PyTorch steals it the same way), else a copy.
+      // Either way the memory now counts as gradients (core/allocator.h).
       if (is_sole_owner_of_layout(incoming, leaf)) {
         meta.grad = std::move(incoming);
+        meta.grad.storage()->set_memory_kind(MemoryKind::Gradients);
       } else {
+        MemoryKindGuard kind(MemoryKind::Gradients);
         Tensor owned = Tensor::empty(leaf.shape(), TensorOptions(leaf.dtype()).with_device(leaf.device()));
         owned.copy_(incoming);
         meta.grad = owned;

@@ -62,7 +62,8 @@ struct Row {
   std::optional<double> scaling;  // against the single row of the same precision; none without one
   StepReport phases;  // per-step averages of the timed steps (ms), bytes per step
   std::vector<std::pair<Device, int64_t>> peak;  // peak allocated bytes per device during the timed steps
-  std::vector<StepReport::MemoryUse> memory_use;  // per device, after the last timed step's backward
+  // Per device: the peak's bytes by MemoryKind (indexed by its value), as the allocator tagged them.
+  std::vector<std::array<int64_t, kMemoryKinds>> peak_split;
   std::string note;
   bool reports = true;  // --dist mpi: only process 0's rows are shown and written
   int64_t processes = 1;  // --dist mpi: the processes whose devices the row counts

@@ -131,19 +131,23 @@ void print_language_model_rates(const BenchArgs& args, const std::vector<Row>& r
   }
 }
 
-// Where each dpe row's peak goes, per device: parameters, gradients and optimizer state (StepReport::memory_use),
-// and the rest of the peak (activations and temporaries). ZeRO's rows and DP's first device show here.
+// Where each dpe row's peak goes, per device, as the allocator tagged the bytes live at the peak (core/allocator.h):
+// parameters, gradients, optimizer state (and its step's temporaries), activations and other temporaries. ZeRO's
+// rows and DP's first device show here.
 void print_memory(const std::vector<Row>& rows) {
-  std::printf("# memory per device, MB: peak = parameters + gradients + optimizer state + activations and "
-              "temporaries\n");
+  std::printf("# memory per device at its peak, MB: peak = parameters + gradients + optimizer state + activations "
+              "and temporaries\n");
+  auto part = [](const std::array<int64_t, kMemoryKinds>& split, MemoryKind k) {
+    return split[static_cast<size_t>(k)];
+  };
   for (const Row& r : rows) {
-    if (r.framework != "dpe" || !r.note.empty() || r.memory_use.size() != r.peak.size()) continue;
+    if (r.framework != "dpe" || !r.note.empty() || r.peak_split.size() != r.peak.size()) continue;
     std::string line;
     for (size_t i = 0; i < r.peak.size(); ++i) {
-      const StepReport::MemoryUse& use = r.memory_use[i];
-      const int64_t rest = r.peak[i].second - use.parameters - use.gradients - use.optimizer_state;
-      line += "  " + r.peak[i].first.str() + " " + mb(r.peak[i].second) + " = " + mb(use.parameters) + " + " +
-              mb(use.gradients) + " + " + mb(use.optimizer_state) + " + " + mb(rest);
+      const auto& split = r.peak_split[i];
+      line += "  " + r.peak[i].first.str() + " " + mb(r.peak[i].second) + " = " +
+              mb(part(split, MemoryKind::Parameters)) + " + " + mb(part(split, MemoryKind::Gradients)) + " + " +
+              mb(part(split, MemoryKind::OptimizerState)) + " + " + mb(part(split, MemoryKind::Activations));
     }
     std::printf("#   %s%s\n", r.config.c_str(), line.c_str());
   }
@@ -316,14 +320,15 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
         }
       }
       for (const auto& [device, bytes] : r.peak) row["peak_bytes"][device.str()] = bytes;
-      if (r.memory_use.size() == r.peak.size() && !r.peak.empty()) {
-        // memory_bytes[device]: the peak's parts (print_memory).
+      if (r.peak_split.size() == r.peak.size() && !r.peak.empty()) {
+        // memory_bytes[device][kind]: the peak's parts (print_memory), by memory_kind_name.
         row["memory_bytes"] = Json::object();
         for (size_t i = 0; i < r.peak.size(); ++i) {
-          const StepReport::MemoryUse& use = r.memory_use[i];
-          row["memory_bytes"][r.peak[i].first.str()] = {
-              {"parameters", use.parameters}, {"gradients", use.gradients}, {"optimizer_state", use.optimizer_state},
-              {"activations_and_temporaries", r.peak[i].second - use.parameters - use.gradients - use.optimizer_state}};
+          Json parts = Json::object();
+          for (size_t k = 0; k < kMemoryKinds; ++k) {
+            parts[memory_kind_name(static_cast<MemoryKind>(k))] = r.peak_split[i][k];
+          }
+          row["memory_bytes"][r.peak[i].first.str()] = parts;
         }
       }
       if (!r.note.empty()) row["note"] = r.note;

@@ -190,10 +190,12 @@ Row bench_mode(const BenchArgs& args, const std::string& mode, const std::string
     const int64_t data_bytes = data.train_inputs.is_pinned()
                                    ? 0
                                    : static_cast<int64_t>(data.train_inputs.nbytes() + data.train_targets.nbytes());
-    row.memory_use = dp->last_step().memory_use;
     for (const Device& d : dp->device_ids()) {
-      const int64_t peak = memory_stats(d).peak_allocated_bytes;
-      row.peak.emplace_back(d, d == data.train_inputs.device() ? peak - data_bytes : peak);
+      const MemoryStats stats = memory_stats(d);
+      const int64_t data_here = d == data.train_inputs.device() ? data_bytes : 0;
+      row.peak.emplace_back(d, stats.peak_allocated_bytes - data_here);
+      row.peak_split.push_back(stats.peak_by_kind);
+      row.peak_split.back()[static_cast<size_t>(MemoryKind::Activations)] -= data_here;
     }
     if (args.profile) {
       // Separate steps: profiling synchronises each backward pass, which the timed steps must not pay.

@@ -304,22 +304,27 @@ for r in json.load(open(sys.argv[1]))["rows"]:
     assert 0 < float(r["mfu"]) < 2, r
 PY
 expect 2 "--seq-len 100 is longer than the tiny preset's 64 positions" --model llama --llama-preset tiny --seq-len 100
-# ZeRO rows and the memory split: on 4 devices ZeRO-1 keeps a quarter of DDP's optimizer state per device, ZeRO-2
-# a quarter of its gradients too; DP's first device holds the optimizer alone. Activation checkpointing: rows -ac.
-out=$("$bin" bench --model llama --llama-preset tiny --seq-len 16 --cpu-devices 4 --batch-size 8 --steps 1 --warmup 1       --modes dp,ddp,ddp-zero1,ddp-zero2 --optimizer adam --json "$tmp/zero.json" 2>&1) || { echo "FAILED: zero: $out"; fail=1; }
+# ZeRO rows and the memory split at each device's peak, as the allocator tagged it: on 4 devices ZeRO-1 keeps a
+# quarter of DDP's optimizer state per device, ZeRO-2 also far fewer gradients; DP's first device holds the
+# optimizer alone; the parts add up to the peak. Activation checkpointing: rows -ac.
+out=$("$bin" bench --model llama --llama-preset tiny --seq-len 16 --cpu-devices 4 --batch-size 8 --steps 1 --warmup 1 \
+      --modes dp,ddp,ddp-zero1,ddp-zero2 --optimizer adam --json "$tmp/zero.json" 2>&1) || { echo "FAILED: zero: $out"; fail=1; }
 [[ $(grep -cE '^#   (dp|ddp|ddp-zero1|ddp-zero2)  cpu:0 [0-9.]+ = ' <<<"$out") -eq 4 ]] || {
   echo "FAILED: no memory line per row: $out"; fail=1; }
 python3 - "$tmp/zero.json" <<'PY' || { echo "FAILED: ZeRO's memory split"; fail=1; }
 import json, sys
-rows = {r["config"]: r["memory_bytes"] for r in json.load(open(sys.argv[1]))["rows"]}
+report = {r["config"]: r for r in json.load(open(sys.argv[1]))["rows"]}
+rows = {config: r["memory_bytes"] for config, r in report.items()}
 ddp, z1, z2, dp = rows["ddp"], rows["ddp-zero1"], rows["ddp-zero2"], rows["dp"]
 for d in ("cpu:0", "cpu:1", "cpu:2", "cpu:3"):
-    quarter = lambda x: abs(4 * x - ddp[d]["optimizer_state"]) <= 64 * 4 * 8  # a few padded elements per bucket
+    # A quarter, give or take each piece's rounded blocks (and the step's temporaries, were the peak in it).
+    quarter = lambda x: -2048 <= 4 * x - ddp[d]["optimizer_state"] <= 0.2 * ddp[d]["optimizer_state"]
     assert quarter(z1[d]["optimizer_state"]) and quarter(z2[d]["optimizer_state"]), (d, ddp[d], z1[d], z2[d])
-    assert z1[d]["gradients"] == ddp[d]["gradients"], (d, z1[d], ddp[d])
-    assert abs(4 * z2[d]["gradients"] - ddp[d]["gradients"]) <= 64 * 4 * 4, (d, z2[d], ddp[d])
-    assert z2[d]["parameters"] == ddp[d]["parameters"] > 0, d
-    assert dp[d]["optimizer_state"] == (ddp[d]["optimizer_state"] if d == "cpu:0" else 0), (d, dp[d])
+    assert 2 * z2[d]["gradients"] < ddp[d]["gradients"] and z2[d]["gradients"] < z1[d]["gradients"], (d, z2[d], ddp[d])
+    assert z1[d]["parameters"] == z2[d]["parameters"] == ddp[d]["parameters"] == dp[d]["parameters"] > 0, d
+    assert (dp[d]["optimizer_state"] > 0) == (d == "cpu:0"), (d, dp[d])
+    for config, parts in rows.items():
+        assert sum(parts[d].values()) == report[config]["peak_bytes"][d], (config, d, parts[d])
 PY
 out=$("$bin" bench --model cnn --cpu-devices 2 --batch-size 16 --steps 1 --warmup 1 --modes ddp-zero2 \
       --activation-checkpointing 2>&1) || { echo "FAILED: --activation-checkpointing: $out"; fail=1; }
