@@ -119,12 +119,14 @@ grep -qE '^# FMA-peak limit: [0-9]+ samples/s \(.* FMA probe on .*, x 2 processe
   { echo "FAILED: the FMA-peak limit is not 2 processes': $out"; fail=1; }
 
 # kill -9 of rank 1 mid-training: the job ends at once (no rank waits for it), non-zero, naming rank 1.
-"${mpi[@]}" "${common[@]}" --batch-size 64 --device-ids cpu:0 --epochs 100000 > "$tmp/kill.log" 2>&1 &
+# Its --json path names its processes apart from any other test's running beside it.
+"${mpi[@]}" "${common[@]}" --batch-size 64 --device-ids cpu:0 --epochs 100000 --json "$tmp/kill.json" \
+  > "$tmp/kill.log" 2>&1 &
 launcher=$!
 victim=""
 for _ in $(seq 600); do  # up to 60 s for training to start
   if grep -q '^dpe train:' "$tmp/kill.log"; then
-    for pid in $(pgrep -f -- "train --dist mpi"); do
+    for pid in $(pgrep -f -- "--json $tmp/kill.json"); do
       if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$pid; fi
     done
     [[ -n "$victim" ]] && break
