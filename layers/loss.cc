@@ -62,10 +62,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   DPE_CHECK(b.input.dim() >= 2, "cross_entropy: input ", shape_str(logits.shape()),
             " must be (C), (N, C) or (N, C, d1, ...)");
   check_target_shape(b.input, b.target, "cross_entropy", "logits");
-  Tensor log_probs = log_softmax(b.input, 1);
   if (eps == 0.0 && options.reduction == Reduction::Mean) {
-    return nll_loss_mean(log_probs, b.target, options.ignore_index, "cross_entropy");
+    return cross_entropy_mean(b.input, b.target, options.ignore_index);
   }
+  Tensor log_probs = log_softmax(b.input, 1);
   NllPerPosition nll = nll_per_position(log_probs, b.target, options.ignore_index, "cross_entropy");
   Tensor nll_loss = reduce(nll.loss, nll.valid, options.reduction, b.unbatched);
   if (eps == 0.0) return nll_loss;

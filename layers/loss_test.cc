@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -111,11 +112,44 @@ TEST(LossTest, Gradcheck) {
                 return cross_entropy(in[0], t, {.label_smoothing = ls});
               }, {x}), "");
   }
+  Tensor wide = testing::randn_leaf({3, 40}, 5);  // a row past the vectorised length
+  Tensor tw = labels({39, -100, 0});
+  EXPECT_EQ(testing::gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], tw); }, {wide}), "");
   Tensor x4 = testing::randn_leaf({2, 3, 2, 2}, 2);
   Tensor t4 = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 2, 1, 0, -100, 1}, {2, 2, 2});
   EXPECT_EQ(testing::gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], t4); }, {x4}), "");
   Tensor a = testing::randn_leaf({3, 4}, 3), b = testing::randn_leaf({3, 4}, 4);
   EXPECT_EQ(testing::gradcheck([&](const std::vector<Tensor>& in) { return mse_loss(in[0], in[1]); }, {a, b}), "");
+}
+
+// cross_entropy's mean over (N, C) logits on CPU devices is one fused op (core/ops/loss_ops.h cross_entropy_mean):
+// the same bits as log_softmax then nll_loss, forward and backward, for rows below and above the vectorised
+// length, float32 and float64, ignored targets; and no (N, C) tensor made by the forward.
+TEST(LossTest, FusedCrossEntropyIsTheCompositionBitForBit) {
+  for (const auto& [classes, dtype] : std::vector<std::pair<int64_t, DType>>{
+           {10, DType::Float32}, {33, DType::Float32}, {259, DType::Float32}, {1000, DType::Float32},
+           {7, DType::Float64}, {300, DType::Float64}}) {
+    manual_seed(static_cast<uint64_t>(classes));
+    const int64_t rows = 37;
+    Tensor x = mul(randn({rows, classes}, TensorOptions(dtype)), 4.0);
+    std::vector<int64_t> t(rows);
+    for (int64_t n = 0; n < rows; ++n) t[n] = n % 5 == 3 ? -100 : (n * 7919) % classes;
+    Tensor target = labels(t);
+    Tensor a = x.detach().set_requires_grad(true), b = x.detach().set_requires_grad(true);
+    Tensor fused = cross_entropy(a, target);
+    Tensor composed = nll_loss(log_softmax(b, 1), target);
+    ASSERT_TRUE(equal(fused, composed)) << classes << " " << fused.item() << " " << composed.item();
+    mul(fused, 3.0).backward();
+    mul(composed, 3.0).backward();
+    EXPECT_TRUE(equal(a.grad(), b.grad())) << classes << ": max relative difference "
+                                           << max_relative_error(a.grad(), b.grad());
+  }
+  // The forward holds three numbers per row beside the logits, not the (N, C) log-probabilities.
+  const Device d = Device::cpu(0);
+  Tensor x = randn({256, 4096}).set_requires_grad(true);
+  const int64_t before = memory_stats(d).allocated_bytes;
+  Tensor loss = cross_entropy(x, labels(std::vector<int64_t>(256, 5)));
+  EXPECT_LT(memory_stats(d).allocated_bytes - before, 256 * 4096 * 4 / 8);
 }
 
 TEST(LossTest, ErrorsNameShapesAndValues) {

@@ -24,6 +24,18 @@ void softmax_backward_cpu(SoftmaxKind kind, DType dtype, int64_t outer, int64_t 
 void softmax_backward_cuda(cudaStream_t stream, SoftmaxKind kind, DType dtype, int64_t outer, int64_t size,
                            int64_t inner, const void* y, const void* dy, void* dx);
 
+// Cross-entropy of contiguous (rows, size) logits x against one class per row, without the log-probabilities
+// (cross_entropy_mean, core/ops/loss_ops.h). Forward: loss[n] = -log_softmax(x[n])[target[n]] and valid[n] = 1,
+// or 0 and 0 where target[n] == ignore_index; stats (rows, 2): each row's maximum and log of its sum of exps,
+// the two numbers its log-softmax is made of. Backward: dx = log_softmax's backward (from x and stats) of the
+// nll's gradient, -grad[n] at target[n] and 0 elsewhere (all 0 where ignored). Bitwise what softmax_cpu
+// (LogSoftmax) then nll_forward_cpu, and nll_backward_cpu then softmax_backward_cpu, compute. Every target must
+// be ignore_index or in [0, size) (checked by the caller).
+void cross_entropy_rows_cpu(DType dtype, int64_t rows, int64_t size, const void* x, const int64_t* target,
+                            int64_t ignore_index, void* loss, void* valid, void* stats);
+void cross_entropy_rows_backward_cpu(DType dtype, int64_t rows, int64_t size, const void* x, const void* stats,
+                                     const int64_t* target, int64_t ignore_index, const void* grad, void* dx);
+
 // One contiguous float32 row of `size`: exactly what softmax_cpu and softmax_backward_cpu (SoftmaxKind::Softmax,
 // inner 1) compute for such a row, for fused kernels that hold rows in their own buffers (kernels/attention.h).
 // y may be x, dx may be dy.

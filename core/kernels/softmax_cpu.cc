@@ -95,28 +95,40 @@ void exp_shifted(const T* x, T m, T* e, int64_t n, bool vector) {
   for (int64_t i = 0; i < n; ++i) e[i] = std::exp(x[i] - m);
 }
 
+// A row's log-softmax is (x[i] - m) - log_total: its maximum and the log of the sum of exp(x[i] - m). The exps go
+// through a small buffer, each chunk summed by row_sum and the chunks' sums added in order.
+template <typename T>
+struct LogSoftmaxStats {
+  T m, log_total;
+};
+
+template <typename T>
+LogSoftmaxStats<T> log_softmax_stats(int64_t size, const T* x) {
+  const bool vector = std::is_same_v<T, float> && size >= kVectorExpMinRow;
+  const T m = row_max(x, size);
+  constexpr int64_t kChunk = 256;
+  alignas(32) T e[kChunk];
+  double sum = 0;
+  for (int64_t c = 0; c < size; c += kChunk) {
+    const int64_t len = std::min(kChunk, size - c);
+    exp_shifted(x + c, m, e, len, vector);
+    sum += row_sum(len, [&](int64_t i) { return static_cast<double>(e[i]); });
+  }
+  return {m, static_cast<T>(std::log(sum))};
+}
+
 // x, y: (size) contiguous.
 template <typename T>
 void softmax_row(SoftmaxKind kind, int64_t size, const T* x, T* y) {
-  const bool vector = std::is_same_v<T, float> && size >= kVectorExpMinRow;
-  const T m = row_max(x, size);
   if (kind == SoftmaxKind::Softmax) {
+    const bool vector = std::is_same_v<T, float> && size >= kVectorExpMinRow;
+    const T m = row_max(x, size);
     exp_shifted(x, m, y, size, vector);
     const T total = static_cast<T>(row_sum(size, [&](int64_t i) { return static_cast<double>(y[i]); }));
     for (int64_t i = 0; i < size; ++i) y[i] /= total;
   } else {
-    // The exps go through a small buffer, each chunk summed by row_sum and the chunks' sums added in order: y
-    // may be x, which the last pass reads.
-    constexpr int64_t kChunk = 256;
-    alignas(32) T e[kChunk];
-    double sum = 0;
-    for (int64_t c = 0; c < size; c += kChunk) {
-      const int64_t len = std::min(kChunk, size - c);
-      exp_shifted(x + c, m, e, len, vector);
-      sum += row_sum(len, [&](int64_t i) { return static_cast<double>(e[i]); });
-    }
-    const T log_total = static_cast<T>(std::log(sum));
-    for (int64_t i = 0; i < size; ++i) y[i] = (x[i] - m) - log_total;
+    const LogSoftmaxStats<T> st = log_softmax_stats(size, x);  // y may be x, which the last pass reads
+    for (int64_t i = 0; i < size; ++i) y[i] = (x[i] - st.m) - st.log_total;
   }
 }
 
@@ -219,7 +231,74 @@ void softmax_backward_row(SoftmaxKind kind, int64_t size, const T* y, const T* d
   }
 }
 
+// log_softmax's backward, dx = dy - exp(y) * sum(dy), of the nll's gradient dy (dyt at class t, 0 elsewhere; t < 0:
+// all 0), with y recomputed from x and the row's stats: softmax_backward_row's arithmetic, element for element.
+template <typename T>
+void cross_entropy_row_backward(int64_t size, const T* x, LogSoftmaxStats<T> st, int64_t t, T dyt, T* dx) {
+  auto dy = [&](int64_t i) { return i == t ? dyt : T(0); };
+  const T total = static_cast<T>(row_sum(size, [&](int64_t i) { return static_cast<double>(dy(i)); }));
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (size >= kVectorExpMinRow) {  // Note [Eight exps at once]
+      const __m256 mv = _mm256_set1_ps(st.m), lv = _mm256_set1_ps(st.log_total), tv = _mm256_set1_ps(total);
+      auto dx8 = [&](__m256 xv, __m256 dyv) {
+        const __m256 yv = _mm256_sub_ps(_mm256_sub_ps(xv, mv), lv);
+        return _mm256_sub_ps(dyv, _mm256_mul_ps(detail::exp8(yv), tv));
+      };
+      detail::map8(x, nullptr, dx, 0, size, dx8);  // dy = 0 in every lane
+      if (t >= 0) {  // the target's lane again, with its dy
+        alignas(32) float lane[8];
+        _mm256_store_ps(lane, dx8(_mm256_set1_ps(x[t]), _mm256_set1_ps(dyt)));
+        dx[t] = lane[0];
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t i = 0; i < size; ++i) {
+    const T y = (x[i] - st.m) - st.log_total;
+    dx[i] = dy(i) - std::exp(y) * total;
+  }
+}
+
 }  // namespace
+
+void cross_entropy_rows_cpu(DType dtype, int64_t rows, int64_t size, const void* x, const int64_t* target,
+                            int64_t ignore_index, void* loss, void* valid, void* stats) {
+  check_softmax_args("cross_entropy_rows_cpu", SoftmaxKind::LogSoftmax, rows, size, 1);
+  if (rows == 0 || size == 0) return;
+  dispatch_float(dtype, "cross_entropy_rows_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xs = static_cast<const T*>(x);
+    T *out = static_cast<T*>(loss), *mask = static_cast<T*>(valid), *st = static_cast<T*>(stats);
+    for_each_slice(rows, size, 1, [&](int64_t offset, int64_t) {
+      const int64_t n = offset / size, t = target[n];
+      const LogSoftmaxStats<T> row = log_softmax_stats(size, xs + offset);
+      st[2 * n] = row.m;
+      st[2 * n + 1] = row.log_total;
+      const bool ok = t != ignore_index;
+      out[n] = ok ? -((xs[offset + t] - row.m) - row.log_total) : T(0);
+      mask[n] = ok ? T(1) : T(0);
+    });
+  });
+}
+
+void cross_entropy_rows_backward_cpu(DType dtype, int64_t rows, int64_t size, const void* x, const void* stats,
+                                     const int64_t* target, int64_t ignore_index, const void* grad, void* dx) {
+  check_softmax_args("cross_entropy_rows_backward_cpu", SoftmaxKind::LogSoftmax, rows, size, 1);
+  if (rows == 0 || size == 0) return;
+  dispatch_float(dtype, "cross_entropy_rows_backward_cpu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *xs = static_cast<const T*>(x), *st = static_cast<const T*>(stats), *g = static_cast<const T*>(grad);
+    T* dxs = static_cast<T*>(dx);
+    for_each_slice(rows, size, 1, [&](int64_t offset, int64_t) {
+      const int64_t n = offset / size, t = target[n];
+      const bool ok = t != ignore_index;
+      cross_entropy_row_backward(size, xs + offset, LogSoftmaxStats<T>{st[2 * n], st[2 * n + 1]}, ok ? t : -1,
+                                 ok ? T(-g[n]) : T(0), dxs + offset);
+    });
+  });
+}
 
 void softmax_row_cpu(int64_t size, const float* x, float* y) { softmax_row(SoftmaxKind::Softmax, size, x, y); }
 

@@ -6,6 +6,7 @@
 #include "core/autograd/function.h"
 #include "core/dispatch.h"
 #include "core/kernels/nll.h"
+#include "core/kernels/softmax.h"
 #include "core/ops.h"
 #include "core/ops/op_checks.h"
 
@@ -143,6 +144,33 @@ Tensor nll_loss_mean(const Tensor& log_probs, const Tensor& target, int64_t igno
                      return {dx};
                    });
   return out;
+}
+
+Tensor cross_entropy_mean(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
+  const char* op = "cross_entropy";
+  const bool fused = logits.defined() && logits.device().is_cpu() && logits.dim() == 2 &&
+                     (logits.dtype() == DType::Float32 || logits.dtype() == DType::Float64);
+  if (!fused) return nll_loss_mean(log_softmax(logits, 1), target, ignore_index, op);
+  const NllArguments args = checked_nll_arguments(logits, target, ignore_index, op);
+  const int64_t rows = args.axes.outer, classes = args.axes.classes;
+  check_targets_on_host(args.target, classes, ignore_index, op);
+  const Tensor &x = args.log_probs, &tc = args.target;
+  Tensor loss = Tensor::empty({rows}, detail::options_of(logits));
+  Tensor valid = Tensor::empty({rows}, detail::options_of(logits));
+  Tensor stats = Tensor::empty({rows, 2}, detail::options_of(logits));
+  kernels::cross_entropy_rows_cpu(x.dtype(), rows, classes, x.data_ptr(), tc.data<int64_t>(), ignore_index,
+                                  loss.data_ptr(), valid.data_ptr(), stats.data_ptr());
+  Tensor saved_x = x.detach(), saved_target = tc.detach();
+  autograd::record(loss, {logits}, "CrossEntropyBackward",
+                   [saved_x, saved_target, stats, ignore_index](const Tensor& g) -> std::vector<Tensor> {
+                     Tensor gc = g.contiguous();
+                     Tensor dx = Tensor::empty(saved_x.shape(), detail::options_of(saved_x));
+                     kernels::cross_entropy_rows_backward_cpu(
+                         dx.dtype(), saved_x.size(0), saved_x.size(1), saved_x.data_ptr(), stats.data_ptr(),
+                         saved_target.data<int64_t>(), ignore_index, gc.data_ptr(), dx.data_ptr());
+                     return {dx};
+                   });
+  return div(sum(loss), sum(valid));  // nll_loss_mean's reduction on CPU devices
 }
 
 }  // namespace dpe
