@@ -321,7 +321,7 @@ void DdpReducer::reduce_scatter_bucket(size_t replica, size_t bucket, const std:
   const Tensor& first = params_[replica][members[0]];
   const int64_t shard = layout_->shard_numel(bucket);
   const TensorOptions options = TensorOptions(first.dtype()).with_device(first.device());
-  Tensor flat = Tensor::empty({shard * static_cast<int64_t>(layout_->ranks())}, options);
+  Tensor flat = Tensor::empty({layout_->padded_numel(bucket)}, options);
   int64_t end = 0;
   for (size_t i = 0; i < members.size(); ++i) {
     const Tensor& param = params_[replica][members[i]];
@@ -449,7 +449,7 @@ int64_t DdpReducer::allreduce_bytes() const {
   if (options_.shard_gradients && !alone_) {  // each bucket's padded flat buffer goes into the reduce-scatter
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Tensor& first = params_[0][buckets_[b][0]];
-      bytes += layout_->shard_numel(b) * static_cast<int64_t>(layout_->ranks()) *
+      bytes += layout_->padded_numel(b) *
                static_cast<int64_t>(element_size(options_.reduce_dtype.value_or(first.dtype())));
     }
     return bytes;

@@ -33,6 +33,8 @@ class ZeroLayout {
   size_t num_buckets() const { return shard_numel_.size(); }
   // Elements of one rank's shard of bucket b (the bucket padded to ranks x this).
   int64_t shard_numel(size_t bucket) const { return shard_numel_[bucket]; }
+  // The bucket padded to whole shards: what a reduce-scatter takes and an all-gather gives.
+  int64_t padded_numel(size_t bucket) const { return shard_numel_[bucket] * static_cast<int64_t>(ranks()); }
   // Where parameter p lies in its bucket (elements).
   int64_t bucket_offset(size_t param) const { return bucket_offset_[param]; }
   // Rank k's pieces, by bucket then position in the bucket.

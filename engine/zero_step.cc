@@ -87,7 +87,7 @@ void ZeroStep::all_gather_parameters(size_t r) {
       filled = pieces[k].shard_offset + pieces[k].length;
     }
     if (filled < shard) fill_into(mine.narrow(0, filled, shard - filled), 0.0);
-    Tensor all = Tensor::empty({shard * static_cast<int64_t>(layout.ranks())}, options);
+    Tensor all = Tensor::empty({layout.padded_numel(b)}, options);
     ddp_->process_group()->all_gather_into_tensor(static_cast<int>(r), all, mine);
     for (size_t p : members) {
       const Tensor& param = params_[r][p];
@@ -109,7 +109,7 @@ bool ZeroStep::step_optimizers(optim::GradScaler* scaler) {
     if (layout.ranks() > 1) {
       for (size_t b = 0; b < layout.num_buckets(); ++b) {
         const Tensor& first = params_[0][ddp_->ddp_reducer()->buckets()[b][0]];
-        ctx_.report.broadcast.bytes += layout.shard_numel(b) * static_cast<int64_t>(layout.ranks()) *
+        ctx_.report.broadcast.bytes += layout.padded_numel(b) *
                                        static_cast<int64_t>(element_size(first.dtype())) *
                                        static_cast<int64_t>(replicas.size());
       }
@@ -207,7 +207,7 @@ optim::OptimizerStateDict ZeroStep::gather_state_across_processes() {
       const int64_t shard_numel = layout.shard_numel(b);
       const int64_t base = static_cast<int64_t>(rank(r)) * shard_numel;
       for (const std::string& name : names) {
-        Tensor bucket = zeros({shard_numel * static_cast<int64_t>(layout.ranks())},
+        Tensor bucket = zeros({layout.padded_numel(b)},
                               TensorOptions(params_[r][members[0]].dtype()).with_device(device));
         for (size_t j = first_piece; j < k; ++j) {
           if (!has_state(j)) continue;
