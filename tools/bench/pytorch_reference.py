@@ -11,7 +11,8 @@ tokens, as `dpe bench --model llama`) and prints one JSON object per configurati
    "final_loss": 0.61}
 
 llama rows add "llama_preset", "seq_len", "vocab" and "tokens_per_s" (samples_per_s * seq_len; dpe computes
-its own from samples_per_s). A configuration that cannot run here prints "skipped": "<why>" in place of the
+its own from samples_per_s). CPU rows (single-*, ddp-gloo*) add "peak_rss_bytes": the peak resident set of each
+of the configuration's processes while it ran (by rank), which stands for a device's memory there. A configuration that cannot run here prints "skipped": "<why>" in place of the
 numbers (step_ms and samples_per_s are null). Everything else (progress, warnings) goes to stderr. Exit
 status: 0 on success, 2 when the data files are missing, 3 when torch cannot be imported, 1 on bad arguments
 or a failed run.
@@ -114,6 +115,28 @@ def log(*args):
 
 def emit(row):
     print(json.dumps(row), flush=True)  # ", " and ": " separators: the C++ parser expects them
+
+
+# ---------------------------------------------------------------- memory
+
+
+def reset_peak_rss():
+    """Starts this process's peak resident set afresh (Linux: writing 5 to /proc/self/clear_refs resets VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_bytes():
+    """This process's peak resident set since reset_peak_rss (VmHWM): PyTorch's CPU tensors have no per-device
+    allocator statistics, so the process's memory stands for its device's (with the interpreter and the data)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 # ---------------------------------------------------------------- data
@@ -609,6 +632,8 @@ def ddp_worker(rank, world, init_file, args, threads, queue, config):
         no_sync = model.no_sync if config == "ddp-gloo-no-sync" else contextlib.nullcontext
         seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=dist.barrier, step_context=no_sync)
         dist.all_reduce(loss)  # after the timing: the mean of the ranks' losses
+        # Each rank's peak through the queue, not another collective (a gloo all_gather here hung now and then).
+        queue.put(("peak_rss_bytes", rank, peak_rss_bytes()))
         if rank == 0:
             queue.put(timed_row(args, config, seconds, world, threads, loss.item() / world))
     finally:
@@ -623,9 +648,17 @@ def run_ddp_gloo(args, config):
         queue = mp.get_context("spawn").SimpleQueue()
         mp.spawn(ddp_worker, args=(DDP_PROCESSES, os.path.join(tmp, "rendezvous"), args, threads, queue, config),
                  nprocs=DDP_PROCESSES, join=True)
-        if queue.empty():
+        row, rss = None, {}
+        while not queue.empty():
+            item = queue.get()
+            if isinstance(item, tuple):
+                rss[item[1]] = item[2]
+            else:
+                row = item
+        if row is None:
             raise RuntimeError(f"{config}: rank 0 reported no result")
-        return queue.get()
+        row["peak_rss_bytes"] = [rss[r] for r in sorted(rss)]  # each rank's process, by rank
+        return row
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -744,7 +777,9 @@ def main(argv=None):
     for name, (kind, threads) in configs:
         log(f"running {name}")
         if kind == "single":
+            reset_peak_rss()
             row = run_single(args, name, threads, data)
+            row["peak_rss_bytes"] = [peak_rss_bytes()]
         elif kind == "cuda":
             row = run_cuda(args, data)
         elif kind == "dp":

@@ -64,6 +64,8 @@ struct Row {
   std::vector<std::pair<Device, int64_t>> peak;  // peak allocated bytes per device during the timed steps
   // Per device: the peak's bytes by MemoryKind (indexed by its value), as the allocator tagged them.
   std::vector<std::array<int64_t, kMemoryKinds>> peak_split;
+  // PyTorch rows on CPUs: each process's peak resident set, by rank (pytorch_reference.py); no allocator there.
+  std::vector<int64_t> peak_rss;
   std::string note;
   bool reports = true;  // --dist mpi: only process 0's rows are shown and written
   int64_t processes = 1;  // --dist mpi: the processes whose devices the row counts

@@ -61,6 +61,11 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
     row.samples_per_s = number("samples_per_s");
     row.step_ms = number("step_ms");
     if (r.contains("skipped")) row.note = "skipped";
+    if (r.contains("peak_rss_bytes") && r["peak_rss_bytes"].is_array()) {
+      for (const auto& bytes : r["peak_rss_bytes"]) {
+        if (bytes.is_number()) row.peak_rss.push_back(bytes.get<int64_t>());
+      }
+    }
     rows.push_back(row);
   }
   DPE_CHECK(result.ok() && !rows.empty(), "--compare-pytorch: ", shown, " failed (", describe_status(result), ", ",

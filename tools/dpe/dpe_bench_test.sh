@@ -162,14 +162,17 @@ script="$tmp/it's \$(touch pwned6).py"
 cat > "$script" <<'PY'
 import json, sys
 assert sys.argv[sys.argv.index("--configs") + 1] == "single-3t,ddp-gloo", sys.argv
-print(json.dumps({"framework": "pytorch", "config": "single-3t", "processes": 1, "samples_per_s": 123.0, "step_ms": 4.5}))
+print(json.dumps({"framework": "pytorch", "config": "single-3t", "processes": 1, "samples_per_s": 123.0, "step_ms": 4.5,
+                  "peak_rss_bytes": [100000000]}))
 print(json.dumps({"framework": "pytorch", "config": 'a"b', "processes": 1, "samples_per_s": 1.0, "step_ms": 1.0}))
 PY
 if [[ -x /usr/bin/python3 ]]; then
-  expect 0 "pytorch  single-3t" "${quick[@]}" --compare-pytorch --pytorch-script "$script" --pytorch-configs single-3t,ddp-gloo \
-    --json "$tmp/p.json"
+  expect 0 "peak RSS MB: process 0 100.0" "${quick[@]}" --compare-pytorch --pytorch-script "$script" \
+    --pytorch-configs single-3t,ddp-gloo --json "$tmp/p.json"
   python3 -c 'import json, sys; c = [r["config"] for r in json.load(open(sys.argv[1]))["rows"]]; assert "a\"b" in c, c' \
     "$tmp/p.json" || { echo "FAILED: the --json report of a configuration with a quote"; fail=1; }
+  python3 -c 'import json, sys; r = [r for r in json.load(open(sys.argv[1]))["rows"] if r["config"] == "single-3t"]
+assert r[0]["peak_rss_bytes"] == [100000000], r' "$tmp/p.json" || { echo "FAILED: PyTorch's peak RSS in --json"; fail=1; }
   # PyTorch's ddp-gloo against its own no-sync row, as dpe's rows against theirs.
   bound="$tmp/bound.py"
   cat > "$bound" <<'PY'
