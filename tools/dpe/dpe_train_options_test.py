@@ -24,6 +24,7 @@ OPTION = re.compile(r"^  (?:-\w,)?(?P<name>--[\w-]+)(?:,--[\w-]+)*"
                     r"(?: (?P<type>[A-Z]+)(?::(?P<check>\{[^}]*\}|[\[(][^\])]*[\])]))?(?:=(?P<default>\S*))?)?"
                     r"(?P<rest>.*)$")
 LIST = r"((?:--[\w-]+, )*--[\w-]+)"
+WORK = "."  # main() sets the work directory
 
 
 class Option:
@@ -73,7 +74,9 @@ def other_value(option, current):
     if option.type == "FLOAT":
         number = float(current or 0)
         return [option.name, repr(number * 2 if number > 0 else 1.0)]
-    return [option.name, "lr" if option.name == "--override" else "another_" + option.name.strip("-")]
+    if option.name == "--override":
+        return [option.name, "lr"]
+    return [option.name, os.path.join(WORK, "another_" + option.name.strip("-"))]  # paths land in the work dir
 
 
 def command(base, option, value):
@@ -102,8 +105,10 @@ def run(command, env, timeout=120):
 
 
 def main():
+    global WORK
     dpe, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
+    WORK = work
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", DPE_NUM_CPU_DEVICES="2")
     help_text = subprocess.run([dpe, "train", "--help"], stdout=subprocess.PIPE, text=True, check=True).stdout
     options = options_of(help_text)
