@@ -17,9 +17,10 @@ every kind once before kinds repeat:
 After each fault the job is restarted with --resume from its newest complete checkpoint (the first attempt, or a
 fault before the first checkpoint, starts afresh), as tools/reliability/supervise.py does. Each interruption
 must end within --timeout plus 20 s and say what failed (with --mpi, the rank that was killed or stopped; the
-device a failure was injected into; the checkpoint that could not be written, and ENOSPC), and no `*.tmp.*` temporary may remain at the end. Prints the faults
-injected and survived, restarts, seconds lost (time in attempts that failed) and bytes lost (bytes of the final
-checkpoint that differ from the uninterrupted run's: must be 0); exits 1 when anything failed.
+device a failure was injected into; the checkpoint that could not be written, and ENOSPC), and no `*.tmp.*`
+temporary may remain at the end. Prints the faults injected (by kind) and survived, restarts, seconds lost (time
+in attempts that failed) and bytes lost (bytes of the final checkpoint that differ from the uninterrupted run's:
+must be 0); exits 1 when anything failed.
 """
 import argparse
 import errno
