@@ -152,6 +152,42 @@ TEST(LossTest, FusedCrossEntropyIsTheCompositionBitForBit) {
   EXPECT_LT(memory_stats(d).allocated_bytes - before, 256 * 4096 * 4 / 8);
 }
 
+// On CUDA devices the fused cross-entropy mean (two kernels forward, one backward) gives the bits of the CUDA
+// composition, log_softmax then nll_loss: rows below and above a block's 256 threads, more rows than the mean
+// kernel's threads, ignored targets, every target ignored (NaN); and the forward makes no (N, C) tensor.
+TEST(LossTest, FusedCrossEntropyIsTheCompositionBitForBitOnCuda) {
+  if (!dpe::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  struct Case {
+    int64_t rows, classes;
+    DType dtype;
+    bool all_ignored;
+  };
+  for (const Case& c : {Case{37, 10, DType::Float32, false}, Case{300, 1000, DType::Float32, false},
+                        Case{37, 50304, DType::Float32, false}, Case{9, 300, DType::Float64, false},
+                        Case{5, 7, DType::Float32, true}}) {
+    manual_seed(static_cast<uint64_t>(c.classes));
+    Tensor x = mul(randn({c.rows, c.classes}, TensorOptions(c.dtype)), 4.0).to(gpu);
+    std::vector<int64_t> t(static_cast<size_t>(c.rows));
+    for (int64_t n = 0; n < c.rows; ++n) t[n] = c.all_ignored || n % 5 == 3 ? -100 : (n * 7919) % c.classes;
+    Tensor target = labels(t).to(gpu);
+    Tensor a = x.detach().set_requires_grad(true), b = x.detach().set_requires_grad(true);
+    Tensor fused = cross_entropy(a, target);
+    Tensor composed = nll_loss(log_softmax(b, 1), target);
+    const double f = fused.item(), r = composed.item();
+    EXPECT_TRUE(f == r || (std::isnan(f) && std::isnan(r))) << c.classes << ": " << f << " vs " << r;
+    mul(fused, 3.0).backward();
+    mul(composed, 3.0).backward();
+    EXPECT_TRUE(equal(a.grad(), b.grad())) << c.classes << ": max relative difference "
+                                           << max_relative_error(a.grad(), b.grad());
+  }
+  Tensor x = randn({256, 4096}).to(gpu).set_requires_grad(true);
+  Tensor target = labels(std::vector<int64_t>(256, 5)).to(gpu);
+  const int64_t before = memory_stats(gpu).allocated_bytes;
+  Tensor loss = cross_entropy(x, target);
+  EXPECT_LT(memory_stats(gpu).allocated_bytes - before, 256 * 4096 * 4 / 8);
+}
+
 TEST(LossTest, ErrorsNameShapesAndValues) {
   Tensor logits = zeros({5, 10});
   EXPECT_NE(error_of([&] { cross_entropy(logits, labels({0, 1, 2, 3})); })

@@ -58,6 +58,20 @@ inline void check_copy_layouts(const char* what, const Layout& src, const Layout
   }
 }
 
+// An RMSNorm's (rows, d): rows >= 0 and d > 0.
+inline void check_rms_norm_shape(const char* what, int64_t rows, int64_t d) {
+  DPE_CHECK(rows >= 0 && d > 0, what, ": rows = ", rows, ", d = ", d, "; expected rows >= 0 and d > 0");
+}
+
+// The strided operand of a rotary embedding: (..., T, d) with d even and > 0 and last stride 1.
+inline void check_rotary_layout(const char* what, const Layout& x) {
+  DPE_CHECK(x.ndim >= 2 && x.ndim <= kMaxDims, what, ": the strided operand has ", x.ndim,
+            " dims; expected (..., T, d)");
+  const int64_t d = x.sizes[x.ndim - 1];
+  DPE_CHECK(d > 0 && d % 2 == 0 && x.strides[x.ndim - 1] == 1, what, ": the strided operand's last dim has size ", d,
+            " and stride ", x.strides[x.ndim - 1], "; expected an even size > 0 and stride 1");
+}
+
 // A binary op's layouts: same ndim (<= kMaxDims) and sizes (>= 0), strides >= 0, out contiguous.
 inline void check_binary_layouts(const char* what, const Layout& out, const Layout& a, const Layout& b) {
   DPE_CHECK(out.ndim >= 0 && out.ndim <= kMaxDims, what, ": ndim ", out.ndim, " outside [0, ", kMaxDims, "]");

@@ -20,13 +20,16 @@ void activation_backward_cpu(ActivationOp op, DType dtype, int64_t n, const void
 void activation_backward_cuda(cudaStream_t stream, ActivationOp op, DType dtype, int64_t n, const void* x,
                               const void* dy, void* dx);
 
-// SwiGLU's gating, fused on CPU (core/ops.h's silu_mul; other devices compose silu and mul): y = silu(gate) * up,
-// and backward  dgate = silu'(gate) * (dy * up),  dup = dy * silu(gate)  (dgate or dup null: not written).
-// Element for element the roundings of unary_cpu's SiLU, binary_cpu's mul and activation_backward_cpu's SiLU
-// that the composition runs. Outputs do not overlap inputs.
+// SwiGLU's gating, one pass each way (core/ops.h's silu_mul): y = silu(gate) * up, and backward
+// dgate = silu'(gate) * (dy * up),  dup = dy * silu(gate)  (dgate or dup null: not written). Element for element
+// the roundings of the SiLU, mul and SiLU-backward kernels that the composition runs on the same backend.
+// Outputs do not overlap inputs.
 void silu_mul_cpu(DType dtype, int64_t n, const void* gate, const void* up, void* y);
 void silu_mul_backward_cpu(DType dtype, int64_t n, const void* gate, const void* up, const void* dy, void* dgate,
                            void* dup);
+void silu_mul_cuda(cudaStream_t stream, DType dtype, int64_t n, const void* gate, const void* up, void* y);
+void silu_mul_backward_cuda(cudaStream_t stream, DType dtype, int64_t n, const void* gate, const void* up,
+                            const void* dy, void* dgate, void* dup);
 
 // out = a (op) b with broadcasting. out_layout is contiguous with the broadcast sizes; a_layout and
 // b_layout have the same ndim and sizes as out, with stride 0 on broadcast dimensions.

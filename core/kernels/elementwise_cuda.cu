@@ -51,6 +51,21 @@ __global__ void activation_backward_kernel(int64_t n, const T* x, const T* dy, T
   for (int64_t i = first_index(); i < n; i += grid_stride()) dx[i] = activation_backward(Op, x[i], dy[i]);
 }
 
+// gate, up, y: (n)
+template <typename T>
+__global__ void silu_mul_kernel(int64_t n, const T* gate, const T* up, T* y) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = apply_unary(UnaryOp::Silu, gate[i]) * up[i];
+}
+
+// gate, up, dy, dgate, dup: (n); dgate or dup null: not written.
+template <typename T>
+__global__ void silu_mul_backward_kernel(int64_t n, const T* gate, const T* up, const T* dy, T* dgate, T* dup) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    if (dup != nullptr) dup[i] = dy[i] * apply_unary(UnaryOp::Silu, gate[i]);
+    if (dgate != nullptr) dgate[i] = activation_backward(ActivationOp::Silu, gate[i], dy[i] * up[i]);
+  }
+}
+
 // out: (n) contiguous  a: a_layout  b: b_layout (out's sizes, stride 0 broadcasts). A contiguous operand
 // skips the index arithmetic.
 template <typename T, BinaryOp Op>
@@ -100,6 +115,30 @@ void unary_cuda(cudaStream_t stream, UnaryOp op, DType dtype, int64_t n, const v
                                                                                  static_cast<T*>(y));
       DPE_CUDA_CHECK_LAUNCH();
     });
+  });
+}
+
+void silu_mul_cuda(cudaStream_t stream, DType dtype, int64_t n, const void* gate, const void* up, void* y) {
+  check_n("silu_mul_cuda", n);
+  if (n == 0) return;
+  dispatch_compute_type(dtype, "silu_mul_cuda", [&](auto tag) {
+    using T = decltype(tag);
+    silu_mul_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(n, static_cast<const T*>(gate), static_cast<const T*>(up),
+                                                           static_cast<T*>(y));
+    DPE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void silu_mul_backward_cuda(cudaStream_t stream, DType dtype, int64_t n, const void* gate, const void* up,
+                            const void* dy, void* dgate, void* dup) {
+  check_n("silu_mul_backward_cuda", n);
+  if (n == 0 || (dgate == nullptr && dup == nullptr)) return;
+  dispatch_compute_type(dtype, "silu_mul_backward_cuda", [&](auto tag) {
+    using T = decltype(tag);
+    silu_mul_backward_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(
+        n, static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dy), static_cast<T*>(dgate),
+        static_cast<T*>(dup));
+    DPE_CUDA_CHECK_LAUNCH();
   });
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/kernels/arg_checks.h"
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/dtype_dispatch.h"
 #include "core/kernels/lane_sum.h"
@@ -23,15 +24,11 @@ T dot(const T* a, const T* b, int64_t d) {
   return detail::sum_in_lanes<T>(d, [&](int64_t i) { return a[i] * b[i]; });
 }
 
-void check_shape(const char* what, int64_t rows, int64_t d) {
-  DPE_CHECK(rows >= 0 && d > 0, what, ": rows = ", rows, ", d = ", d, "; expected rows >= 0 and d > 0");
-}
-
 }  // namespace
 
 void rms_norm_forward_cpu(DType dtype, int64_t rows, int64_t d, const void* x, const void* weight, double eps,
                           void* y, void* rstd) {
-  check_shape("rms_norm_forward_cpu", rows, d);
+  detail::check_rms_norm_shape("rms_norm_forward_cpu", rows, d);
   detail::dispatch_float(dtype, "rms_norm_forward_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* xs = static_cast<const T*>(x);
@@ -58,7 +55,7 @@ void rms_norm_forward_cpu(DType dtype, int64_t rows, int64_t d, const void* x, c
 
 void rms_norm_backward_cpu(DType dtype, int64_t rows, int64_t d, const void* x, const void* weight,
                            const void* rstd, const void* dy, void* dx, void* dweight) {
-  check_shape("rms_norm_backward_cpu", rows, d);
+  detail::check_rms_norm_shape("rms_norm_backward_cpu", rows, d);
   detail::dispatch_float(dtype, "rms_norm_backward_cpu", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* xs = static_cast<const T*>(x);

@@ -7,20 +7,13 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "core/kernels/arg_checks.h"
 #include "core/kernels/cpu_parallel.h"
 #include "core/kernels/dtype_dispatch.h"
 #include "core/kernels/rotary_emb.h"
 
 namespace dpe::kernels {
 namespace {
-
-void check_layout(const char* what, const Layout& x) {
-  DPE_CHECK(x.ndim >= 2 && x.ndim <= kMaxDims, what, ": the strided operand has ", x.ndim,
-            " dims; expected (..., T, d)");
-  const int64_t d = x.sizes[x.ndim - 1];
-  DPE_CHECK(d > 0 && d % 2 == 0 && x.strides[x.ndim - 1] == 1, what, ": the strided operand's last dim has size ", d,
-            " and stride ", x.strides[x.ndim - 1], "; expected an even size > 0 and stride 1");
-}
 
 constexpr int64_t kRowsPerTask = 64;
 
@@ -71,7 +64,7 @@ void rotate_row_backward(const T* __restrict g, const T* __restrict c, const T* 
 template <bool kBackward>
 void rotate(const char* what, DType dtype, const Layout& strided, const void* in, const void* cos, const void* sin,
             void* out) {
-  check_layout(what, strided);
+  detail::check_rotary_layout(what, strided);
   if (strided.numel() == 0) return;
   detail::dispatch_float(dtype, what, [&](auto tag) {
     using T = typename decltype(tag)::type;

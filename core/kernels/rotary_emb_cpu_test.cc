@@ -107,7 +107,9 @@ TYPED_TEST(RotaryEmbCpuTest, MatchesTheFormulasOnStridedLayouts) {
       }
     }
     for (size_t k = 0; k < in_layout.size(); ++k) {
-      if (!in_layout[k]) ASSERT_EQ(got.dx[k], T(-7)) << "dx written outside its layout at offset " << k;
+      if (!in_layout[k]) {
+        ASSERT_EQ(got.dx[k], T(-7)) << "dx written outside its layout at offset " << k;
+      }
     }
   }
 }

@@ -35,6 +35,18 @@ void cross_entropy_rows_cpu(DType dtype, int64_t rows, int64_t size, const void*
                             int64_t ignore_index, void* loss, void* valid, void* stats);
 void cross_entropy_rows_backward_cpu(DType dtype, int64_t rows, int64_t size, const void* x, const void* stats,
                                      const int64_t* target, int64_t ignore_index, const void* grad, void* dx);
+// cross_entropy_mean's CUDA kernels (softmax_cuda.cu): reduction='mean' in two launches forward and one
+// backward, where the composition takes two and two and holds the (rows, size) log-probabilities. Forward:
+// stats (rows, 3) gets each row's maximum, log of its sum of exps and log-probability at its target (0 where
+// ignored); count[0] the targets not ignored, out[0] the mean of their losses. Backward: dx (rows, size) from x,
+// the stats and grad_out[0] / count[0]. Bit for bit softmax_cuda (LogSoftmax) then nll_mean_forward_cuda, and
+// nll_mean_backward_cuda then softmax_backward_cuda. The targets live on the device.
+void cross_entropy_mean_forward_cuda(cudaStream_t stream, DType dtype, int64_t rows, int64_t size, const void* x,
+                                     const int64_t* target, int64_t ignore_index, void* out, void* count,
+                                     void* stats);
+void cross_entropy_mean_backward_cuda(cudaStream_t stream, DType dtype, int64_t rows, int64_t size, const void* x,
+                                      const void* stats, const int64_t* target, int64_t ignore_index,
+                                      const void* grad_out, const void* count, void* dx);
 
 // One contiguous float32 row of `size`: exactly what softmax_cpu and softmax_backward_cpu (SoftmaxKind::Softmax,
 // inner 1) compute for such a row, for fused kernels that hold rows in their own buffers (kernels/attention.h).

@@ -124,6 +124,75 @@ __global__ void softmax_backward_columns_kernel(SoftmaxKind kind, int64_t outer,
   }
 }
 
+// A target the loss counts: not ignore_index and a class. The op layer has checked the targets (softmax.h's
+// contract); one that slips through is treated like an ignored one, so no thread reads out of bounds.
+__device__ __forceinline__ bool target_ok(int64_t t, int64_t classes, int64_t ignore_index) {
+  return t != ignore_index && t >= 0 && t < classes;
+}
+
+// x: (rows, size); target: (rows); stats: (rows, 3). One block (row_block(size)) per row: the row's maximum m
+// and log of its sum of exps as softmax_rows_kernel's log-softmax makes them, and the log-probability at the
+// target, (x[t] - m) - log_total, the element nll_mean_forward_kernel reads (0 where ignored).
+template <typename T>
+__global__ void cross_entropy_stats_kernel(int64_t rows, int64_t size, const T* x, const int64_t* target,
+                                           int64_t ignore_index, T* stats) {
+  __shared__ T max_shared[kMaxRowBlock];
+  __shared__ double sum_shared[kMaxRowBlock];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // uniform per block
+    const T* xr = x + r * size;
+    T m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) m = MaxCombine{}(m, xr[j]);
+    m = block_reduce(m, max_shared, MaxCombine{});
+    double sum = 0;
+    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) sum += static_cast<double>(exp(xr[j] - m));
+    sum = block_reduce(sum, sum_shared, SumCombine{});
+    if (threadIdx.x != 0) continue;  // every thread still meets the next row's barriers
+    const T log_total = static_cast<T>(log(sum));
+    const int64_t t = target[r];
+    stats[3 * r] = m;
+    stats[3 * r + 1] = log_total;
+    stats[3 * r + 2] = target_ok(t, size, ignore_index) ? (xr[t] - m) - log_total : T(0);
+  }
+}
+
+// One block of kMaxRowBlock threads, nll_mean_forward_kernel's sums in its order: thread t sums rows t,
+// t + blockDim.x, ... (the negated log-probabilities at the targets, and the count), then fixed trees.
+template <typename T>
+__global__ void cross_entropy_mean_kernel(int64_t rows, int64_t size, const T* stats, const int64_t* target,
+                                          int64_t ignore_index, T* out, T* count) {
+  __shared__ double shared[kMaxRowBlock];
+  double loss = 0, valid = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    if (!target_ok(target[r], size, ignore_index)) continue;
+    loss -= static_cast<double>(stats[3 * r + 2]);
+    valid += 1;
+  }
+  loss = block_reduce(loss, shared, SumCombine{});
+  valid = block_reduce(valid, shared, SumCombine{});
+  if (threadIdx.x == 0) {
+    *count = static_cast<T>(valid);
+    *out = static_cast<T>(loss) / static_cast<T>(valid);
+  }
+}
+
+// x, dx: (rows, size); stats: (rows, 3); target: (rows); grad_out, count: one element. A thread per element:
+// log-softmax's backward (softmax_backward_rows_kernel's arithmetic) of nll_mean_backward_kernel's gradient,
+// g = -(grad_out / count) at the target and 0 elsewhere (all 0 where ignored), whose row sum is g itself; y is
+// recomputed from x and the stats.
+template <typename T>
+__global__ void cross_entropy_mean_backward_kernel(int64_t rows, int64_t size, const T* x, const T* stats,
+                                                   const int64_t* target, int64_t ignore_index, const T* grad_out,
+                                                   const T* count, T* dx) {
+  const T g = -(*grad_out / *count);
+  for (int64_t i = first_index(); i < rows * size; i += grid_stride()) {
+    const int64_t r = i / size, j = i % size, t = target[r];
+    const T total = target_ok(t, size, ignore_index) ? g : T(0);
+    const T dy = j == t ? total : T(0);
+    const T y = (x[i] - stats[3 * r]) - stats[3 * r + 1];
+    dx[i] = dy - exp(y) * total;
+  }
+}
+
 }  // namespace
 
 // x, y: (outer, size, inner)
@@ -161,6 +230,40 @@ void softmax_backward_cuda(cudaStream_t stream, SoftmaxKind kind, DType dtype, i
       softmax_backward_columns_kernel<T><<<grid_for(outer * inner), kBlock, 0, stream>>>(kind, outer, size, inner,
                                                                                          ys, dys, dxs);
     }
+    DPE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// x: (rows, size); target: (rows); out, count: one element; stats: (rows, 3)
+void cross_entropy_mean_forward_cuda(cudaStream_t stream, DType dtype, int64_t rows, int64_t size, const void* x,
+                                     const int64_t* target, int64_t ignore_index, void* out, void* count,
+                                     void* stats) {
+  detail::check_softmax_args("cross_entropy_mean_forward_cuda", SoftmaxKind::LogSoftmax, rows, size, 1);
+  dispatch_compute_type(dtype, "cross_entropy_mean_forward_cuda", [&](auto tag) {
+    using T = decltype(tag);
+    if (rows > 0 && size > 0) {
+      cross_entropy_stats_kernel<T><<<row_grid(rows), row_block(size), 0, stream>>>(
+          rows, size, static_cast<const T*>(x), target, ignore_index, static_cast<T*>(stats));
+      DPE_CUDA_CHECK_LAUNCH();
+    }
+    cross_entropy_mean_kernel<T><<<1, kMaxRowBlock, 0, stream>>>(rows, size, static_cast<const T*>(stats), target,
+                                                                 ignore_index, static_cast<T*>(out),
+                                                                 static_cast<T*>(count));
+    DPE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// x, dx: (rows, size); stats: (rows, 3); target: (rows); grad_out, count: one element
+void cross_entropy_mean_backward_cuda(cudaStream_t stream, DType dtype, int64_t rows, int64_t size, const void* x,
+                                      const void* stats, const int64_t* target, int64_t ignore_index,
+                                      const void* grad_out, const void* count, void* dx) {
+  detail::check_softmax_args("cross_entropy_mean_backward_cuda", SoftmaxKind::LogSoftmax, rows, size, 1);
+  if (rows == 0 || size == 0) return;
+  dispatch_compute_type(dtype, "cross_entropy_mean_backward_cuda", [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_mean_backward_kernel<T><<<grid_for(rows * size), kBlock, 0, stream>>>(
+        rows, size, static_cast<const T*>(x), static_cast<const T*>(stats), target, ignore_index,
+        static_cast<const T*>(grad_out), static_cast<const T*>(count), static_cast<T*>(dx));
     DPE_CUDA_CHECK_LAUNCH();
   });
 }

@@ -223,23 +223,31 @@ Tensor silu(const Tensor& x) { return activation(UnaryOp::Silu, ActivationOp::Si
 Tensor silu_mul(const Tensor& gate, const Tensor& up) {
   check_compute_dtype(gate, "silu_mul");
   detail::check_same_device_and_dtype(gate, up, "silu_mul");
-  if (!gate.device().is_cpu() || gate.shape() != up.shape() || !gate.is_contiguous() || !up.is_contiguous()) {
+  if (gate.shape() != up.shape() || !gate.is_contiguous() || !up.is_contiguous()) {
     return mul(silu(gate), up);  // keeps a channels-last operand's format, broadcasts
   }
   const Tensor g = gate.detach(), u = up.detach();
   Tensor y = Tensor::empty(gate.shape(), options_of(gate));
-  dispatch_cpu_only(gate.device(), [&] {
-    kernels::silu_mul_cpu(gate.dtype(), gate.numel(), g.data_ptr(), u.data_ptr(), y.data_ptr());
-  });
+  dispatch(
+      gate.device(), [&] { kernels::silu_mul_cpu(gate.dtype(), gate.numel(), g.data_ptr(), u.data_ptr(), y.data_ptr()); },
+      [&](auto stream) {
+        kernels::silu_mul_cuda(stream, gate.dtype(), gate.numel(), g.data_ptr(), u.data_ptr(), y.data_ptr());
+      });
   const bool grad_gate = gate.requires_grad(), grad_up = up.requires_grad();
   autograd::record(y, {gate, up}, "SiluMulBackward", [g, u, grad_gate, grad_up](const Tensor& dy) {
     const Tensor dyc = dy.contiguous();
     Tensor dgate = grad_gate ? Tensor::empty(g.shape(), options_of(g)) : Tensor();
     Tensor dup = grad_up ? Tensor::empty(g.shape(), options_of(g)) : Tensor();
-    dispatch_cpu_only(g.device(), [&] {
-      kernels::silu_mul_backward_cpu(g.dtype(), g.numel(), g.data_ptr(), u.data_ptr(), dyc.data_ptr(),
-                                     detail::data_or_null(dgate), detail::data_or_null(dup));
-    });
+    dispatch(
+        g.device(),
+        [&] {
+          kernels::silu_mul_backward_cpu(g.dtype(), g.numel(), g.data_ptr(), u.data_ptr(), dyc.data_ptr(),
+                                         detail::data_or_null(dgate), detail::data_or_null(dup));
+        },
+        [&](auto stream) {
+          kernels::silu_mul_backward_cuda(stream, g.dtype(), g.numel(), g.data_ptr(), u.data_ptr(), dyc.data_ptr(),
+                                          detail::data_or_null(dgate), detail::data_or_null(dup));
+        });
     return std::vector<Tensor>{dgate, dup};
   });
   return y;

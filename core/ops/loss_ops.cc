@@ -146,28 +146,68 @@ Tensor nll_loss_mean(const Tensor& log_probs, const Tensor& target, int64_t igno
   return out;
 }
 
+namespace {
+
+// cross_entropy_mean on a CUDA device: kernels/softmax.h's two launches forward and one backward; the node keeps
+// the logits, three numbers per row and the count. x: the logits made contiguous.
+Tensor cross_entropy_mean_cuda(const Tensor& logits, const Tensor& x, const Tensor& target, int64_t ignore_index) {
+  const int64_t rows = x.size(0), classes = x.size(1);
+  Tensor out = Tensor::empty({}, detail::options_of(x));
+  Tensor count = Tensor::empty({}, detail::options_of(x));
+  Tensor stats = Tensor::empty({rows, 3}, detail::options_of(x));
+  dispatch(
+      x.device(), [] { DPE_INTERNAL_ASSERT(false, "cross_entropy_mean_cuda on a CPU device"); },
+      [&](auto stream) {
+        kernels::cross_entropy_mean_forward_cuda(stream, x.dtype(), rows, classes, x.data_ptr(), target.data<int64_t>(),
+                                                 ignore_index, out.data_ptr(), count.data_ptr(), stats.data_ptr());
+      });
+  Tensor saved_x = x.detach(), saved_target = target.detach();
+  autograd::record(out, {logits}, "CrossEntropyBackward",
+                   [saved_x, saved_target, stats, count, ignore_index](const Tensor& g) -> std::vector<Tensor> {
+                     Tensor gc = g.contiguous();
+                     Tensor dx = Tensor::empty(saved_x.shape(), detail::options_of(saved_x));
+                     dispatch(
+                         dx.device(), [] { DPE_INTERNAL_ASSERT(false, "cross_entropy_mean_cuda on a CPU device"); },
+                         [&](auto stream) {
+                           kernels::cross_entropy_mean_backward_cuda(
+                               stream, dx.dtype(), saved_x.size(0), saved_x.size(1), saved_x.data_ptr(),
+                               stats.data_ptr(), saved_target.data<int64_t>(), ignore_index, gc.data_ptr(),
+                               count.data_ptr(), dx.data_ptr());
+                         });
+                     return {dx};
+                   });
+  return out;
+}
+
+}  // namespace
+
 Tensor cross_entropy_mean(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
   const char* op = "cross_entropy";
-  const bool fused = logits.defined() && logits.device().is_cpu() && logits.dim() == 2 &&
+  const bool fused = logits.defined() && logits.dim() == 2 &&
                      (logits.dtype() == DType::Float32 || logits.dtype() == DType::Float64);
   if (!fused) return nll_loss_mean(log_softmax(logits, 1), target, ignore_index, op);
-  const NllArguments args = checked_nll_arguments(logits, target, ignore_index, op);
-  const int64_t rows = args.axes.outer, classes = args.axes.classes;
-  check_targets_on_host(args.target, classes, ignore_index, op);
+  const NllArguments args = checked_nll_arguments(logits, target, ignore_index, op);  // checks CUDA targets
   const Tensor &x = args.log_probs, &tc = args.target;
+  if (x.device().is_cuda()) return cross_entropy_mean_cuda(logits, x, tc, ignore_index);
+  const int64_t rows = args.axes.outer, classes = args.axes.classes;
+  check_targets_on_host(tc, classes, ignore_index, op);
   Tensor loss = Tensor::empty({rows}, detail::options_of(logits));
   Tensor valid = Tensor::empty({rows}, detail::options_of(logits));
   Tensor stats = Tensor::empty({rows, 2}, detail::options_of(logits));
-  kernels::cross_entropy_rows_cpu(x.dtype(), rows, classes, x.data_ptr(), tc.data<int64_t>(), ignore_index,
-                                  loss.data_ptr(), valid.data_ptr(), stats.data_ptr());
+  dispatch_cpu_only(x.device(), [&] {
+    kernels::cross_entropy_rows_cpu(x.dtype(), rows, classes, x.data_ptr(), tc.data<int64_t>(), ignore_index,
+                                    loss.data_ptr(), valid.data_ptr(), stats.data_ptr());
+  });
   Tensor saved_x = x.detach(), saved_target = tc.detach();
   autograd::record(loss, {logits}, "CrossEntropyBackward",
                    [saved_x, saved_target, stats, ignore_index](const Tensor& g) -> std::vector<Tensor> {
                      Tensor gc = g.contiguous();
                      Tensor dx = Tensor::empty(saved_x.shape(), detail::options_of(saved_x));
-                     kernels::cross_entropy_rows_backward_cpu(
-                         dx.dtype(), saved_x.size(0), saved_x.size(1), saved_x.data_ptr(), stats.data_ptr(),
-                         saved_target.data<int64_t>(), ignore_index, gc.data_ptr(), dx.data_ptr());
+                     dispatch_cpu_only(dx.device(), [&] {
+                       kernels::cross_entropy_rows_backward_cpu(
+                           dx.dtype(), saved_x.size(0), saved_x.size(1), saved_x.data_ptr(), stats.data_ptr(),
+                           saved_target.data<int64_t>(), ignore_index, gc.data_ptr(), dx.data_ptr());
+                     });
                      return {dx};
                    });
   return div(sum(loss), sum(valid));  // nll_loss_mean's reduction on CPU devices

@@ -26,12 +26,13 @@ NllPerPosition nll_per_position(const Tensor& log_probs, const Tensor& target, i
 Tensor nll_loss_mean(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const char* op = "nll_loss");
 
 // cross_entropy(logits, target) with reduction='mean' and no label smoothing: nll_loss_mean(log_softmax(logits,
-// 1), target, ignore_index), which is what it is on CUDA devices and for other shapes and dtypes. For (N, C)
-// float32/float64 logits on a CPU device it never makes the (N, C) log-probabilities: the forward keeps two
-// numbers per row (the row's maximum and log-sum-exp) beside the logits, and the backward writes the logits'
-// gradient from them in one pass, where the composition holds the log-probabilities from the forward and makes
-// the nll's dense (N, C) gradient beside the result (a language model's (B * T, vocabulary) logits: two fewer
-// tensors of their size). The same bits as the composition, forward and backward.
+// 1), target, ignore_index), which is what it is for other shapes and dtypes. For (N, C) float32/float64 logits
+// it never makes the (N, C) log-probabilities: the forward keeps a few numbers per row (the row's maximum and
+// log-sum-exp) beside the logits, and the backward writes the logits' gradient from them in one pass, where the
+// composition holds the log-probabilities from the forward and makes the nll's dense (N, C) gradient beside the
+// result (a language model's (B * T, vocabulary) logits: two fewer tensors of their size). The same bits as the
+// composition on the same device, forward and backward; on CUDA devices two launches forward and one backward
+// (kernels/softmax.h).
 Tensor cross_entropy_mean(const Tensor& logits, const Tensor& target, int64_t ignore_index);
 
 }  // namespace dpe

@@ -1,5 +1,5 @@
-// Normalisation ops: batch_norm on the fused kernels of core/kernels/batch_norm.h, rms_norm on CPU on those of
-// core/kernels/rms_norm.h, layer_norm (and rms_norm elsewhere) composed from differentiable ops (core/ops/norm.h).
+// Normalisation ops: batch_norm on the fused kernels of core/kernels/batch_norm.h, rms_norm on those of
+// core/kernels/rms_norm.h, layer_norm composed from differentiable ops (core/ops/norm.h).
 #include "core/ops/norm.h"
 
 #include "core/autograd/function.h"
@@ -198,26 +198,41 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
 
 namespace {
 
-// rms_norm on a CPU device: kernels/rms_norm.h's one pass each way; its node keeps x and one rstd per row.
-Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
+// rms_norm in one kernel each way (kernels/rms_norm.h); its node keeps x and one rstd per row.
+Tensor rms_norm_fused(const Tensor& x, const Tensor& weight, double eps) {
   const int64_t d = x.size(-1), rows = x.numel() / d;
   const Tensor xc = x.detach().contiguous();
   const Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
   Tensor y = Tensor::empty(x.shape(), options_of(x));
   Tensor rstd = Tensor::empty({rows}, options_of(x));
-  dispatch_cpu_only(x.device(), [&] {
-    kernels::rms_norm_forward_cpu(x.dtype(), rows, d, xc.data_ptr(), data_or_null(w), eps, y.data_ptr(),
-                                  rstd.data_ptr());
-  });
+  dispatch(
+      x.device(),
+      [&] {
+        kernels::rms_norm_forward_cpu(x.dtype(), rows, d, xc.data_ptr(), data_or_null(w), eps, y.data_ptr(),
+                                      rstd.data_ptr());
+      },
+      [&](auto stream) {
+        kernels::rms_norm_forward_cuda(stream, x.dtype(), rows, d, xc.data_ptr(), data_or_null(w), eps, y.data_ptr(),
+                                       rstd.data_ptr());
+      });
   const bool grad_x = x.requires_grad(), grad_w = weight.defined() && weight.requires_grad();
   autograd::record(y, {x, weight}, "RmsNormBackward", [xc, w, rstd, rows, d, grad_x, grad_w](const Tensor& g) {
     const Tensor gc = g.contiguous();
     Tensor dx = grad_x ? Tensor::empty(xc.shape(), options_of(xc)) : Tensor();
     Tensor dw = grad_w ? Tensor::empty({d}, options_of(xc)) : Tensor();
-    dispatch_cpu_only(xc.device(), [&] {
-      kernels::rms_norm_backward_cpu(xc.dtype(), rows, d, xc.data_ptr(), data_or_null(w), rstd.data_ptr(),
-                                     gc.data_ptr(), data_or_null(dx), data_or_null(dw));
-    });
+    dispatch(
+        xc.device(),
+        [&] {
+          kernels::rms_norm_backward_cpu(xc.dtype(), rows, d, xc.data_ptr(), data_or_null(w), rstd.data_ptr(),
+                                         gc.data_ptr(), data_or_null(dx), data_or_null(dw));
+        },
+        [&](auto stream) {
+          const Tensor workspace =
+              grad_w ? Tensor::empty({kernels::rms_norm_backward_cuda_workspace(rows, d)}, options_of(xc)) : Tensor();
+          kernels::rms_norm_backward_cuda(stream, xc.dtype(), rows, d, xc.data_ptr(), data_or_null(w),
+                                          rstd.data_ptr(), gc.data_ptr(), data_or_null(dx), data_or_null(dw),
+                                          data_or_null(workspace));
+        });
     return std::vector<Tensor>{dx, dw};
   });
   return y;
@@ -230,11 +245,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   detail::check_compute_dtype(x, "rms_norm");
   DPE_CHECK(x.dim() >= 1 && x.size(-1) > 0, "rms_norm: expected input (*, D) with D > 0, got ", shape_str(x.shape()));
   check_param(x, weight, {x.size(-1)}, "rms_norm", "weight");
-  if (x.device().is_cpu()) return rms_norm_cpu(x, weight, eps);
-  // Other devices compose it; each op there is a launch, and the composition's backward comes from autograd.
-  Tensor y = mul(x, rsqrt(add(mean(square(x), -1, /*keepdim=*/true), eps)));
-  if (weight.defined()) y = mul(y, weight);
-  return y;
+  return rms_norm_fused(x, weight, eps);
 }
 
 }  // namespace dpe

@@ -176,5 +176,30 @@ TEST(NormOpsTest, CudaMatchesCpu) {
   EXPECT_LT(max_abs_diff(rms_norm(h.to(gpu), Tensor(), 1e-6).to(Device::cpu(0)), rms_norm(h, Tensor(), 1e-6)), 1e-5);
 }
 
+// rms_norm is one kernel forward and two backward on CUDA (kernels/rms_norm.h): the CPU kernel's numbers up to
+// the order of the row sums (float32: a few ulps), with and without a weight; 150 rows cross the dweight
+// kernel's blocks of 64 rows, and a width of 300 a block of 256 threads.
+TEST(NormOpsTest, RmsNormOnCudaMatchesCpuForwardAndBackward) {
+  if (!dpe::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0), cpu = Device::cpu(0);
+  for (const Shape& shape : {Shape{150, 300}, Shape{2, 3, 32}, Shape{1, 1}}) {
+    for (bool weighted : {true, false}) {
+      const Tensor x = randn(shape) * 3.0 + 0.25, dy = randn(shape);
+      const Tensor w = randn({shape.back()});
+      Tensor xc = x.detach().set_requires_grad(true), xg = x.to(gpu).set_requires_grad(true);
+      Tensor wc = weighted ? w.detach().set_requires_grad(true) : Tensor();
+      Tensor wg = weighted ? w.to(gpu).set_requires_grad(true) : Tensor();
+      Tensor yc = rms_norm(xc, wc, 1e-6), yg = rms_norm(xg, wg, 1e-6);
+      EXPECT_LT(max_abs_diff(yg.to(cpu), yc), 1e-5) << shape_str(shape) << " weight " << weighted;
+      yc.backward(dy);
+      yg.backward(dy.to(gpu));
+      EXPECT_LT(max_abs_diff(xg.grad().to(cpu), xc.grad()), 1e-5) << shape_str(shape) << " weight " << weighted;
+      if (weighted) {
+        EXPECT_LT(max_abs_diff(wg.grad().to(cpu), wc.grad()), 1e-4) << shape_str(shape);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dpe

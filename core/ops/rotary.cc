@@ -1,4 +1,5 @@
-// apply_rotary_emb (core/ops/rotary.h): kernels/rotary_emb.h on CPU devices, composed from tensor ops elsewhere.
+// apply_rotary_emb (core/ops/rotary.h): kernels/rotary_emb.h, or composed from tensor ops where the tables
+// require grad.
 #include "core/ops/rotary.h"
 
 #include <vector>
@@ -17,22 +18,34 @@ using detail::options_of;
 
 namespace {
 
-// The CPU kernels. The node keeps the (T, d) tables and x's shape and strides, not x (the op is linear in x).
-Tensor rotary_emb_cpu(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+// The fused kernels. The node keeps the (T, d) tables and x's shape and strides, not x (the op is linear in x).
+Tensor rotary_emb_fused(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   const Tensor xs = x.strides().back() == 1 ? x.detach() : x.detach().contiguous();
   const Tensor c = cos.contiguous(), s = sin.contiguous();
   Tensor y = Tensor::empty(x.shape(), options_of(x));
-  dispatch_cpu_only(x.device(), [&] {
-    kernels::rotary_emb_forward_cpu(x.dtype(), layout_of(xs), xs.data_ptr(), c.data_ptr(), s.data_ptr(),
-                                    y.data_ptr());
-  });
+  dispatch(
+      x.device(),
+      [&] {
+        kernels::rotary_emb_forward_cpu(x.dtype(), layout_of(xs), xs.data_ptr(), c.data_ptr(), s.data_ptr(),
+                                        y.data_ptr());
+      },
+      [&](auto stream) {
+        kernels::rotary_emb_forward_cuda(stream, x.dtype(), layout_of(xs), xs.data_ptr(), c.data_ptr(), s.data_ptr(),
+                                         y.data_ptr());
+      });
   autograd::record(y, {x}, "RotaryEmbBackward", [shape = xs.shape(), strides = xs.strides(), c, s](const Tensor& g) {
     const Tensor gc = g.contiguous();
     Tensor dx = empty_strided_if_dense(shape, strides, options_of(gc));
-    dispatch_cpu_only(dx.device(), [&] {
-      kernels::rotary_emb_backward_cpu(dx.dtype(), layout_of(dx), gc.data_ptr(), c.data_ptr(), s.data_ptr(),
-                                       dx.data_ptr());
-    });
+    dispatch(
+        dx.device(),
+        [&] {
+          kernels::rotary_emb_backward_cpu(dx.dtype(), layout_of(dx), gc.data_ptr(), c.data_ptr(), s.data_ptr(),
+                                           dx.data_ptr());
+        },
+        [&](auto stream) {
+          kernels::rotary_emb_backward_cuda(stream, dx.dtype(), layout_of(dx), gc.data_ptr(), c.data_ptr(),
+                                            s.data_ptr(), dx.data_ptr());
+        });
     return std::vector<Tensor>{dx};
   });
   return y;
@@ -52,11 +65,9 @@ Tensor apply_rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin) {
             sin.defined() ? shape_str(sin.shape()) : "undefined");
   detail::check_same_device_and_dtype(x, cos, "apply_rotary_emb (x and cos)");
   detail::check_same_device_and_dtype(x, sin, "apply_rotary_emb (x and sin)");
-  if (x.device().is_cpu() && !cos.requires_grad() && !sin.requires_grad() && x.numel() > 0) {
-    return rotary_emb_cpu(x, cos, sin);
-  }
-  // Elsewhere each op is a launch; with differentiable tables autograd derives their gradients too. (No
-  // elements, and d = 0 with them, come here as well: nothing to compute.)
+  if (!cos.requires_grad() && !sin.requires_grad() && x.numel() > 0) return rotary_emb_fused(x, cos, sin);
+  // With differentiable tables autograd derives their gradients too. (No elements, and d = 0 with them, come
+  // here as well: nothing to compute.)
   const int64_t half = d / 2;
   Tensor rotated = cat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;

@@ -1,6 +1,6 @@
 // apply_rotary_emb: float64 gradchecks (the fused CPU op on a permuted view and on a contiguous tensor; the
 // composition when cos and sin require grad), the fused op against the composition it replaces (the same
-// numbers, forward and backward, float32), input errors, CUDA parity.
+// numbers, forward and backward, float32), input errors, CUDA against both.
 #include "core/ops/rotary.h"
 
 #include <gtest/gtest.h>
@@ -95,18 +95,24 @@ TEST(RotaryEmbTest, ErrorsNameTheShapes) {
             std::string::npos);
 }
 
-// CUDA composes the op from tensor ops; the CPU kernel rounds the same products and sums.
-TEST(RotaryEmbTest, CudaMatchesCpu) {
+// The CUDA kernel rounds the same products and sums as the CPU kernel and the composition (on CUDA too): the
+// same numbers all three ways, forward and backward.
+TEST(RotaryEmbTest, CudaMatchesCpuAndTheComposition) {
   if (!dpe::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Device gpu = Device::cuda(0);
   const Tensor cos = randn({70, 32}), sin = randn({70, 32});
   const Tensor base = randn({3, 70, 4, 32}), dy = randn({3, 4, 70, 32});
   Tensor a = base.detach().clone().set_requires_grad(true), b = base.detach().to(gpu).set_requires_grad(true);
+  Tensor c = base.detach().to(gpu).set_requires_grad(true);
   Tensor cpu = apply_rotary_emb(heads(a), cos, sin), cuda = apply_rotary_emb(heads(b), cos.to(gpu), sin.to(gpu));
-  EXPECT_LT(max_abs_diff(cuda.to(Device::cpu(0)), cpu), 1e-6);
+  Tensor reference = composed(heads(c), cos.to(gpu), sin.to(gpu));
+  EXPECT_EQ(max_abs_diff(cuda.to(Device::cpu(0)), cpu), 0.0);
+  EXPECT_EQ(max_abs_diff(cuda, reference), 0.0);
   cpu.backward(dy);
   cuda.backward(dy.to(gpu));
-  EXPECT_LT(max_abs_diff(b.grad().to(Device::cpu(0)), a.grad()), 1e-6);
+  reference.backward(dy.to(gpu));
+  EXPECT_EQ(max_abs_diff(b.grad().to(Device::cpu(0)), a.grad()), 0.0);
+  EXPECT_EQ(max_abs_diff(b.grad(), c.grad()), 0.0);
 }
 
 }  // namespace
