@@ -12,7 +12,7 @@ tokens, as `dpe bench --model llama`) and prints one JSON object per configurati
 
 llama rows add "llama_preset", "seq_len", "vocab" and "tokens_per_s" (samples_per_s * seq_len; dpe computes
 its own from samples_per_s). CPU rows (single-*, ddp-gloo*) add "peak_rss_bytes": the peak resident set of each
-of the configuration's processes while it ran (by rank), which stands for a device's memory there. A configuration that cannot run here prints "skipped": "<why>" in place of the
+of the configuration's processes while it ran (by rank), which stands for a device's memory there; CUDA rows add "peak_cuda_bytes", torch.cuda.max_memory_allocated() over the run. A configuration that cannot run here prints "skipped": "<why>" in place of the
 numbers (step_ms and samples_per_s are null). Everything else (progress, warnings) goes to stderr. Exit
 status: 0 on success, 2 when the data files are missing, 3 when torch cannot be imported, 1 on bad arguments
 or a failed run.
@@ -25,6 +25,12 @@ Configurations (--configs, comma-separated):
              autotuner on (torch.backends.cudnn.benchmark), TF32 off for matrix products and convolutions
              (dpe's float32 runs float32 FMA math), the samples in pinned host memory and each batch copied
              to the GPU asynchronously (`dpe bench` keeps its data on the host too); skipped without CUDA.
+  cuda-bf16  cuda with the forward and the loss under torch.autocast("cuda", dtype=torch.bfloat16) (what
+             `dpe bench --precision bf16` runs: the matrix products in bfloat16) and, for llama, AdamW's fused
+             CUDA step (fused=True, torch 2.0 and later); skipped without CUDA or bfloat16.
+  cuda-bf16-compile
+             cuda-bf16 with the model wrapped in torch.compile (PyTorch 2's fastest single-GPU training, its
+             compilation in the warm-up steps); skipped where torch has no torch.compile.
   dp         nn.DataParallel over every CUDA device; it needs CUDA, so on CPU the row is skipped.
   ddp-gloo   DistributedDataParallel, gloo backend, 2 processes (torch.multiprocessing.spawn, file://
              rendezvous, so no network is needed), each with max(1, --threads // 2) threads (1 by default).
@@ -459,16 +465,17 @@ def build_model(args):
     raise ValueError(f"unknown model {name!r}")
 
 
-def make_optimizer(args, model):
+def make_optimizer(args, model, fused=False):
     """dpe bench's optimizer for --model: SGD with momentum, or llama's AdamW (LLAMA_LR). AdamW's default
     per-tensor loop, not foreach=True: on torch 1.13's CPU the foreach form was no faster (the small preset's
-    step 474 ms against 611-733 ms on one thread)."""
+    step 474 ms against 611-733 ms on one thread). fused: AdamW's fused CUDA kernel (torch 2.0 and later)."""
     import torch
     if args.model != "llama":
         return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     params = list(model.parameters())
     return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": LLAMA_WEIGHT_DECAY},
-                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=LLAMA_LR)
+                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=LLAMA_LR,
+                             **({"fused": True} if fused else {}))
 
 
 def parameter_count(model):
@@ -508,9 +515,11 @@ def timed_row(args, config, seconds, processes, threads, final_loss):
     return row
 
 
-def train_loop(args, model, optimizer, batch_fn, sync=None, before_timing=None, step_context=contextlib.nullcontext):
+def train_loop(args, model, optimizer, batch_fn, sync=None, before_timing=None, step_context=contextlib.nullcontext,
+               forward_context=contextlib.nullcontext):
     """Warm-up, then timed steps; returns (seconds, last loss tensor). batch_fn(step) -> (x, y); each step's
-    forward and backward run inside step_context() (DDP's no_sync for ddp-gloo-no-sync)."""
+    forward and backward run inside step_context() (DDP's no_sync for ddp-gloo-no-sync), its forward and loss
+    alone inside forward_context() (autocast, which PyTorch advises against for the backward)."""
     loss, criterion = None, loss_fn(args)
 
     def step(s):
@@ -518,7 +527,8 @@ def train_loop(args, model, optimizer, batch_fn, sync=None, before_timing=None, 
         x, y = batch_fn(s)
         optimizer.zero_grad()
         with step_context():
-            loss = criterion(model(x), y)
+            with forward_context():
+                loss = criterion(model(x), y)
             loss.backward()
         optimizer.step()
 
@@ -561,17 +571,25 @@ def skipped_row(args, config, why):
     return row
 
 
-def run_cuda(args, data):
+def run_cuda(args, data, config="cuda"):
     import torch
+    bf16 = config in ("cuda-bf16", "cuda-bf16-compile")
+    compiled = config == "cuda-bf16-compile"
     if not torch.cuda.is_available():
-        return skipped_row(args, "cuda", "no CUDA device for this torch")
+        return skipped_row(args, config, "no CUDA device for this torch")
+    if bf16 and not torch.cuda.is_bf16_supported():
+        return skipped_row(args, config, f"{torch.cuda.get_device_name(0)} has no bfloat16")
+    if compiled and not hasattr(torch, "compile"):
+        return skipped_row(args, config, f"torch.compile needs torch 2.0 or later (this is {torch.__version__})")
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(SEED)
     images, labels = (t.pin_memory() for t in data)
     model = in_memory_format(args, make_model(args).cuda())
-    optimizer = make_optimizer(args, model)
+    optimizer = make_optimizer(args, model, fused=bf16 and hasattr(torch, "compile"))
+    if compiled:
+        model = torch.compile(model)
     n = images.shape[0]
 
     def batch_fn(s):
@@ -579,9 +597,19 @@ def run_cuda(args, data):
         return (as_input(args, images[start:start + args.batch].cuda(non_blocking=True)),
                 labels[start:start + args.batch].cuda(non_blocking=True))
 
-    seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=torch.cuda.synchronize)
-    return timed_row(args, "cuda", seconds, 1, torch.get_num_threads(), loss.item()) | {
-        "device": torch.cuda.get_device_name(0)}
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        seconds, loss = train_loop(args, model, optimizer, batch_fn, sync=torch.cuda.synchronize,
+                                   forward_context=autocast)
+    except Exception as e:  # noqa: BLE001: a compiler that cannot build here (no triton, no C compiler) skips the row
+        if not compiled:
+            raise
+        return skipped_row(args, config, f"torch.compile failed: {type(e).__name__}: {str(e)[:300]}")
+    return timed_row(args, config, seconds, 1, torch.get_num_threads(), loss.item()) | {
+        "device": torch.cuda.get_device_name(0), "peak_cuda_bytes": torch.cuda.max_memory_allocated()}
 
 
 def run_dp(args, data):
@@ -677,9 +705,10 @@ def parse_config(name, threads):
         return ("single", threads)
     if name.startswith("single-") and name.endswith("t") and name[7:-1].isdigit() and int(name[7:-1]) > 0:
         return ("single", int(name[7:-1]))
-    if name in ("cuda", "dp", "ddp-gloo", "ddp-gloo-no-sync"):
+    if name in ("cuda", "cuda-bf16", "cuda-bf16-compile", "dp", "ddp-gloo", "ddp-gloo-no-sync"):
         return (name, None)
-    raise ValueError(f"unknown config {name!r} (known: single, single-Nt, cuda, dp, ddp-gloo, ddp-gloo-no-sync)")
+    raise ValueError(f"unknown config {name!r} (known: single, single-Nt, cuda, cuda-bf16, cuda-bf16-compile, dp, "
+                     "ddp-gloo, ddp-gloo-no-sync)")
 
 
 def main(argv=None):
@@ -697,7 +726,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
     p.add_argument("--configs", default="single-1t,single-2t,ddp-gloo",
-                   help="comma-separated: single, single-Nt, cuda, dp, ddp-gloo, ddp-gloo-no-sync (default "
+                   help="comma-separated: single, single-Nt, cuda, cuda-bf16, cuda-bf16-compile, dp, ddp-gloo, "
+                   "ddp-gloo-no-sync (default "
                    "single-1t,single-2t,ddp-gloo)")
     p.add_argument("--threads", type=int, default=2,
                    help="cores to use: threads of 'single'; ddp-gloo's 2 processes get threads // 2 each (default 2)")
@@ -780,8 +810,8 @@ def main(argv=None):
             reset_peak_rss()
             row = run_single(args, name, threads, data)
             row["peak_rss_bytes"] = [peak_rss_bytes()]
-        elif kind == "cuda":
-            row = run_cuda(args, data)
+        elif kind.startswith("cuda"):
+            row = run_cuda(args, data, kind)
         elif kind == "dp":
             row = run_dp(args, data)
         else:

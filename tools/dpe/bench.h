@@ -66,6 +66,8 @@ struct Row {
   std::vector<std::array<int64_t, kMemoryKinds>> peak_split;
   // PyTorch rows on CPUs: each process's peak resident set, by rank (pytorch_reference.py); no allocator there.
   std::vector<int64_t> peak_rss;
+  // PyTorch rows on a GPU: torch.cuda.max_memory_allocated() over the run (pytorch_reference.py); 0 elsewhere.
+  int64_t peak_cuda = 0;
   std::string note;
   bool reports = true;  // --dist mpi: only process 0's rows are shown and written
   int64_t processes = 1;  // --dist mpi: the processes whose devices the row counts
@@ -107,7 +109,7 @@ std::vector<Row> median_rounds(std::vector<std::vector<Row>> rounds);
 // ---- PyTorch's side (bench_pytorch.cc) ----
 
 // The configurations tools/bench/pytorch_reference.py knows (its parse_config): single, single-Nt (N >= 1
-// threads), cuda, dp, ddp-gloo, ddp-gloo-no-sync. Checked at start-up, so that a typo fails before dpe's runs.
+// threads), cuda, cuda-bf16, cuda-bf16-compile, dp, ddp-gloo, ddp-gloo-no-sync. Checked at start-up, so that a typo fails before dpe's runs.
 bool is_pytorch_config(const std::string& c);
 // --pytorch-script, or the repository's tools/bench/pytorch_reference.py.
 std::string pytorch_script_path(const BenchArgs& args);

@@ -12,7 +12,10 @@
 namespace dpe::tool::bench {
 
 bool is_pytorch_config(const std::string& c) {
-  if (c == "single" || c == "cuda" || c == "dp" || c == "ddp-gloo" || c == kPytorchNoSyncConfig) return true;
+  if (c == "single" || c == "cuda" || c == "cuda-bf16" || c == "cuda-bf16-compile" || c == "dp" || c == "ddp-gloo" ||
+      c == kPytorchNoSyncConfig) {
+    return true;
+  }
   if (c.size() < 9 || c.rfind("single-", 0) != 0 || c.back() != 't') return false;
   const std::string threads = c.substr(7, c.size() - 8);
   if (threads.size() > 4 || !std::all_of(threads.begin(), threads.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
@@ -66,6 +69,7 @@ std::vector<Row> bench_pytorch(const BenchArgs& args, int64_t samples) {
         if (bytes.is_number()) row.peak_rss.push_back(bytes.get<int64_t>());
       }
     }
+    row.peak_cuda = static_cast<int64_t>(number("peak_cuda_bytes"));
     rows.push_back(row);
   }
   DPE_CHECK(result.ok() && !rows.empty(), "--compare-pytorch: ", shown, " failed (", describe_status(result), ", ",

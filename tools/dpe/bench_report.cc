@@ -182,11 +182,16 @@ void print_table(const BenchArgs& args, const std::vector<Row>& rows) {
                   p.optimizer_ms, mb(p.scatter.bytes + p.broadcast.bytes + p.gather.bytes + p.reduce.bytes).c_str(),
                   peak.c_str());
     } else {
-      // PyTorch's CPU rows: each process's peak resident set, which stands for its device's memory.
-      std::string rss;
-      for (size_t i = 0; i < r.peak_rss.size(); ++i) rss += "process " + std::to_string(i) + " " + mb(r.peak_rss[i]) + "  ";
-      std::printf("%-8s %-16s %3d %s %7s %8.2f |%s%s\n", r.framework.c_str(), r.config.c_str(), r.devices, rate, "",
-                  r.step_ms, rss.empty() ? "" : "   peak RSS MB: ", rss.c_str());
+      // PyTorch's CPU rows: each process's peak resident set, which stands for its device's memory; its GPU
+      // rows: the caching allocator's peak.
+      std::string memory;
+      for (size_t i = 0; i < r.peak_rss.size(); ++i) {
+        memory += (i == 0 ? "   peak RSS MB: " : "") + std::string("process ") + std::to_string(i) + " " +
+                  mb(r.peak_rss[i]) + "  ";
+      }
+      if (r.peak_cuda > 0) memory += "   peak CUDA MB: " + mb(r.peak_cuda);
+      std::printf("%-8s %-16s %3d %s %7s %8.2f |%s\n", r.framework.c_str(), r.config.c_str(), r.devices, rate, "",
+                  r.step_ms, memory.c_str());
     }
   }
   print_exchange_costs(rows);
@@ -279,6 +284,7 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
       int64_t peak = 0;
       for (const auto& [d, b] : r.peak) peak = std::max(peak, b);
       for (int64_t b : r.peak_rss) peak = std::max(peak, b);
+      peak = std::max(peak, r.peak_cuda);
       const StepReport& p = r.phases;
       out << r.framework << ',' << r.config << ',' << r.devices << ',' << r.samples_per_s << ',';
       if (r.scaling) out << *r.scaling;  // empty without a single row
@@ -325,6 +331,7 @@ void write_outputs(const BenchArgs& args, const std::vector<Row>& rows) {
       }
       for (const auto& [device, bytes] : r.peak) row["peak_bytes"][device.str()] = bytes;
       if (!r.peak_rss.empty()) row["peak_rss_bytes"] = r.peak_rss;  // PyTorch's processes, by rank
+      if (r.peak_cuda > 0) row["peak_cuda_bytes"] = r.peak_cuda;      // PyTorch on a GPU
       if (r.peak_split.size() == r.peak.size() && !r.peak.empty()) {
         // memory_bytes[device][kind]: the peak's parts (print_memory), by memory_kind_name.
         row["memory_bytes"] = Json::object();

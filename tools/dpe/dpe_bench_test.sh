@@ -182,6 +182,17 @@ for config, rate in (("ddp-gloo", 50.0), ("ddp-gloo-no-sync", 200.0)):
 PY
   expect 0 "# pytorch ddp-gloo-no-sync exchanges nothing, the most data parallelism gets from these devices: ddp-gloo 25% of it" \
     "${quick[@]}" --compare-pytorch --pytorch-script "$bound" --pytorch-configs ddp-gloo,ddp-gloo-no-sync
+  # A GPU row's memory: the caching allocator's peak, in the table and the --json report.
+  gpu_row="$tmp/gpu_row.py"
+  cat > "$gpu_row" <<'PY'
+import json
+print(json.dumps({"framework": "pytorch", "config": "cuda-bf16-compile", "processes": 1, "samples_per_s": 9.0,
+                  "step_ms": 2.0, "peak_cuda_bytes": 2000000000}))
+PY
+  expect 0 "peak CUDA MB: 2000.0" "${quick[@]}" --compare-pytorch --pytorch-script "$gpu_row" \
+    --pytorch-configs cuda-bf16-compile --json "$tmp/g.json"
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["rows"][-1]
+assert r["peak_cuda_bytes"] == 2000000000, r' "$tmp/g.json" || { echo "FAILED: PyTorch's CUDA peak in --json"; fail=1; }
   # --pytorch-python: the interpreter is run directly, whatever its path holds.
   python_link="$tmp/py \$(touch pwned9)"
   ln -s /usr/bin/python3 "$python_link"
@@ -192,7 +203,7 @@ fi
 expect 2 "--pytorch-python $tmp/none: not an executable file" "${quick[@]}" --compare-pytorch \
   --pytorch-script "$script" --pytorch-python "$tmp/none"
 # Bad PyTorch configurations are refused at start-up, naming the value and the known ones.
-expect 2 "--pytorch-configs 'frob': unknown configuration; expected single, single-Nt (N >= 1 threads), cuda, dp, ddp-gloo or ddp-gloo-no-sync" \
+expect 2 "--pytorch-configs 'frob': unknown configuration; expected single, single-Nt (N >= 1 threads), cuda, cuda-bf16, cuda-bf16-compile, dp, ddp-gloo or ddp-gloo-no-sync" \
   "${quick[@]}" --compare-pytorch --pytorch-configs single-1t,frob
 expect 2 "--pytorch-configs 'single-0t': unknown configuration" "${quick[@]}" --compare-pytorch --pytorch-configs single-0t
 expect 2 "--pytorch-configs 'ddp-gloo;touch pwned7': unknown configuration" "${quick[@]}" --compare-pytorch \

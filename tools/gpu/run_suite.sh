@@ -443,6 +443,13 @@ if ((bench)); then
     if [[ -n "$torch_py" && -f "$script" ]]; then
       printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$orig_ld" "$torch_py" >"$results/torch_python"
       chmod 755 "$results/torch_python"
+      # The 124M Llama in bfloat16 beside PyTorch's eager autocast and torch.compile on the same GPU, model and
+      # batch (pytorch_reference.py's cuda-bf16 and cuda-bf16-compile: fused AdamW, flash attention through
+      # F.scaled_dot_product_attention; the compilation falls in their warm-up steps).
+      run_bench "llama_124m_bf16_vs_pytorch" "" "$dpe_tool" bench --model llama --llama-preset 124m --modes single \
+        --precision bf16 --batch-size 8 --steps "$bench_steps" --warmup "$bench_warmup" --compare-pytorch \
+        --pytorch-python "$results/torch_python" --pytorch-script "$script" \
+        --pytorch-configs cuda-bf16,cuda-bf16-compile --json "$results/bench/llama_124m_bf16_vs_pytorch.json"
       # The CNN's second row measures cuDNN's algorithms (--cudnn-benchmark), as the PyTorch side does
       # (torch.backends.cudnn.benchmark = True).
       for ((round = 1; round <= rounds; round++)); do
