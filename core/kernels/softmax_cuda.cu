@@ -33,6 +33,23 @@ using detail::SumCombine;
 // Blocks for one-block-per-row kernels: one per row, capped; kernels loop over the rest.
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, int64_t(1) << 16)); }
 
+// A row's maximum m and sum of exp(x - m) in double, over a block (blockDim.x = row_block(size)) by fixed
+// shared-memory trees: every thread gets both. All threads of the block must call it.
+template <typename T>
+struct RowExpSum {
+  T m;
+  double sum;
+};
+template <typename T>
+__device__ RowExpSum<T> row_max_and_exp_sum(const T* xr, int64_t size, T* max_shared, double* sum_shared) {
+  T m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < size; j += blockDim.x) m = MaxCombine{}(m, xr[j]);
+  m = block_reduce(m, max_shared, MaxCombine{});
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < size; j += blockDim.x) sum += static_cast<double>(exp(xr[j] - m));
+  return {m, block_reduce(sum, sum_shared, SumCombine{})};
+}
+
 // x, y: (rows, size), one block (blockDim.x = row_block(size)) per row.
 template <typename T>
 __global__ void softmax_rows_kernel(SoftmaxKind kind, int64_t rows, int64_t size, const T* x, T* y) {
@@ -41,12 +58,7 @@ __global__ void softmax_rows_kernel(SoftmaxKind kind, int64_t rows, int64_t size
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // uniform per block
     const T* xr = x + r * size;
     T* yr = y + r * size;
-    T m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) m = MaxCombine{}(m, xr[j]);
-    m = block_reduce(m, max_shared, MaxCombine{});
-    double sum = 0;
-    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) sum += static_cast<double>(exp(xr[j] - m));
-    sum = block_reduce(sum, sum_shared, SumCombine{});
+    const auto [m, sum] = row_max_and_exp_sum(xr, size, max_shared, sum_shared);
     if (kind == SoftmaxKind::Softmax) {
       const T total = static_cast<T>(sum);
       for (int64_t j = threadIdx.x; j < size; j += blockDim.x) yr[j] = exp(xr[j] - m) / total;
@@ -131,8 +143,9 @@ __device__ __forceinline__ bool target_ok(int64_t t, int64_t classes, int64_t ig
 }
 
 // x: (rows, size); target: (rows); stats: (rows, 3). One block (row_block(size)) per row: the row's maximum m
-// and log of its sum of exps as softmax_rows_kernel's log-softmax makes them, and the log-probability at the
-// target, (x[t] - m) - log_total, the element nll_mean_forward_kernel reads (0 where ignored).
+// and log of its sum of exps as softmax_rows_kernel's log-softmax makes them (row_max_and_exp_sum), and the
+// log-probability at the target, (x[t] - m) - log_total, the element nll_mean_forward_kernel reads (0 where
+// ignored).
 template <typename T>
 __global__ void cross_entropy_stats_kernel(int64_t rows, int64_t size, const T* x, const int64_t* target,
                                            int64_t ignore_index, T* stats) {
@@ -140,12 +153,7 @@ __global__ void cross_entropy_stats_kernel(int64_t rows, int64_t size, const T* 
   __shared__ double sum_shared[kMaxRowBlock];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // uniform per block
     const T* xr = x + r * size;
-    T m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) m = MaxCombine{}(m, xr[j]);
-    m = block_reduce(m, max_shared, MaxCombine{});
-    double sum = 0;
-    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) sum += static_cast<double>(exp(xr[j] - m));
-    sum = block_reduce(sum, sum_shared, SumCombine{});
+    const auto [m, sum] = row_max_and_exp_sum(xr, size, max_shared, sum_shared);
     if (threadIdx.x != 0) continue;  // every thread still meets the next row's barriers
     const T log_total = static_cast<T>(log(sum));
     const int64_t t = target[r];
