@@ -136,7 +136,8 @@ void DdpReducer::assign_buckets(std::vector<std::vector<size_t>> buckets) {
     // bucket per dtype and the buckets rebuilt from the gradients' order then take the same number of bytes, so
     // the rebuild gets the block just freed back from the device's cache (core/allocator.h caches by exact
     // size) instead of fresh memory for every bucket: a whole gradient's worth of first touches (page faults
-    // on CPU devices: about 1 s of the Llama small preset's first step after the rebuild on 4 CPU devices).
+    // on CPU devices: about 3 s added to the Llama small preset's first step after the rebuild on 4 CPU
+    // devices, docs/DATA_PARALLEL.md).
     std::map<DType, int64_t> dtype_numel;
     std::vector<int64_t> start(buckets_.size());
     for (size_t b = 0; b < buckets_.size(); ++b) {
