@@ -229,7 +229,8 @@ Tensor silu_mul(const Tensor& gate, const Tensor& up) {
   const Tensor g = gate.detach(), u = up.detach();
   Tensor y = Tensor::empty(gate.shape(), options_of(gate));
   dispatch(
-      gate.device(), [&] { kernels::silu_mul_cpu(gate.dtype(), gate.numel(), g.data_ptr(), u.data_ptr(), y.data_ptr()); },
+      gate.device(),
+      [&] { kernels::silu_mul_cpu(gate.dtype(), gate.numel(), g.data_ptr(), u.data_ptr(), y.data_ptr()); },
       [&](auto stream) {
         kernels::silu_mul_cuda(stream, gate.dtype(), gate.numel(), g.data_ptr(), u.data_ptr(), y.data_ptr());
       });
