@@ -24,7 +24,7 @@
 #   --no-bench             skip step 4;  --bench-only: steps 1 and 4 alone
 #   --filter=PATTERN       a gtest filter for step 2 (default: all tests); --cuda-filter=PATTERN: the filter
 #                          that selects CUDA tests in steps 3 and 5 (default *Cuda*:*CUDA*:*Gpu*:*GPU*:*Parity*)
-#   --only=NAMES           steps 2 and 3 run only these tests.tsv entries, comma-separated (any kind: a rerun
+#   --only=NAMES           steps 2, 3 and 5 run only these tests.tsv entries, comma-separated (any kind: a rerun
 #                          of what failed, e.g. --only=engine.ddp_test,tools.dpe.dpe_bench_test)
 #   --benches=REGEX        step 4 runs only the benchmarks whose names match this bash regex (e.g. 'cnn|profile')
 #   --rounds=N             step 4 runs the dpe-beside-PyTorch rows N times, alternating models (default 1;
@@ -591,6 +591,7 @@ if ((sanitizer)); then
       for line in "${suite[@]}"; do
         IFS=$'\t' read -r -a f <<<"$line"
         [[ "${f[1]}" == gtest ]] || continue
+        [[ -z "$only" || "$only" == *",${f[0]},"* ]] || continue
         # racecheck and synccheck look inside kernels (shared memory, __syncthreads), 10-100x slower than the
         # run itself: the core and collectives tests, which run every CUDA kernel dpe has (the parity tests),
         # are theirs; the engine's and layers' tests only compose the same kernels (memcheck runs them all).

@@ -39,6 +39,7 @@ SANITIZER
 chmod 755 "$fakes/nvidia-smi" "$fakes/compute-sanitizer"
 
 fail=0
+extra=()  # more arguments for run_suite.sh
 # check DESCRIPTION FAKE_SANITIZER FIXTURE_FAIL WANT_STATUS PATTERN...: the sanitizer pass exits with
 # WANT_STATUS and its console output holds every PATTERN.
 check() {
@@ -46,7 +47,7 @@ check() {
   shift 4
   local out status
   out=$(FAKE_SANITIZER="$mode" FIXTURE_FAIL="$fixture_fail" PATH="$fakes:$PATH" bash "$bundle/run_suite.sh" \
-    "$tmp/out" --sanitizer-only --sanitizer-tools=memcheck --cuda-filter='*Gpu*' --budget=120 2>&1)
+    "$tmp/out" --sanitizer-only --sanitizer-tools=memcheck --cuda-filter='*Gpu*' --budget=120 "${extra[@]}" 2>&1)
   status=$?
   local ok=1
   ((status == want)) || ok=0
@@ -67,4 +68,9 @@ check "no CUDA call, but the test failed: a failure" no-cuda 1 1 \
   "HostOnly.NamedLikeAGpuTest" "0 passed, 2 failed, 0 skipped"
 check "a clean run passes" clean 0 0 "fixture@memcheck" "1 passed, 0 failed, 0 skipped"
 check "sanitizer errors fail" errors 0 1 "3 SANITIZER ERRORS" "3 compute-sanitizer errors"
+# --only picks the sanitizer's tests too: the fixture named runs, any other list leaves it out.
+extra=(--only=fixture)
+check "--only naming the test" clean 0 0 "fixture@memcheck" "1 passed, 0 failed, 0 skipped"
+extra=(--only=core.norm_test)
+check "--only naming another test" errors 0 0 "0 passed, 0 failed, 0 skipped"
 exit $fail
