@@ -183,21 +183,26 @@ __global__ void cross_entropy_mean_kernel(int64_t rows, int64_t size, const T* s
   }
 }
 
-// x, dx: (rows, size); stats: (rows, 3); target: (rows); grad_out, count: one element. A thread per element:
-// log-softmax's backward (softmax_backward_rows_kernel's arithmetic) of nll_mean_backward_kernel's gradient,
-// g = -(grad_out / count) at the target and 0 elsewhere (all 0 where ignored), whose row sum is g itself; y is
-// recomputed from x and the stats.
+// x, dx: (rows, size); stats: (rows, 3); target: (rows); grad_out, count: one element. A block per row, its
+// threads over the row: log-softmax's backward (softmax_backward_rows_kernel's arithmetic) of
+// nll_mean_backward_kernel's gradient, g = -(grad_out / count) at the target and 0 elsewhere (all 0 where
+// ignored), whose row sum is g itself; y is recomputed from x and the stats.
 template <typename T>
 __global__ void cross_entropy_mean_backward_kernel(int64_t rows, int64_t size, const T* x, const T* stats,
                                                    const int64_t* target, int64_t ignore_index, const T* grad_out,
                                                    const T* count, T* dx) {
   const T g = -(*grad_out / *count);
-  for (int64_t i = first_index(); i < rows * size; i += grid_stride()) {
-    const int64_t r = i / size, j = i % size, t = target[r];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t t = target[r];
     const T total = target_ok(t, size, ignore_index) ? g : T(0);
-    const T dy = j == t ? total : T(0);
-    const T y = (x[i] - stats[3 * r]) - stats[3 * r + 1];
-    dx[i] = dy - exp(y) * total;
+    const T m = stats[3 * r], log_total = stats[3 * r + 1];
+    const T* xr = x + r * size;
+    T* dxr = dx + r * size;
+    for (int64_t j = threadIdx.x; j < size; j += blockDim.x) {
+      const T dy = j == t ? total : T(0);
+      const T y = (xr[j] - m) - log_total;
+      dxr[j] = dy - exp(y) * total;
+    }
   }
 }
 
@@ -269,7 +274,7 @@ void cross_entropy_mean_backward_cuda(cudaStream_t stream, DType dtype, int64_t 
   if (rows == 0 || size == 0) return;
   dispatch_compute_type(dtype, "cross_entropy_mean_backward_cuda", [&](auto tag) {
     using T = decltype(tag);
-    cross_entropy_mean_backward_kernel<T><<<grid_for(rows * size), kBlock, 0, stream>>>(
+    cross_entropy_mean_backward_kernel<T><<<row_grid(rows), kBlock, 0, stream>>>(
         rows, size, static_cast<const T*>(x), static_cast<const T*>(stats), target, ignore_index,
         static_cast<const T*>(grad_out), static_cast<const T*>(count), static_cast<T*>(dx));
     DPE_CUDA_CHECK_LAUNCH();
