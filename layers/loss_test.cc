@@ -154,7 +154,8 @@ TEST(LossTest, FusedCrossEntropyIsTheCompositionBitForBit) {
 
 // On CUDA devices the fused cross-entropy mean (two kernels forward, one backward) gives the bits of the CUDA
 // composition, log_softmax then nll_loss: rows below and above a block's 256 threads, more rows than the mean
-// kernel's threads, ignored targets, every target ignored (NaN); and the forward makes no (N, C) tensor.
+// kernel's threads and than the row kernels' 65,536 blocks, ignored targets, every target ignored (NaN); and the
+// forward makes no (N, C) tensor.
 TEST(LossTest, FusedCrossEntropyIsTheCompositionBitForBitOnCuda) {
   if (!dpe::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Device gpu = Device::cuda(0);
@@ -165,7 +166,7 @@ TEST(LossTest, FusedCrossEntropyIsTheCompositionBitForBitOnCuda) {
   };
   for (const Case& c : {Case{37, 10, DType::Float32, false}, Case{300, 1000, DType::Float32, false},
                         Case{37, 50304, DType::Float32, false}, Case{9, 300, DType::Float64, false},
-                        Case{5, 7, DType::Float32, true}}) {
+                        Case{5, 7, DType::Float32, true}, Case{70000, 3, DType::Float32, false}}) {
     manual_seed(static_cast<uint64_t>(c.classes));
     Tensor x = mul(randn({c.rows, c.classes}, TensorOptions(c.dtype)), 4.0).to(gpu);
     std::vector<int64_t> t(static_cast<size_t>(c.rows));

@@ -178,11 +178,12 @@ TEST(NormOpsTest, CudaMatchesCpu) {
 
 // rms_norm is one kernel forward and two backward on CUDA (kernels/rms_norm.h): the CPU kernel's numbers up to
 // the order of the row sums (float32: a few ulps), with and without a weight; 150 rows cross the dweight
-// kernel's blocks of 64 rows, and a width of 300 a block of 256 threads.
+// kernel's blocks of 64 rows, a width of 300 a block of 256 threads, and 70,000 rows the 65,536 blocks of the
+// row kernels (dweight's sum over them gets a wider tolerance below).
 TEST(NormOpsTest, RmsNormOnCudaMatchesCpuForwardAndBackward) {
   if (!dpe::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Device gpu = Device::cuda(0), cpu = Device::cpu(0);
-  for (const Shape& shape : {Shape{150, 300}, Shape{2, 3, 32}, Shape{1, 1}}) {
+  for (const Shape& shape : {Shape{150, 300}, Shape{2, 3, 32}, Shape{1, 1}, Shape{70000, 8}}) {
     for (bool weighted : {true, false}) {
       const Tensor x = randn(shape) * 3.0 + 0.25, dy = randn(shape);
       const Tensor w = randn({shape.back()});
@@ -194,8 +195,9 @@ TEST(NormOpsTest, RmsNormOnCudaMatchesCpuForwardAndBackward) {
       yc.backward(dy);
       yg.backward(dy.to(gpu));
       EXPECT_LT(max_abs_diff(xg.grad().to(cpu), xc.grad()), 1e-5) << shape_str(shape) << " weight " << weighted;
-      if (weighted) {
-        EXPECT_LT(max_abs_diff(wg.grad().to(cpu), wc.grad()), 1e-4) << shape_str(shape);
+      if (weighted) {  // a float32 sum over every row, in blocks of 64: its rounding grows with the rows
+        EXPECT_LT(max_abs_diff(wg.grad().to(cpu), wc.grad()), 1e-4 * std::max<int64_t>(1, shape[0] / 1000))
+            << shape_str(shape);
       }
     }
   }

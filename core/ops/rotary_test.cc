@@ -113,6 +113,11 @@ TEST(RotaryEmbTest, CudaMatchesCpuAndTheComposition) {
   reference.backward(dy.to(gpu));
   EXPECT_EQ(max_abs_diff(b.grad().to(Device::cpu(0)), a.grad()), 0.0);
   EXPECT_EQ(max_abs_diff(b.grad(), c.grad()), 0.0);
+  // More elements than the kernel's grid has threads (65,536 blocks of 256): its grid-stride loop.
+  const Tensor big = randn({1, 4100, 64, 64}), big_cos = randn({4100, 64}), big_sin = randn({4100, 64});
+  EXPECT_EQ(max_abs_diff(apply_rotary_emb(heads(big.to(gpu)), big_cos.to(gpu), big_sin.to(gpu)).to(Device::cpu(0)),
+                         apply_rotary_emb(heads(big), big_cos, big_sin)),
+            0.0);
 }
 
 }  // namespace
