@@ -12,8 +12,9 @@ tokens, as `dpe bench --model llama`) and prints one JSON object per configurati
 
 llama rows add "llama_preset", "seq_len", "vocab" and "tokens_per_s" (samples_per_s * seq_len; dpe computes
 its own from samples_per_s). CPU rows (single-*, ddp-gloo*) add "peak_rss_bytes": the peak resident set of each
-of the configuration's processes while it ran (by rank), which stands for a device's memory there; CUDA rows add "peak_cuda_bytes", torch.cuda.max_memory_allocated() over the run. A configuration that cannot run here prints "skipped": "<why>" in place of the
-numbers (step_ms and samples_per_s are null). Everything else (progress, warnings) goes to stderr. Exit
+of the configuration's processes while it ran (by rank), which stands for a device's memory there; CUDA rows
+(cuda*) add "peak_cuda_bytes", torch.cuda.max_memory_allocated() over the run. A configuration that cannot run
+here prints "skipped": "<why>" in place of the numbers (step_ms and samples_per_s are null). Everything else (progress, warnings) goes to stderr. Exit
 status: 0 on success, 2 when the data files are missing, 3 when torch cannot be imported, 1 on bad arguments
 or a failed run.
 
@@ -700,15 +701,20 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_ARGS, f"{self.prog}: error: {message}\n")
 
 
+# The configurations besides single and single-Nt (the module docstring says what each runs; dpe bench's
+# kPytorchNamedConfigs, tools/dpe/bench.h, lists the same).
+NAMED_CONFIGS = ("cuda", "cuda-bf16", "cuda-bf16-compile", "dp", "ddp-gloo", "ddp-gloo-no-sync")
+CONFIG_LIST = ", ".join(("single", "single-Nt") + NAMED_CONFIGS)
+
+
 def parse_config(name, threads):
     if name == "single":
         return ("single", threads)
     if name.startswith("single-") and name.endswith("t") and name[7:-1].isdigit() and int(name[7:-1]) > 0:
         return ("single", int(name[7:-1]))
-    if name in ("cuda", "cuda-bf16", "cuda-bf16-compile", "dp", "ddp-gloo", "ddp-gloo-no-sync"):
+    if name in NAMED_CONFIGS:
         return (name, None)
-    raise ValueError(f"unknown config {name!r} (known: single, single-Nt, cuda, cuda-bf16, cuda-bf16-compile, dp, "
-                     "ddp-gloo, ddp-gloo-no-sync)")
+    raise ValueError(f"unknown config {name!r} (known: {CONFIG_LIST})")
 
 
 def main(argv=None):
@@ -726,9 +732,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
     p.add_argument("--configs", default="single-1t,single-2t,ddp-gloo",
-                   help="comma-separated: single, single-Nt, cuda, cuda-bf16, cuda-bf16-compile, dp, ddp-gloo, "
-                   "ddp-gloo-no-sync (default "
-                   "single-1t,single-2t,ddp-gloo)")
+                   help=f"comma-separated: {CONFIG_LIST} (default single-1t,single-2t,ddp-gloo)")
     p.add_argument("--threads", type=int, default=2,
                    help="cores to use: threads of 'single'; ddp-gloo's 2 processes get threads // 2 each (default 2)")
     p.add_argument("--samples", type=int, default=8192,

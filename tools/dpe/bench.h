@@ -3,6 +3,7 @@
 // (bench_pytorch.cc), the report (bench_report.cc).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -109,8 +110,13 @@ std::vector<Row> median_rounds(std::vector<std::vector<Row>> rounds);
 // ---- PyTorch's side (bench_pytorch.cc) ----
 
 // The configurations tools/bench/pytorch_reference.py knows (its parse_config): single, single-Nt (N >= 1
-// threads), cuda, cuda-bf16, cuda-bf16-compile, dp, ddp-gloo, ddp-gloo-no-sync. Checked at start-up, so that a typo fails before dpe's runs.
+// threads) and kPytorchNamedConfigs. Checked at start-up, so that a typo fails before dpe's runs.
+inline constexpr std::array<const char*, 6> kPytorchNamedConfigs = {
+    "cuda", "cuda-bf16", "cuda-bf16-compile", "dp", "ddp-gloo", kPytorchNoSyncConfig};
 bool is_pytorch_config(const std::string& c);
+// "single, single-Nt<threads>, cuda, ..., <last_separator>ddp-gloo-no-sync": every configuration, for the help
+// and the errors.
+std::string pytorch_config_list(const std::string& threads, const std::string& last_separator);
 // --pytorch-script, or the repository's tools/bench/pytorch_reference.py.
 std::string pytorch_script_path(const BenchArgs& args);
 // PyTorch's rows: the script run (python3, an argument vector, under --pytorch-timeout) on the first `samples`

@@ -86,9 +86,8 @@ std::vector<Device> check_before_work(BenchArgs& args) {
   set_cudnn_benchmark(args.cudnn_benchmark, args.deterministic, devices);
   if (args.compare_pytorch) {
     for (const std::string& c : args.pytorch_configs) {
-      DPE_CHECK(is_pytorch_config(c), "--pytorch-configs '", c, "': unknown configuration; expected single, "
-                "single-Nt (N >= 1 threads), cuda, cuda-bf16, cuda-bf16-compile, dp, ddp-gloo or ddp-gloo-no-sync "
-                "(the ones tools/bench/pytorch_reference.py knows)");
+      DPE_CHECK(is_pytorch_config(c), "--pytorch-configs '", c, "': unknown configuration; expected ",
+                pytorch_config_list(" (N >= 1 threads)", " or "), " (the ones tools/bench/pytorch_reference.py knows)");
     }
     DPE_CHECK(!args.pytorch_configs.empty(), "--pytorch-configs: expected at least one configuration");
     DPE_CHECK(args.pytorch_timeout <= kMaxHelperSeconds, "--pytorch-timeout ", args.pytorch_timeout,
@@ -226,8 +225,7 @@ void add_bench_command(CLI::App& app) {
   CLI::Option* compare = cmd->add_flag("--compare-pytorch", args->compare_pytorch,
                                        "also run tools/bench/pytorch_reference.py (Debian python3-torch)");
   add_name_list_option(*cmd, "--pytorch-configs", args->pytorch_configs,
-                       "PyTorch configurations: single, single-Nt, cuda, cuda-bf16, cuda-bf16-compile, dp, "
-                       "ddp-gloo, ddp-gloo-no-sync (with --compare-pytorch)")
+                       "PyTorch configurations: " + pytorch_config_list("", ", ") + " (with --compare-pytorch)")
       ->needs(compare);
   add_path_option(*cmd, "--pytorch-python", args->pytorch_python,
                   "the python3 whose torch runs the PyTorch side (an executable path, run directly; default "

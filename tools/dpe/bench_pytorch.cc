@@ -12,16 +12,21 @@
 namespace dpe::tool::bench {
 
 bool is_pytorch_config(const std::string& c) {
-  if (c == "single" || c == "cuda" || c == "cuda-bf16" || c == "cuda-bf16-compile" || c == "dp" || c == "ddp-gloo" ||
-      c == kPytorchNoSyncConfig) {
-    return true;
-  }
+  if (c == "single" || std::ranges::find(kPytorchNamedConfigs, c) != kPytorchNamedConfigs.end()) return true;
   if (c.size() < 9 || c.rfind("single-", 0) != 0 || c.back() != 't') return false;
   const std::string threads = c.substr(7, c.size() - 8);
   if (threads.size() > 4 || !std::all_of(threads.begin(), threads.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
     return false;
   }
   return std::stoi(threads) > 0;
+}
+
+std::string pytorch_config_list(const std::string& threads, const std::string& last_separator) {
+  std::string out = "single, single-Nt" + threads;
+  for (size_t i = 0; i < kPytorchNamedConfigs.size(); ++i) {
+    out += (i + 1 == kPytorchNamedConfigs.size() ? last_separator : ", ") + std::string(kPytorchNamedConfigs[i]);
+  }
+  return out;
 }
 
 std::string pytorch_script_path(const BenchArgs& args) {
