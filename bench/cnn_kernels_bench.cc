@@ -10,16 +10,14 @@
 #include <omp.h>
 #include <tbb/task_arena.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench/best_time.h"
 #include "core/dtype.h"
 #include "core/kernels/conv.h"
 #include "core/kernels/conv_pool.h"
@@ -31,22 +29,8 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using dpe::bench::best_ms;
 namespace k = dpe::kernels;
-
-// The best time of one call in ms: calls repeated until min_seconds have
-// passed, at least 5 times.
-double best_ms(double min_seconds, const std::function<void()>& call) {
-  call();  // warm the caches and page in the buffers
-  double best = 1e30;
-  const Clock::time_point start = Clock::now();
-  for (int rep = 0; rep < 5 || std::chrono::duration<double>(Clock::now() - start).count() < min_seconds; ++rep) {
-    const Clock::time_point t = Clock::now();
-    call();
-    best = std::min(best, std::chrono::duration<double, std::milli>(Clock::now() - t).count());
-  }
-  return best;
-}
 
 // bytes: what the kernel reads and writes at least; 0 for a compute-bound kernel (no rate printed).
 void report(const std::string& name, double ms, double bytes) {

@@ -8,35 +8,20 @@
 #include <omp.h>
 #include <tbb/task_arena.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "bench/best_time.h"
 #include "core/dtype.h"
 #include "core/kernels/elementwise.h"
 #include "core/kernels/optimizer.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using dpe::bench::best_ms;
 namespace k = dpe::kernels;
-
-// The best time of one call in ms: calls repeated until min_seconds have passed, at least 3 times.
-double best_ms(double min_seconds, const std::function<void()>& call) {
-  call();  // page in the buffers
-  double best = 1e30;
-  const Clock::time_point start = Clock::now();
-  for (int rep = 0; rep < 3 || std::chrono::duration<double>(Clock::now() - start).count() < min_seconds; ++rep) {
-    const Clock::time_point t = Clock::now();
-    call();
-    best = std::min(best, std::chrono::duration<double, std::milli>(Clock::now() - t).count());
-  }
-  return best;
-}
 
 // bytes: what the step reads and writes at least.
 void report(const std::string& name, double ms, double bytes, double axpy_rate) {
