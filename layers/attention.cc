@@ -131,6 +131,18 @@ const functional::RotaryTables& CausalSelfAttention::tables_for(int64_t T, const
   return tables_;
 }
 
+namespace {
+
+// key_padding_mask (B, T), any dtype and device, nonzero = real token  ->  fused_causal_attention's key_keep:
+// float32 1 or 0 on x's device, made on the host (attention_masks reads the mask there too).
+Tensor key_keep_for(const Tensor& key_padding_mask, const Tensor& x) {
+  std::vector<double> keep = key_padding_mask.to_vector<double>();
+  for (double& k : keep) k = k != 0.0 ? 1.0 : 0.0;
+  return Tensor::from_vector(keep, key_padding_mask.shape(), TensorOptions(DType::Float32).with_device(x.device()));
+}
+
+}  // namespace
+
 const Tensor& CausalSelfAttention::causal_mask_for(int64_t T, const Tensor& x) {
   if (!causal_mask_.defined() || causal_mask_.size(0) != T || causal_mask_.dtype() != x.dtype() ||
       causal_mask_.device() != x.device()) {
@@ -157,32 +169,36 @@ Tensor CausalSelfAttention::forward_impl(const Tensor& x, const Tensor& key_padd
   Tensor k = functional::apply_rotary_emb(heads(wk->forward(x), KV), rope.cos, rope.sin);  // (B, KV, T, hd)
   Tensor v_proj = wv->forward(x);                                                          // (B, T, KV * hd)
   Tensor v = heads(v_proj, KV);                                                            // (B, KV, T, hd)
-  if (n_rep > 1) {
-    // Note [Grouped-query attention by repetition]: the kernels below take one key/value head per query head,
-    // so each of the KV heads is repeated n_rep times (HF's repeat_kv), after RoPE (applied to KV heads, not
-    // H). k: (B, KV, T, hd) -> (B, H, T, hd), one copy. v is repeated in its projection's (B, T, KV, hd)
-    // layout -> (B, T, H, hd), one copy, then permuted as a view, so that the fused kernels write the output
-    // in (B, T, H, hd) memory and the permute back below stays a view, as without GQA. A fused GQA kernel
-    // that read key/value head h / n_rep in place would save these two copies (2 B T H hd elements written
-    // and kept alive for the backward, where the projections made 2 B T KV hd) and the backward's sum of each
-    // group's gradients; the products and the softmax cost the same either way.
-    k = functional::repeat_kv(k, n_rep, /*heads_dim=*/1);
-    v = functional::repeat_kv(v_proj.view({B, T, KV, hd}), n_rep, /*heads_dim=*/2).permute({0, 2, 1, 3});
-  }
-
-  // (B, H, T, hd): softmax over the keys of the scaled, masked scores, times v (core/ops/attention.h: the fused
-  // CPU kernels for causal attention read v's permuted view as it is and write the output in (B, T, H, hd)
-  // memory, so the permute back below is a view).
-  Tensor out;
-  if (key_padding_mask.defined()) {
-    functional::AttentionMasks masks =
-        functional::attention_masks(T, key_padding_mask, TensorOptions(x.dtype()).with_device(x.device()));
-    out = scaled_dot_product_attention(q, k, v, masks.additive);
-    if (masks.keep.defined()) out = out * masks.keep;  // rows without a visible key -> 0
-  } else if (fused_causal_attention_applies(q, k, v)) {
-    out = scaled_dot_product_attention(q, k, v, Tensor(), /*is_causal=*/true);
+  const bool padded = key_padding_mask.defined();
+  Tensor out;  // (B, H, T, hd): softmax over the keys of the scaled, masked scores, times v
+  if (fused_causal_attention_applies(q, k, v, padded)) {
+    // The fused kernels (core/ops/attention.h): on CUDA they read each key/value head for its group of query
+    // heads in place and hide the padding keys themselves; on CPU they take this branch without GQA or padding.
+    // Either way they write the output in (B, T, H, hd) memory, so the permute back below is a view.
+    out = fused_causal_attention(q, k, v, padded ? key_keep_for(key_padding_mask, x) : Tensor());
   } else {
-    out = scaled_dot_product_attention(q, k, v, causal_mask_for(T, x));  // the device keeps its mask
+    if (n_rep > 1) {
+      // Note [Grouped-query attention by repetition]: the CPU kernels and the composition take one key/value
+      // head per query head, so each of the KV heads is repeated n_rep times (HF's repeat_kv), after RoPE
+      // (applied to KV heads, not H). k: (B, KV, T, hd) -> (B, H, T, hd), one copy. v is repeated in its
+      // projection's (B, T, KV, hd) layout -> (B, T, H, hd), one copy, then permuted as a view, so that the
+      // fused CPU kernels write the output in (B, T, H, hd) memory and the permute back below stays a view, as
+      // without GQA. The CUDA kernels read head h / n_rep in place instead, which saves these two copies (2 B
+      // T H hd elements written and kept alive for the backward) and the backward's sum of each group's
+      // gradients.
+      k = functional::repeat_kv(k, n_rep, /*heads_dim=*/1);
+      v = functional::repeat_kv(v_proj.view({B, T, KV, hd}), n_rep, /*heads_dim=*/2).permute({0, 2, 1, 3});
+    }
+    if (padded) {
+      functional::AttentionMasks masks =
+          functional::attention_masks(T, key_padding_mask, TensorOptions(x.dtype()).with_device(x.device()));
+      out = scaled_dot_product_attention(q, k, v, masks.additive);
+      if (masks.keep.defined()) out = out * masks.keep;  // rows without a visible key -> 0
+    } else if (fused_causal_attention_applies(q, k, v)) {
+      out = scaled_dot_product_attention(q, k, v, Tensor(), /*is_causal=*/true);
+    } else {
+      out = scaled_dot_product_attention(q, k, v, causal_mask_for(T, x));  // the device keeps its mask
+    }
   }
   // (B, H, T, hd) -> (B, T, H*hd)
   return wo->forward(out.permute({0, 2, 1, 3}).reshape({B, T, dim_}));

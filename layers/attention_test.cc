@@ -300,6 +300,30 @@ TEST(AttentionTest, GroupedQueryPaddingAndLeftPaddedEqualsUnpadded) {
   EXPECT_LT(testing::max_relative_error(padded.narrow(1, 2, 4), alone), 1e-10);
 }
 
+// On a CUDA device the layer runs the fused kernels with its key/value heads in place and the padding keys hidden
+// by the kernel (float32 products); on the CPU it repeats the heads and composes the padding mask. The same
+// outputs and gradients to float32 sums' order, with left padding whose first queries see no key.
+TEST(AttentionTest, GroupedQueryWithPaddingOnCudaMatchesTheCpu) {
+  if (!dpe::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = Device::cuda(0);
+  auto cpu = make_gqa(64, 4, 2, 70, DType::Float32);
+  auto cuda = clone_module(*cpu, gpu);
+  const Tensor x = randn({2, 70, 64}), dy = randn({2, 70, 64});
+  std::vector<int64_t> real(2 * 70, 1);
+  for (int64_t t = 0; t < 5; ++t) real[static_cast<size_t>(70 + t)] = 0;  // sequence 1: 5 padding tokens first
+  const Tensor mask = Tensor::from_vector(real, {2, 70});
+  Tensor xc = x.clone().set_requires_grad(true), xg = x.to(gpu).set_requires_grad(true);
+  Tensor yc = cpu->forward(xc, mask), yg = cuda->forward(xg, mask);
+  yc.backward(dy);
+  yg.backward(dy.to(gpu));
+  auto error = [](const Tensor& a, const Tensor& b) { return max_abs_diff(a.to(Device::cpu(0)), b) / max_abs(b); };
+  EXPECT_LT(error(yg, yc), 1e-5);
+  EXPECT_EQ(max_abs(yg.to(Device::cpu(0)).narrow(0, 1, 1).narrow(1, 0, 5)), 0.0);  // no visible key
+  EXPECT_LT(error(xg.grad(), xc.grad()), 1e-4);
+  const StateDict gc = cpu->named_parameters(), gg = cuda->named_parameters();
+  for (size_t i = 0; i < gc.size(); ++i) EXPECT_LT(error(gg[i].second.grad(), gc[i].second.grad()), 1e-4) << gc[i].first;
+}
+
 // Multi-head attention (num_kv_heads == num_heads, given or defaulted) repeats nothing: it is the plain
 // composition of projections, RoPE, attention and wo, op for op, so the same bits forward and backward, on the
 // fused and the masked paths.
