@@ -106,13 +106,13 @@ struct Pitches {
 };
 
 // Hands out 128-byte-aligned pieces of the dynamic shared memory in a fixed order, so that the host (for the
-// size) and the kernel (for the pointers) walk the same layout.
+// size, with a null base) and the kernel (for the pointers) walk the same layout.
 class SmemCarver {
  public:
   __host__ __device__ explicit SmemCarver(unsigned char* base) : base_(base) {}
   template <typename T>
   __host__ __device__ T* take(int64_t count) {
-    T* p = reinterpret_cast<T*>(base_ + offset_);
+    T* p = base_ != nullptr ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
     offset_ += (static_cast<int64_t>(sizeof(T)) * count + 127) / 128 * 128;
     return p;
   }

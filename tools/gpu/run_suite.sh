@@ -423,6 +423,11 @@ if ((bench)); then
     run_bench "llama_124m_bf16" "" "$dpe_tool" bench --model llama --llama-preset 124m --modes single,ddp \
       --precision bf16 --batch-size 8 --steps "$bench_steps" --warmup "$bench_warmup" \
       --json "$results/bench/llama_124m_bf16.json"
+    # Its attention alone, forward + backward: the fused kernels beside the composition, float32 and bfloat16,
+    # multi-head and with 4 key/value heads (bench/attention_bench.cc).
+    for kv in 12 4; do
+      run_bench "attention_124m_kv$kv" "" "$bundle/bin/bench/bench.attention_bench" --device=cuda:0 --kv-heads=$kv
+    done
     # Its memory on two logical devices of the first GPU: DDP against ZeRO-1 and ZeRO-2 (a half of the optimizer
     # state, and of the gradients, per device), with and without activation checkpointing; the table's memory
     # lines split each peak (docs/DATA_PARALLEL.md "Memory").
