@@ -95,7 +95,8 @@ Tensor composed(const Tensor& q, const Tensor& k, const Tensor& v) {
   auto repeat = [&](const Tensor& t) {
     return Hkv == H ? t : t.unsqueeze(2).expand({B, Hkv, H / Hkv, T, d}).reshape({B, H, T, d});
   };
-  return scaled_dot_product_attention(q, repeat(k), repeat(v), causal_attention_mask(T, T, TensorOptions(q.dtype()).with_device(q.device())));
+  const Tensor mask = causal_attention_mask(T, T, TensorOptions(q.dtype()).with_device(q.device()));
+  return scaled_dot_product_attention(q, repeat(k), repeat(v), mask);
 }
 
 int run(int argc, char** argv) {
@@ -107,7 +108,7 @@ int run(int argc, char** argv) {
   const Tensor k = randn({B, T, Hkv, d}, options).permute({0, 2, 1, 3});
   const Tensor v = randn({B, T, Hkv, d}, options).permute({0, 2, 1, 3});
   const Tensor dout = randn({B, H, T, d}, options);
-  const double gflop = 3.5 * 2.0 * static_cast<double>(B * H) * static_cast<double>(T * T) * static_cast<double>(d) / 1e9;
+  const double gflop = 3.5 * 2.0 * static_cast<double>(B * H * T) * static_cast<double>(T * d) / 1e9;
   std::printf("# causal attention on %s: B %lld, heads %lld (key/value heads %lld), T %lld, d %lld; %.1f GFLOP per "
               "forward + backward (causal, FlashAttention's count)\n",
               o.device.str().c_str(), static_cast<long long>(B), static_cast<long long>(H),

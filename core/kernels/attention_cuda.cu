@@ -397,7 +397,8 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(Params p) {
       __syncwarp();
       for (int e = lane; e < kRows * kTile; e += 32) {  // dS^T = P^T (dP^T - dot) * scale
         const int kr = e / kTile, qc = e % kTile;
-        dSt[kr * ld.prob + qc] = to_op<Op>(from_op(Pt[kr * ld.prob + qc]) * (S[kr * ld.score + qc] - sm.dot[qc]) * p.scale);
+        const float pr = from_op(Pt[kr * ld.prob + qc]);
+        dSt[kr * ld.prob + qc] = to_op<Op>(pr * (S[kr * ld.score + qc] - sm.dot[qc]) * p.scale);
       }
       __syncwarp();
       warp_mma<Op, false>(dSt, ld.prob, sm.q, ld.op, dK, ld.acc, dp, kTile, true);  // dk += dS^T q

@@ -167,8 +167,8 @@ Tensor causal_attention_mask(int64_t L, int64_t S, TensorOptions options) {
 
 bool fused_causal_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool key_padding) {
   if (q.device().is_cuda()) return cuda_kernels_apply(q, k, v);
-  return !key_padding && q.device().is_cpu() && q.dtype() == DType::Float32 && q.dim() >= 2 && q.shape() == k.shape() &&
-         q.shape() == v.shape() && k.device() == q.device() && v.device() == q.device() &&
+  return !key_padding && q.device().is_cpu() && q.dtype() == DType::Float32 && q.dim() >= 2 &&
+         q.shape() == k.shape() && q.shape() == v.shape() && k.device() == q.device() && v.device() == q.device() &&
          k.dtype() == DType::Float32 && v.dtype() == DType::Float32 && q.numel() > 0 &&
          !amp::lower_precision_dtype(q.device());
 }
