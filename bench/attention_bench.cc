@@ -71,10 +71,11 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// One forward and backward of `attention` on fresh leaves viewing q, k, v, finished on the device.
-double best_ms(const Options& o, std::optional<DType> autocast,
-               Tensor (*attention)(const Tensor&, const Tensor&, const Tensor&), const Tensor& q, const Tensor& k,
-               const Tensor& v, const Tensor& dout) {
+// The best time in ms of one forward and backward of `attention` on fresh leaves viewing q, k, v, finished on
+// the device.
+double fwd_bwd_ms(const Options& o, std::optional<DType> autocast,
+                  Tensor (*attention)(const Tensor&, const Tensor&, const Tensor&), const Tensor& q, const Tensor& k,
+                  const Tensor& v, const Tensor& dout) {
   return dpe::bench::best_ms(o.seconds, [&] {
     const Tensor qa = q.detach().set_requires_grad(true), ka = k.detach().set_requires_grad(true),
                  va = v.detach().set_requires_grad(true);
@@ -133,7 +134,7 @@ int run(int argc, char** argv) {
                     "fused", "-", "-");
         continue;
       }
-      const double ms = best_ms(o, autocast, use_fused ? fused : composed, q, k, v, dout);
+      const double ms = fwd_bwd_ms(o, autocast, use_fused ? fused : composed, q, k, v, dout);
       std::printf("%-10s %-12s %12.3f %10.2f\n", precision.c_str(), use_fused ? "fused" : "composition", ms,
                   gflop / ms);
       std::fflush(stdout);

@@ -42,4 +42,11 @@ void dispatch_cpu_only(const Device& device, CpuFn&& cpu) {
   dispatch(device, cpu, [&](auto) { DPE_INTERNAL_ASSERT(false, "a CPU-only kernel on ", device); });
 }
 
+// dispatch() for a kernel only CUDA devices have, the caller having checked the device; `cuda` is generic as
+// in dispatch().
+template <typename CudaFn>
+void dispatch_cuda_only(const Device& device, CudaFn&& cuda) {
+  dispatch(device, [&] { DPE_INTERNAL_ASSERT(false, "a CUDA-only kernel on ", device); }, cuda);
+}
+
 }  // namespace dpe

@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "core/kernels/attention.h"
 #include "core/kernels/cuda_launch.cuh"
@@ -471,11 +472,22 @@ void dispatch_operand(DType operand, F&& f) {
   DPE_CHECK(false, "causal attention (CUDA): operand dtype ", operand, " is not float32, bfloat16 or float16");
 }
 
+// The current device's opt-in shared memory per block. Asked of every device once: the op asks before each
+// call whether the kernels apply.
 int max_shared_memory_per_block() {
-  int device = 0, bytes = 0;
+  static const std::vector<int> limits = [] {
+    int count = 0;
+    DPE_CUDA_CHECK(cudaGetDeviceCount(&count));
+    std::vector<int> bytes(static_cast<size_t>(count));
+    for (int device = 0; device < count; ++device) {
+      DPE_CUDA_CHECK(cudaDeviceGetAttribute(&bytes[static_cast<size_t>(device)],
+                                            cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    }
+    return bytes;
+  }();
+  int device = 0;
   DPE_CUDA_CHECK(cudaGetDevice(&device));
-  DPE_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes;
+  return limits.at(static_cast<size_t>(device));
 }
 
 Params params_of(const AttentionCudaShape& s) {

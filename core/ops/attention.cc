@@ -17,6 +17,7 @@ namespace dpe {
 
 using detail::empty_strided_if_dense;
 using detail::options_of;
+using detail::with_unit_last_stride;
 
 namespace {
 
@@ -29,7 +30,7 @@ struct Matrices {
   Tensor t;
   std::vector<int64_t> offsets;
 
-  explicit Matrices(const Tensor& x) : t(x.strides().back() == 1 ? x : x.contiguous()) {
+  explicit Matrices(const Tensor& x) : t(with_unit_last_stride(x)) {
     const int64_t lead = t.dim() - 2;
     int64_t count = 1;
     for (int64_t d = 0; d < lead; ++d) count *= t.size(d);
@@ -85,15 +86,13 @@ kernels::AttentionHeads heads_of(const Tensor& t) {
   return {static_cast<float*>(t.data_ptr()), t.strides()[0], t.strides()[1], t.strides()[2]};
 }
 
-Tensor unit_feature_stride(const Tensor& t) { return t.strides().back() == 1 ? t : t.contiguous(); }
-
 // q (B, H, T, d), k and v (B, Hkv, T, d), key_keep (B, T) contiguous or undefined: fused_causal_attention_applies
 // holds. The output is (B, T, H, d) memory seen as (B, H, T, d), so that attention's permute back to
 // (B, T, H * d) is a view; the backward keeps the inputs, the output and the log-sum-exps (B, H, T).
 Tensor fused_causal_attention_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& key_keep,
                                    double scale) {
-  const Tensor q = unit_feature_stride(q_in.detach()), k = unit_feature_stride(k_in.detach()),
-               v = unit_feature_stride(v_in.detach());
+  const Tensor q = with_unit_last_stride(q_in.detach()), k = with_unit_last_stride(k_in.detach()),
+               v = with_unit_last_stride(v_in.detach());
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
   const kernels::AttentionCudaShape shape{
       .B = B,
@@ -106,26 +105,22 @@ Tensor fused_causal_attention_cuda(const Tensor& q_in, const Tensor& k_in, const
       .key_keep = key_keep.defined() ? static_cast<const float*>(key_keep.data_ptr()) : nullptr};
   Tensor out = Tensor::empty({B, T, H, d}, options_of(q)).permute({0, 2, 1, 3});
   const Tensor lse = Tensor::empty({B, H, T}, options_of(q));
-  dispatch(
-      q.device(), [] { DPE_INTERNAL_ASSERT(false, "CUDA attention on a CPU device"); },
-      [&](auto stream) {
-        kernels::causal_attention_forward_cuda(stream, shape, heads_of(q), heads_of(k), heads_of(v), heads_of(out),
-                                               static_cast<float*>(lse.data_ptr()));
-      });
+  dispatch_cuda_only(q.device(), [&](auto stream) {
+    kernels::causal_attention_forward_cuda(stream, shape, heads_of(q), heads_of(k), heads_of(v), heads_of(out),
+                                           static_cast<float*>(lse.data_ptr()));
+  });
   // The node keeps out detached: out itself would hold the node that holds it.
   autograd::record(out, {q_in, k_in, v_in}, "ScaledDotProductAttentionBackward",
                    [shape, q, k, v, key_keep, saved = out.detach(), lse](const Tensor& g) {
-                     const Tensor dout = unit_feature_stride(g);
+                     const Tensor dout = with_unit_last_stride(g);
                      Tensor dq = empty_like_layout(q), dk = empty_like_layout(k), dv = empty_like_layout(v);
                      Tensor dots = Tensor::empty({shape.B * shape.H * shape.T}, options_of(q));
-                     dispatch(
-                         g.device(), [] { DPE_INTERNAL_ASSERT(false, "CUDA attention on a CPU device"); },
-                         [&](auto stream) {
-                           kernels::causal_attention_backward_cuda(
-                               stream, shape, heads_of(q), heads_of(k), heads_of(v), heads_of(saved),
-                               static_cast<const float*>(lse.data_ptr()), heads_of(dout), heads_of(dq), heads_of(dk),
-                               heads_of(dv), static_cast<float*>(dots.data_ptr()));
-                         });
+                     dispatch_cuda_only(g.device(), [&](auto stream) {
+                       kernels::causal_attention_backward_cuda(
+                           stream, shape, heads_of(q), heads_of(k), heads_of(v), heads_of(saved),
+                           static_cast<const float*>(lse.data_ptr()), heads_of(dout), heads_of(dq), heads_of(dk),
+                           heads_of(dv), static_cast<float*>(dots.data_ptr()));
+                     });
                      return std::vector<Tensor>{dq, dk, dv};
                    });
   return out;
@@ -144,9 +139,14 @@ bool cuda_kernels_apply(const Tensor& q, const Tensor& k, const Tensor& v) {
   }
   const DType operand = amp::lower_precision_dtype(q.device()).value_or(DType::Float32);
   bool fits = false;
-  dispatch(
-      q.device(), [] {}, [&](auto) { fits = kernels::causal_attention_cuda_fits(operand, d); });
+  dispatch_cuda_only(q.device(), [&](auto) { fits = kernels::causal_attention_cuda_fits(operand, d); });
   return fits;
+}
+
+// The fused kernels of q's device, fused_causal_attention_applies(q, k, v, key_keep.defined()) having held.
+Tensor fused_kernels(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_keep, double scale) {
+  return q.device().is_cpu() ? fused_causal_attention_cpu(q, k, v, scale)
+                             : fused_causal_attention_cuda(q, k, v, key_keep, scale);
 }
 
 Shape with_last_two(Shape lead, int64_t a, int64_t b) {
@@ -186,7 +186,6 @@ Tensor fused_causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
             kernels::kAttentionCudaMaxD, "); fused_causal_attention_applies says which");
   DPE_CHECK(!scale || std::isfinite(*scale), op, ": scale must be finite, got ", scale.value_or(0.0));
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  if (q.device().is_cpu()) return fused_causal_attention_cpu(q, k, v, s);
   Tensor keep;
   if (key_keep.defined()) {
     DPE_CHECK(key_keep.shape() == (Shape{q.size(0), q.size(2)}) && key_keep.dtype() == DType::Float32 &&
@@ -195,7 +194,7 @@ Tensor fused_causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
               shape_str(key_keep.shape()), " ", key_keep.dtype(), " on ", key_keep.device());
     keep = key_keep.detach().contiguous();
   }
-  return fused_causal_attention_cuda(q, k, v, keep, s);
+  return fused_kernels(q, k, v, keep, s);
 }
 
 // q: (..., L, E)  k: (..., S, E)  v: (..., S, Ev)  ->  (..., L, Ev)
@@ -213,7 +212,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   DPE_CHECK(!scale || std::isfinite(*scale), op, ": scale must be finite, got ", scale.value_or(0.0));
   const int64_t L = q.size(-2), S = k.size(-2), E = q.size(-1), Ev = v.size(-1);
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
-  if (is_causal && fused_causal_attention_applies(q, k, v)) return fused_causal_attention(q, k, v, {}, s);
+  if (is_causal && fused_causal_attention_applies(q, k, v)) return fused_kernels(q, k, v, {}, s);
 
   // The composition, op for op as attention was written before the fused kernels (layers/attention.cc).
   const Shape lead = leading(q);

@@ -28,6 +28,9 @@ inline void check_same_device_and_dtype(const Tensor& a, const Tensor& b, const 
 
 inline TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).with_device(t.device()); }
 
+// t itself where its last dim has unit stride (what the row kernels read), else a contiguous copy.
+inline Tensor with_unit_last_stride(const Tensor& t) { return t.strides().back() == 1 ? t : t.contiguous(); }
+
 // Note [Memory formats] (core/tensor.h): an op whose kernels ran on NCHW copies hands a channels-last input's
 // result back in channels-last memory (a copy, differentiable), as PyTorch's ops keep their input's format,
 // so that the layers after it see the format the caller chose.

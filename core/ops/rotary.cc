@@ -20,7 +20,7 @@ namespace {
 
 // The fused kernels. The node keeps the (T, d) tables and x's shape and strides, not x (the op is linear in x).
 Tensor rotary_emb_fused(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  const Tensor xs = x.strides().back() == 1 ? x.detach() : x.detach().contiguous();
+  const Tensor xs = detail::with_unit_last_stride(x.detach());
   const Tensor c = cos.contiguous(), s = sin.contiguous();
   Tensor y = Tensor::empty(x.shape(), options_of(x));
   dispatch(
